@@ -1,0 +1,21 @@
+"""spectrax_core: pure functions and typed params pytrees.
+
+Imports jax, optax, equinox and jaxtyping only; never `spectrax_mpmd` or
+`spectrax_eager`.
+"""
+
+from . import losses, models, nn, schedules, sharding
+from ._apply import apply, register_apply
+from ._checks import enable_runtime_checks, runtime_checks_enabled
+
+__all__ = [
+    "apply",
+    "register_apply",
+    "nn",
+    "losses",
+    "models",
+    "sharding",
+    "schedules",
+    "enable_runtime_checks",
+    "runtime_checks_enabled",
+]
