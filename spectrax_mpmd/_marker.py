@@ -1,0 +1,57 @@
+"""`sxstage_iter`: the stage-boundary marker, an identity primitive over a pytree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.sharding import PartitionSpec
+
+sxstage_iter_p = Primitive("sxstage_iter")
+sxstage_iter_p.multiple_results = True
+sxstage_iter_p.def_impl(lambda *xs, **_: list(xs))
+sxstage_iter_p.def_abstract_eval(lambda *avals, **_: list(avals))
+mlir.register_lowering(sxstage_iter_p, lambda ctx, *xs, **_: list(xs))
+
+
+def _jvp(primals, tangents, **params):
+    return sxstage_iter_p.bind(*primals, **params), list(tangents)
+
+
+def _batch(args, dims, **params):
+    return sxstage_iter_p.bind(*args, **params), dims
+
+
+ad.primitive_jvps[sxstage_iter_p] = _jvp
+batching.primitive_batchers[sxstage_iter_p] = _batch
+
+
+def _per_leaf_shardings(sharding: Any, n_leaves: int, treedef) -> tuple[PartitionSpec | None, ...]:
+    if sharding is None or isinstance(sharding, PartitionSpec):
+        return (sharding,) * n_leaves
+    leaves = treedef.flatten_up_to(sharding)
+    for s in leaves:
+        if s is not None and not isinstance(s, PartitionSpec):
+            raise TypeError(
+                f"sxstage_iter: sharding leaves must be PartitionSpec or None, got {type(s).__name__}."
+            )
+    return tuple(leaves)
+
+
+def sxstage_iter(x: Any, *, stage: int | None = None, sharding: Any = None) -> Any:
+    """Mark the end of a pipeline stage: `x` (a pytree) flows to the next stage.
+
+    Identity everywhere (under jit, grad, vmap, scan); `sxjit` cuts the traced
+    function at these markers. `stage` optionally names the stage that ends
+    here (checked against the marker's position); `sharding` is the
+    `PartitionSpec` (or a pytree of them matching `x`) of the activation on the
+    receiving stage's submesh — default replicated.
+    """
+    leaves, treedef = jax.tree.flatten(x)
+    if not leaves:
+        return x
+    shardings = _per_leaf_shardings(sharding, len(leaves), treedef)
+    out = sxstage_iter_p.bind(*leaves, stage=stage, sharding=shardings)
+    return jax.tree.unflatten(treedef, out)

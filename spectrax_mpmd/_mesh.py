@@ -1,0 +1,122 @@
+"""MPMD meshes: a `jax.sharding.Mesh` with one axis naming the pipeline ranks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from .errors import MeshError
+
+DEFAULT_AXIS_NAMES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
+
+
+@dataclass(frozen=True, eq=False)
+class MpmdMesh:
+    """A device mesh whose `mpmd_axis` (if any) enumerates pipeline ranks.
+
+    Each rank runs its own programs on `submesh(rank)`: the devices of that
+    rank's slice, with the pipeline axis dropped.
+    """
+
+    jax_mesh: Mesh
+    mpmd_axis: str | None = None
+    _submeshes: tuple[Mesh, ...] = field(default=(), repr=False)
+
+    @property
+    def is_mpmd(self) -> bool:
+        return self.mpmd_axis is not None
+
+    @property
+    def mpmd_dim(self) -> int:
+        """Number of pipeline ranks (1 when the mesh has no MPMD axis)."""
+        return self.jax_mesh.shape[self.mpmd_axis] if self.is_mpmd else 1
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.jax_mesh.axis_names)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(self.jax_mesh.shape)
+
+    @property
+    def devices(self) -> np.ndarray:
+        return self.jax_mesh.devices
+
+    def submesh(self, rank: int) -> Mesh:
+        """The mesh of pipeline rank `rank` (the MPMD axis dropped)."""
+        if not 0 <= rank < self.mpmd_dim:
+            raise MeshError(f"submesh: rank must be in [0, {self.mpmd_dim}), got {rank}.")
+        return self._submeshes[rank]
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"
+
+
+def _slice_submeshes(mesh: Mesh, axis: str) -> tuple[Mesh, ...]:
+    names = tuple(mesh.axis_names)
+    pos = names.index(axis)
+    rest = names[:pos] + names[pos + 1 :]
+    devs = np.moveaxis(mesh.devices, pos, 0)
+    return tuple(Mesh(devs[r], rest) for r in range(devs.shape[0]))
+
+
+def as_mpmd_mesh(mesh: Mesh | MpmdMesh, mpmd_axis: str | None = "pp") -> MpmdMesh:
+    """Wrap a plain `jax.sharding.Mesh` (pipeline axis `mpmd_axis`) or return an `MpmdMesh` as is."""
+    if isinstance(mesh, MpmdMesh):
+        return mesh
+    if isinstance(mesh, Mesh):
+        if mpmd_axis is not None and mpmd_axis not in mesh.axis_names:
+            raise MeshError(
+                f"mesh: axis {mpmd_axis!r} not in the mesh axes {tuple(mesh.axis_names)}; "
+                f"build the mesh with a {mpmd_axis!r} axis (e.g. create_mesh(..., mpmd_axis={mpmd_axis!r}))."
+            )
+        subs = _slice_submeshes(mesh, mpmd_axis) if mpmd_axis else ()
+        return MpmdMesh(mesh, mpmd_axis, subs)
+    raise MeshError(f"mesh: expected an MpmdMesh or jax.sharding.Mesh, got {type(mesh).__name__}.")
+
+
+def create_mesh(
+    axis_dims: Sequence[int],
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    *,
+    mpmd_axis: str | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> MpmdMesh:
+    """Build a mesh over `devices` (default: all); one entry of `axis_dims` may be -1 (the rest).
+
+    With `mpmd_axis` set (e.g. `"pp"`), that axis enumerates pipeline ranks.
+    """
+    axis_dims, axis_names = tuple(int(d) for d in axis_dims), tuple(axis_names)
+    if len(axis_dims) != len(axis_names):
+        raise MeshError(
+            f"create_mesh: axis_dims has {len(axis_dims)} entries but axis_names has "
+            f"{len(axis_names)} ({axis_names}); give one size per axis name."
+        )
+    devices = list(jax.devices() if devices is None else devices)
+    if sum(d == -1 for d in axis_dims) > 1 or any(d == 0 or d < -1 for d in axis_dims):
+        raise MeshError(
+            f"create_mesh: axis_dims {axis_dims} must be positive, with at most one -1 (the remaining devices)."
+        )
+    known = math.prod(d for d in axis_dims if d != -1)
+    if -1 in axis_dims:
+        if len(devices) % known:
+            raise MeshError(
+                f"create_mesh: {len(devices)} devices are not divisible by the fixed axes' product {known}."
+            )
+        axis_dims = tuple(len(devices) // known if d == -1 else d for d in axis_dims)
+    total = math.prod(axis_dims)
+    if total > len(devices):
+        raise MeshError(
+            f"create_mesh: axis_dims {axis_dims} need {total} devices but only {len(devices)} are available."
+        )
+    if mpmd_axis is not None and mpmd_axis not in axis_names:
+        raise MeshError(f"create_mesh: mpmd_axis {mpmd_axis!r} is not one of axis_names {axis_names}.")
+    grid = np.asarray(devices[:total], dtype=object).reshape(axis_dims)
+    return as_mpmd_mesh(Mesh(grid, axis_names), mpmd_axis)

@@ -1,0 +1,544 @@
+"""Compile a stage graph into a flat plan: per-rank executables wired by integer slots.
+
+A plan is a list of steps `(callable, input slots, output slots, slots to free)`.
+Running it is a tight loop over a list of buffers; all pytree work, sharding
+decisions, compilation and dependency ordering happen here, once per signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._cells import StageCells, StageIO
+from ._mesh import MpmdMesh
+from ._split import StageGraph
+from .errors import StageSplitError
+
+REPLICATED = PartitionSpec()
+
+
+@dataclass
+class Plan:
+    """A compiled, ordered program for one call signature."""
+
+    steps: list = field(default_factory=list)
+    log: list = field(default_factory=list)
+    n_slots: int = 0
+    const_slots: dict = field(default_factory=dict)
+    input_keys: list = field(default_factory=list)
+    output_slots: dict = field(default_factory=dict)
+    executables: dict = field(default_factory=dict)
+    stage_ranks: tuple = ()
+    peak_live: tuple = ()
+
+    def run(self, placed_inputs: Sequence) -> list:
+        """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+        buf: list = [None] * self.n_slots
+        for slot, value in self.const_slots.items():
+            buf[slot] = value
+        for (slot, _), value in zip(self.input_keys, placed_inputs):
+            buf[slot] = value
+        for fn, ins, outs, frees in self.steps:
+            results = fn(*[buf[i] for i in ins])
+            for o, r in zip(outs, results):
+                buf[o] = r
+            for f in frees:
+                buf[f] = None
+        return buf
+
+
+class _Transfer:
+    """One batched `device_put` of several buffers to their receivers' shardings."""
+
+    __slots__ = ("shardings",)
+
+    def __init__(self, shardings):
+        self.shardings = list(shardings)
+
+    def __call__(self, *arrays):
+        return jax.device_put(list(arrays), self.shardings)
+
+
+def _sds(aval, sharding):
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
+
+
+class Compiler:
+    """Compiles cell functions for a submesh, sharing programs that are the same."""
+
+    def __init__(self):
+        self.cache: dict = {}
+
+    def compile(self, key, fn, in_specs, out_shardings, donate=()):
+        in_shardings = tuple(s.sharding for s in in_specs)
+        dev_key = tuple((tuple(d.id for d in s.device_set), str(s.spec)) for s in in_shardings)
+        full_key = (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), str(out_shardings), donate)
+        if full_key not in self.cache:
+            jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
+            self.cache[full_key] = jitted.lower(*in_specs).compile()
+        return self.cache[full_key]
+
+
+def order_actions(schedule, n: int, graph: StageGraph) -> list[tuple[int, Any]]:
+    """Merge the per-rank action lists into one issue order that respects data dependencies.
+
+    Round-robin over ranks, one action at a time, keeping each rank's own order;
+    an action waits until everything it reads has been issued.
+    """
+    table = schedule.actions(n)
+    senders: dict[int, set[int]] = {s: set() for s in range(len(graph.stages))}
+    receivers: dict[int, set[int]] = {s: set() for s in range(len(graph.stages))}
+    for e in graph.edges:
+        senders[e.dst].add(e.src)
+        if e.differentiable:
+            receivers[e.src].add(e.dst)
+    done: set = set()
+
+    def ready(a) -> bool:
+        if a.kind == "F&B":
+            return all(ready(p) for p in a.parts)
+        s, i = a.stage, a.microbatch
+        if a.kind == "F":
+            return all(("F", p, i) in done for p in senders[s])
+        if a.kind in ("B", "I"):
+            return ("F", s, i) in done and all(
+                ("B", t, i) in done or ("I", t, i) in done for t in receivers[s]
+            )
+        return ("I", s, i) in done
+
+    def mark(a) -> None:
+        for p in a.parts if a.kind == "F&B" else (a,):
+            done.add((p.kind, p.stage, p.microbatch))
+
+    pos = [0] * n
+    order = []
+    remaining = sum(len(t) for t in table)
+    while remaining:
+        progressed = False
+        for r in range(n):
+            if pos[r] < len(table[r]) and ready(table[r][pos[r]]):
+                a = table[r][pos[r]]
+                mark(a)
+                order.append((r, a))
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: str(table[r][pos[r]]) for r in range(n) if pos[r] < len(table[r])}
+            raise StageSplitError(
+                f"schedule {schedule!r} cannot run this pipeline: no rank can proceed "
+                f"(next actions {stuck}); the stage graph's dependencies conflict with the table."
+            )
+    return order
+
+
+@dataclass
+class _Slots:
+    count: int = 0
+    named: dict = field(default_factory=dict)
+
+    def new(self) -> int:
+        self.count += 1
+        return self.count - 1
+
+    def __getitem__(self, key) -> int:
+        if key not in self.named:
+            self.named[key] = self.new()
+        return self.named[key]
+
+    def alias(self, key, slot: int) -> None:
+        self.named[key] = slot
+
+
+def _free_after_last_use(steps: list, keep: set[int]) -> list:
+    last: dict[int, int] = {}
+    for k, (_, ins, outs, _) in enumerate(steps):
+        for i in (*ins, *outs):
+            last[i] = k
+    frees: dict[int, list[int]] = {}
+    for slot, k in last.items():
+        if slot not in keep:
+            frees.setdefault(k, []).append(slot)
+    return [(fn, tuple(ins), tuple(outs), tuple(frees.get(k, ()))) for k, (fn, ins, outs, _) in enumerate(steps)]
+
+
+class TrainPlanBuilder:
+    """Builds the plan of one training step (`sxvalue_and_grad`)."""
+
+    def __init__(
+        self,
+        graph: StageGraph,
+        schedule,
+        mesh: MpmdMesh,
+        *,
+        diff_args: Sequence[int],
+        batch_args: Sequence[int],
+        batch_avals: dict,
+        param_specs: dict,
+        remat: bool,
+        compiler: Compiler,
+        require_loss: bool = True,
+    ):
+        self.g, self.schedule, self.mesh = graph, schedule, mesh
+        self.n = mesh.mpmd_dim
+        self.m = schedule.microbatches
+        self.diff_args, self.batch_args = tuple(diff_args), tuple(batch_args)
+        self.batch_avals, self.param_specs = batch_avals, param_specs
+        self.remat, self.compiler = remat, compiler
+        self.last = len(graph.stages) - 1
+        self.rank = tuple(schedule.rank_of(s, self.n) for s in range(len(graph.stages)))
+        self.slots = _Slots()
+        self.steps: list = []
+        self.plan = Plan(stage_ranks=self.rank)
+        self.ios = [
+            StageIO.build(graph, s, set(diff_args), set(batch_args), loss=(s == self.last))
+            for s in range(len(graph.stages))
+        ]
+        if require_loss and 0 not in graph.stages[self.last].results:
+            raise StageSplitError(
+                "the loss (the function's first output) must be computed in the last stage; it is "
+                f"computed in stage {graph.result_stage[0]}. Move the loss after the last sxstage_iter."
+            )
+
+    # -- shardings -----------------------------------------------------------------------
+    def sub(self, s: int):
+        return self.mesh.submesh(self.rank[s])
+
+    def named(self, s: int, spec) -> NamedSharding:
+        return NamedSharding(self.sub(s), spec if spec is not None else REPLICATED)
+
+    def param_sharding(self, a: int, s: int) -> NamedSharding:
+        return self.named(s, self.param_specs.get(a))
+
+    def out_sharding(self, var, s: int) -> NamedSharding:
+        edges = [e for e in self.g.edges if e.var is var and e.src == s]
+        same_rank = [e for e in edges if self.rank[e.dst] == self.rank[s]]
+        return self.named(s, (same_rank or edges)[0].spec)
+
+    def edge_sharding(self, e) -> NamedSharding:
+        return self.named(e.dst, e.spec)
+
+    # -- slots of inputs ---------------------------------------------------------------
+    def input_slots(self, s: int) -> list[int]:
+        io, r = self.ios[s], self.rank[s]
+        return (
+            [self.slots["param", a, r] for a in io.params]
+            + [self.slots["fixed", a, r] for a in io.fixed]
+            + [self.slots["batch", a, r] for a in io.batch]
+        )
+
+    def input_specs(self, s: int) -> list:
+        io, avals = self.ios[s], self.g.in_avals
+        specs = [_sds(avals[a], self.param_sharding(a, s)) for a in io.params]
+        specs += [_sds(avals[a], self.named(s, None)) for a in io.fixed]
+        specs += [_sds(self.batch_avals[a], self.named(s, None)) for a in io.batch]
+        specs.append(jax.ShapeDtypeStruct((), jnp.int32, sharding=self.named(s, None)))
+        specs += [_sds(e.aval, self.edge_sharding(e)) for e in io.stage.edge_inputs]
+        return specs
+
+    def idx_slot(self, s: int, i: int) -> int:
+        key = ("idx", self.rank[s], i)
+        if key not in self.slots.named:
+            slot = self.slots[key]
+            self.plan.const_slots[slot] = jax.device_put(np.int32(i), self.named(s, None))
+        return self.slots[key]
+
+    # -- build ---------------------------------------------------------------------------
+    def build(self) -> Plan:
+        self.cells = [
+            StageCells(io, self.m, self.remat, self.input_specs(s)) for s, io in enumerate(self.ios)
+        ]
+        self.edge_index = {e: k for k, e in enumerate(self.g.edges)}
+        self._compile_cells()
+        self._init_accumulators()
+        for rank, action in order_actions(self.schedule, self.n, self.g):
+            parts = action.parts if action.kind == "F&B" else (action,)
+            names = [self._emit(p) for p in parts]
+            self.plan.log.append((rank, action, "+".join(names)))
+        self._finish()
+        return self.plan
+
+    def _compile_cells(self) -> None:
+        self.exe: list[dict] = []
+        for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
+            specs = self.input_specs(s)
+            fp = io.stage.fingerprint()
+            acc_sh = [self.param_sharding(a, s) for a in io.params]
+            acc_specs = [_sds(self.g.in_avals[a], sh) for a, sh in zip(io.params, acc_sh)]
+            ct_in_sh = [self.edge_sharding(io.stage.edge_inputs[k]) for k in io.diff_in]
+            results_sh = [self.named(s, None)] * len(io.stage.results)
+            exe = {}
+            if s == self.last:
+                loss_spec = jax.ShapeDtypeStruct((), self.g.out_avals[0].dtype, sharding=self.named(s, None))
+                n_in = len(specs)
+                exe["FB"] = self.compiler.compile(
+                    (fp, "FB", self.remat, self.m),
+                    cells.loss_step,
+                    specs + acc_specs + [loss_spec],
+                    (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh[1:]),
+                    donate=tuple(range(n_in, n_in + len(acc_specs) + 1)),
+                )
+                self.exe.append(exe)
+                continue
+            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
+            n_fwd_out = len(outs_sh) + len(results_sh)
+            n_res = cells.residual_count()
+            exe["F"] = self.compiler.compile(
+                (fp, "F", self.remat),
+                cells.forward,
+                specs,
+                tuple([*outs_sh, *results_sh] + ([] if self.remat else [None] * n_res)),
+            )
+            res_specs = specs if self.remat else [
+                jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
+                for o in exe["F"].out_info[n_fwd_out:]
+            ]
+            ct_specs = [
+                _sds(io.stage.edge_outputs[j].aval, self.out_sharding(io.stage.edge_outputs[j], s))
+                for j, consumers in zip(io.diff_out, io.ct_edges)
+                for _ in consumers
+            ]
+            self.n_res = n_res
+            exe["n_res"] = len(res_specs)
+            exe["B"] = self.compiler.compile(
+                (fp, "B", self.remat),
+                cells.backward,
+                res_specs + ct_specs + acc_specs,
+                (*acc_sh, *ct_in_sh),
+                donate=tuple(range(len(res_specs) + len(ct_specs), len(res_specs) + len(ct_specs) + len(acc_specs))),
+            )
+            if self.schedule_splits():
+                i_fn, w_fn, n_stash = cells.split_backward()
+                exe["I"] = self.compiler.compile(
+                    (fp, "I", self.remat), i_fn, res_specs + ct_specs, (*ct_in_sh, *[None] * n_stash)
+                )
+                stash_specs = [
+                    jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
+                    for o in exe["I"].out_info[len(ct_in_sh):]
+                ]
+                n_w_in = len(res_specs) + len(ct_specs) + n_stash
+                exe["W"] = self.compiler.compile(
+                    (fp, "W", self.remat),
+                    w_fn,
+                    res_specs + ct_specs + stash_specs + acc_specs,
+                    tuple(acc_sh),
+                    donate=tuple(range(n_w_in, n_w_in + len(acc_specs))),
+                )
+                exe["n_stash"] = n_stash
+            self.exe.append(exe)
+
+    def schedule_splits(self) -> bool:
+        return any(
+            p.kind in ("I", "W")
+            for rank in self.schedule.actions(self.n)
+            for a in rank
+            for p in (a.parts if a.kind == "F&B" else (a,))
+        )
+
+    def _init_accumulators(self) -> None:
+        for s, io in enumerate(self.ios):
+            shardings = [self.param_sharding(a, s) for a in io.params]
+            avals = [self.g.in_avals[a] for a in io.params]
+            outs = [self.slots["acc", s, a] for a in io.params]
+            if s == self.last:
+                shardings.append(self.named(s, None))
+                avals.append(self.g.out_avals[0])
+                outs.append(self.slots["loss"])
+            if not outs:
+                continue
+
+            def zeros(avals=tuple(avals)):
+                return tuple(jnp.zeros(v.shape, v.dtype) for v in avals)
+
+            exe = self.compiler.compile(("zeros", tuple((v.shape, str(v.dtype)) for v in avals)), zeros, [], tuple(shardings))
+            self.steps.append((exe, (), tuple(outs), ()))
+
+    def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
+        """Move `(src slot, dst slot, sharding)` values; same-sharding moves become aliases."""
+        moves = []
+        for src, dst_key, sharding, src_sharding in pairs:
+            if sharding == src_sharding:
+                self.slots.alias(dst_key, src)
+            else:
+                moves.append((src, self.slots[dst_key], sharding))
+        if moves:
+            self.steps.append(
+                (_Transfer([m[2] for m in moves]), tuple(m[0] for m in moves), tuple(m[1] for m in moves), ())
+            )
+
+    def _emit(self, a) -> str:
+        s, i, kind = a.stage, a.microbatch, a.kind
+        io = self.ios[s]
+        if s == self.last:
+            if kind == "F":
+                self._emit_loss_step(s, i)
+                return "FB"
+            return "-"
+        exe = self.exe[s]
+        ins = self.input_slots(s) + [self.idx_slot(s, i)] + [
+            self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs
+        ]
+        if kind == "F":
+            outs = [self.slots["out", s, j, i] for j in range(len(io.stage.edge_outputs))]
+            res = [self.slots["res", s, i, k] for k in range(self.exe[s]["n_res"])] if not self.remat else []
+            results = [self.slots["result", j, i] for j in io.stage.results]
+            self.steps.append((exe["F"], tuple(ins), tuple(outs + results + res), ()))
+            pairs = []
+            for j, v in enumerate(io.stage.edge_outputs):
+                src_sh = self.out_sharding(v, s)
+                for e in self.g.edges:
+                    if e.var is v and e.src == s:
+                        pairs.append((outs[j], ("edge", self.edge_index[e], i), self.edge_sharding(e), src_sh))
+            self._transfer(pairs)
+            return "F"
+        res = ins if self.remat else [self.slots["res", s, i, k] for k in range(exe["n_res"])]
+        cts = [self.slots["ct", k, i] for group in io.ct_edges for k in group]
+        acc = [self.slots["acc", s, a_] for a_ in io.params]
+        ct_out = [self.slots["ct_in", self.edge_index[io.stage.edge_inputs[k]], i] for k in io.diff_in]
+        if kind == "B":
+            self.steps.append((exe["B"], tuple(res + cts + acc), tuple(acc + ct_out), ()))
+            self._send_cts(s, i)
+            return "B"
+        if kind == "I":
+            stash = [self.slots["stash", s, i, k] for k in range(exe["n_stash"])]
+            self.steps.append((exe["I"], tuple(res + cts), tuple(ct_out + stash), ()))
+            self._send_cts(s, i)
+            return "I"
+        stash = [self.slots["stash", s, i, k] for k in range(exe["n_stash"])]
+        self.steps.append((exe["W"], tuple(res + cts + stash + acc), tuple(acc), ()))
+        return "W"
+
+    def _emit_loss_step(self, s: int, i: int) -> None:
+        io = self.ios[s]
+        ins = self.input_slots(s) + [self.idx_slot(s, i)] + [
+            self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs
+        ]
+        acc = [self.slots["acc", s, a] for a in io.params]
+        ct_out = [self.slots["ct_in", self.edge_index[io.stage.edge_inputs[k]], i] for k in io.diff_in]
+        results = [self.slots["result", j, i] for j in io.stage.results if j != 0]
+        loss = self.slots["loss"]
+        self.steps.append((self.exe[s]["FB"], tuple(ins + acc + [loss]), tuple(acc + ct_out + [loss] + results), ()))
+        self._send_cts(s, i)
+
+    def _send_cts(self, s: int, i: int) -> None:
+        io = self.ios[s]
+        pairs = []
+        for k in io.diff_in:
+            e = io.stage.edge_inputs[k]
+            ek = self.edge_index[e]
+            pairs.append(
+                (self.slots["ct_in", ek, i], ("ct", ek, i), self.out_sharding(e.var, e.src), self.edge_sharding(e))
+            )
+        self._transfer(pairs)
+
+    def _finish(self) -> None:
+        """Sum gradients of shared parameters on their owner, stack per-microbatch results."""
+        users: dict[int, list[int]] = {}
+        for s, io in enumerate(self.ios):
+            for a in io.params:
+                users.setdefault(a, []).append(s)
+        grads = {}
+        for a, stages in users.items():
+            owner = stages[0]
+            slot = self.slots["acc", owner, a]
+            for s in stages[1:]:
+                sh = self.param_sharding(a, owner)
+                moved = self.slots.new()
+                if self.param_sharding(a, s) != sh:
+                    self.steps.append((_Transfer([sh]), (self.slots["acc", s, a],), (moved,), ()))
+                else:
+                    moved = self.slots["acc", s, a]
+                total = self.slots.new()
+                add = self.compiler.compile(
+                    ("add", a), lambda x, y: x + y, [_sds(self.g.in_avals[a], sh)] * 2, sh, donate=(0,)
+                )
+                self.steps.append((add, (slot, moved), (total,), ()))
+                slot = total
+            grads[a] = slot
+        stacked = {}
+        for j in range(1, len(self.g.out_avals)):
+            s = self.g.result_stage[j]
+            aval = self.g.out_avals[j]
+            sh = self.named(s, None)
+            stack = self.compiler.compile(
+                ("stack", j, self.m), lambda *xs: jnp.stack(xs), [_sds(aval, sh)] * self.m, sh
+            )
+            stacked[j] = self.slots.new()
+            self.steps.append((stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ()))
+        self.plan.output_slots = {"loss": self.slots["loss"], "grads": grads, "aux": stacked}
+        self.plan.input_keys = [
+            (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
+        ]
+        keep = {self.slots["loss"], *grads.values(), *stacked.values()}
+        self.plan.steps = _free_after_last_use(self.steps, keep)
+        self.plan.n_slots = self.slots.count
+        self.plan.executables = {s: exe for s, exe in enumerate(self.exe)}
+
+
+class _Layout:
+    """The trivial stage layout used when no schedule is given: stage s on rank s."""
+
+    microbatches = 1
+    virtual_stages = 1
+
+    def rank_of(self, stage: int, n: int) -> int:
+        return stage
+
+
+class ForwardPlanBuilder(TrainPlanBuilder):
+    """Builds the plan of a forward call (`sxjit`): every stage once, in stage order, whole batch."""
+
+    def __init__(self, graph: StageGraph, schedule, mesh: MpmdMesh, *, compiler: Compiler):
+        layout = schedule if schedule is not None else _Layout()
+        super().__init__(
+            graph,
+            layout,
+            mesh,
+            diff_args=(),
+            batch_args=(),
+            batch_avals={},
+            param_specs={},
+            remat=False,
+            compiler=compiler,
+            require_loss=False,
+        )
+        self.m = 1
+
+    def build(self) -> Plan:
+        self.cells = [StageCells(io, 1, False, self.input_specs(s)) for s, io in enumerate(self.ios)]
+        self.edge_index = {e: k for k, e in enumerate(self.g.edges)}
+        results = {}
+        for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
+            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
+            exe = self.compiler.compile(
+                (io.stage.fingerprint(), "fwd"),
+                cells.forward_only,
+                self.input_specs(s),
+                tuple(outs_sh + [self.named(s, None)] * len(io.stage.results)),
+            )
+            ins = self.input_slots(s) + [self.idx_slot(s, 0)] + [
+                self.slots["edge", self.edge_index[e], 0] for e in io.stage.edge_inputs
+            ]
+            outs = [self.slots["out", s, j, 0] for j in range(len(io.stage.edge_outputs))]
+            res = [self.slots["result", j, 0] for j in io.stage.results]
+            results.update(zip(io.stage.results, res))
+            self.steps.append((exe, tuple(ins), tuple(outs + res), ()))
+            self.plan.log.append((self.rank[s], ("F", s, 0), "F"))
+            pairs = [
+                (outs[j], ("edge", self.edge_index[e], 0), self.edge_sharding(e), self.out_sharding(v, s))
+                for j, v in enumerate(io.stage.edge_outputs)
+                for e in self.g.edges
+                if e.var is v and e.src == s
+            ]
+            self._transfer(pairs)
+        self.plan.output_slots = {"results": [results[j] for j in range(len(self.g.out_avals))]}
+        self.plan.input_keys = [(slot, key) for key, slot in self.slots.named.items() if key[0] == "fixed"]
+        self.plan.steps = _free_after_last_use(self.steps, set(results.values()))
+        self.plan.n_slots = self.slots.count
+        return self.plan

@@ -1,0 +1,295 @@
+"""Trace a function once and cut its jaxpr at `sxstage_iter` markers into stage clusters.
+
+Pass 1 (forward) gives every value a stage: the latest stage among its inputs,
+with marker `k`'s outputs starting stage `k + 1`. Values that depend on the
+function's arguments only ("free" values: a weight transpose, a one-hot of
+labels, the embedding lookup of stage 0) get no stage in pass 1; pass 2
+(backward) places each free equation where it is read: cheap ones are
+recomputed in every stage that reads them, expensive ones (matmuls, loops,
+calls) run once, in the earliest such stage, and travel. A marker reads its
+inputs in the stage it ends, so a free value feeding marker `k` is computed
+in stage `k`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
+from jax.sharding import PartitionSpec
+
+from ._jaxpr import (
+    contains_primitive,
+    eval_eqns,
+    inline_calls,
+    read,
+    resolve,
+    sub_jaxprs,
+)
+from ._marker import sxstage_iter_p
+from .errors import StageSplitError
+
+MARKER = sxstage_iter_p.name
+_EXPENSIVE = frozenset(
+    {"dot_general", "conv_general_dilated", "fft", "sort", "cumsum", "cumprod", "cumlogsumexp"}
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Value `var`, computed in stage `src`, read by stage `dst` with `spec` on the receiver."""
+
+    var: Var
+    src: int
+    dst: int
+    spec: PartitionSpec | None = None
+
+    @property
+    def aval(self):
+        return self.var.aval
+
+    @property
+    def differentiable(self) -> bool:
+        return jax.dtypes.issubdtype(self.var.aval.dtype, jax.numpy.inexact)
+
+    def __repr__(self) -> str:
+        return f"{self.src}->{self.dst} {self.var.aval.str_short()}"
+
+
+@dataclass
+class Stage:
+    """One stage cluster: its equations, what it reads and what it produces."""
+
+    index: int
+    eqns: tuple[JaxprEqn, ...]
+    arg_inputs: tuple[int, ...]
+    edge_inputs: tuple[Edge, ...]
+    edge_outputs: tuple[Var, ...]
+    results: tuple[int, ...]
+    consts: dict = field(repr=False)
+    outvars: tuple = field(repr=False)
+    invars: tuple = field(repr=False)
+
+    def run(self, args: Sequence[Any], edges: Sequence[Any]) -> tuple[list, list]:
+        """Evaluate the stage: `args` aligned with `arg_inputs`, `edges` with `edge_inputs`.
+
+        Returns `(edge_output_values, result_values)`.
+        """
+        env = dict(self.consts)
+        env.update(zip((self.invars[i] for i in self.arg_inputs), args))
+        env.update(zip((e.var for e in self.edge_inputs), edges))
+        eval_eqns(self.eqns, env)
+        return [env[v] for v in self.edge_outputs], [read(env, self.outvars[j]) for j in self.results]
+
+    def fingerprint(self) -> str:
+        """Text identifying the stage's program up to variable names (for sharing compiles)."""
+        names: dict = {}
+
+        def name(v):
+            if isinstance(v, Literal):
+                return repr(v.val)
+            return names.setdefault(v, f"v{len(names)}:{v.aval.str_short()}")
+
+        for i in self.arg_inputs:
+            name(self.invars[i])
+        for e in self.edge_inputs:
+            name(e.var)
+        body = [
+            f"{[name(o) for o in q.outvars]}={q.primitive.name}{sorted(map(str, q.params.items()))}"
+            f"({[name(v) for v in q.invars]})"
+            for q in self.eqns
+        ]
+        outs = [name(v) for v in self.edge_outputs] + [name(self.outvars[j]) for j in self.results]
+        return "|".join(body) + "->" + str(outs) + str([id(v) for v in self.consts.values()])
+
+    def __repr__(self) -> str:
+        return (
+            f"Stage({self.index}: {len(self.eqns)} eqns, args={list(self.arg_inputs)}, "
+            f"in={list(self.edge_inputs)}, out={[v.aval.str_short() for v in self.edge_outputs]}, "
+            f"results={list(self.results)})"
+        )
+
+
+@dataclass
+class StageGraph:
+    """The stage clusters of one traced function, and the edges between them."""
+
+    stages: tuple[Stage, ...]
+    edges: tuple[Edge, ...]
+    in_avals: tuple
+    out_avals: tuple
+    result_stage: tuple[int, ...]
+
+    def consumers(self, stage: int) -> dict[Var, list[Edge]]:
+        """Edges leaving `stage`, grouped by the value they carry."""
+        out: dict[Var, list[Edge]] = {}
+        for e in self.edges:
+            if e.src == stage:
+                out.setdefault(e.var, []).append(e)
+        return out
+
+    def __repr__(self) -> str:
+        return "StageGraph(\n" + "\n".join(f"  {s!r}" for s in self.stages) + "\n)"
+
+
+def _has_marker(eqn: JaxprEqn) -> bool:
+    return any(contains_primitive(j, MARKER) for j in sub_jaxprs(eqn))
+
+
+def _is_cheap(eqn: JaxprEqn) -> bool:
+    return eqn.primitive.name not in _EXPENSIVE and not any(True for _ in sub_jaxprs(eqn))
+
+
+def _forward_levels(eqns: Sequence[JaxprEqn]) -> list[int | None]:
+    level: dict = {}
+    levels: list[int | None] = []
+    k = 0
+    for eqn in eqns:
+        ins = [level[v] for v in eqn.invars if not isinstance(v, Literal) and level.get(v) is not None]
+        if eqn.primitive.name == MARKER:
+            declared = eqn.params["stage"]
+            if declared is not None and declared != k:
+                raise StageSplitError(
+                    f"sxstage_iter(stage={declared}) is the marker that ends stage {k} "
+                    f"(markers are numbered in program order from 0); pass stage={k} or omit it."
+                )
+            if ins and max(ins) > k:
+                raise StageSplitError(
+                    f"sxstage_iter: the marker ending stage {k} receives a value computed in stage "
+                    f"{max(ins)}; markers must follow the order of the data flow."
+                )
+            lvl = k + 1
+            k += 1
+        else:
+            lvl = max(ins) if ins else None
+        levels.append(lvl)
+        for v in eqn.outvars:
+            level[v] = lvl
+    return levels
+
+
+def _placements(eqns, levels, outvars, last: int) -> list[set[int]]:
+    demand: dict = {}
+    for v in outvars:
+        if isinstance(v, Var):
+            demand.setdefault(v, set()).add(last)
+    placement: list[set[int]] = [set() for _ in eqns]
+    for i in reversed(range(len(eqns))):
+        eqn = eqns[i]
+        if levels[i] is not None:
+            place = {levels[i]}
+            reads_at = {levels[i] - 1} if eqn.primitive.name == MARKER else place
+        else:
+            want = set().union(*(demand.get(v, set()) for v in eqn.outvars))
+            place = want if (not want or _is_cheap(eqn)) else {min(want)}
+            reads_at = place
+        placement[i] = place
+        for v in eqn.invars:
+            if isinstance(v, Var):
+                demand.setdefault(v, set()).update(reads_at)
+    return placement
+
+
+def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
+    """Cut `closed` into `n_stages` stage clusters at its `sxstage_iter` markers."""
+    jaxpr = closed.jaxpr
+    eqns, mapping, inner_consts = inline_calls(jaxpr, _has_marker)
+    for eqn in eqns:
+        if _has_marker(eqn):
+            raise StageSplitError(
+                f"sxstage_iter found inside a `{eqn.primitive.name}` body: stage markers may appear "
+                "at the top level of the function or inside jax.jit / jax.checkpoint helpers, not "
+                "inside scan / cond / while_loop bodies. Move the marker out of the loop or branch."
+            )
+    n_markers = sum(eqn.primitive.name == MARKER for eqn in eqns)
+    if n_markers != n_stages - 1:
+        raise StageSplitError(
+            f"found {n_markers} stage marker(s) (sxstage_iter), which cut the function into "
+            f"{n_markers + 1} stage(s); the mesh and schedule need {n_stages} stages "
+            f"(pipeline ranks x virtual stages), i.e. {n_stages - 1} markers. Add or remove "
+            "sxstage_iter calls, or change the mesh's pipeline axis / the schedule."
+        )
+    outvars = tuple(resolve(v, mapping) for v in jaxpr.outvars)
+    consts = dict(zip(jaxpr.constvars, closed.consts))
+    consts.update(inner_consts)
+    last = n_stages - 1
+    levels = _forward_levels(eqns)
+    placement = _placements(eqns, levels, outvars, last)
+
+    arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
+    placed_at: dict = {}
+    for i, eqn in enumerate(eqns):
+        placed_at.update((v, sorted(placement[i])) for v in eqn.outvars if isinstance(v, Var))
+
+    def source(v, dst: int) -> int:
+        below = [s for s in placed_at[v] if s <= dst]
+        return below[-1] if below else placed_at[v][0]
+
+    stage_eqns = [[eqns[i] for i in range(len(eqns)) if s in placement[i]] for s in range(n_stages)]
+    result_stage = tuple(
+        source(v, last) if isinstance(v, Var) and v in placed_at else last for v in outvars
+    )
+    edges: dict[tuple, Edge] = {}
+    stages = []
+    for s in range(n_stages):
+        defined = {v for eqn in stage_eqns[s] for v in eqn.outvars}
+        args: dict[int, None] = {}
+        stage_consts: dict = {}
+        reads = [(v, eqn) for eqn in stage_eqns[s] for v in eqn.invars]
+        reads += [(outvars[j], None) for j in range(len(outvars)) if result_stage[j] == s]
+        for v, eqn in reads:
+            if isinstance(v, Literal) or v in defined:
+                continue
+            if v in consts:
+                stage_consts[v] = consts[v]
+            elif v in arg_index:
+                args[arg_index[v]] = None
+            else:
+                spec = None
+                if eqn is not None and eqn.primitive.name == MARKER:
+                    spec = eqn.params["sharding"][list(eqn.invars).index(v)]
+                key = (v, s)
+                if key not in edges or (spec is not None and edges[key].spec is None):
+                    edges[key] = Edge(v, source(v, s), s, spec)
+        stages.append((s, args, stage_consts))
+    edge_list = tuple(edges.values())
+    out_stages = []
+    for s, args, stage_consts in stages:
+        sent = tuple(dict.fromkeys(e.var for e in edge_list if e.src == s))
+        out_stages.append(
+            Stage(
+                index=s,
+                eqns=tuple(stage_eqns[s]),
+                arg_inputs=tuple(sorted(args)),
+                edge_inputs=tuple(e for e in edge_list if e.dst == s),
+                edge_outputs=sent,
+                results=tuple(j for j in range(len(outvars)) if result_stage[j] == s),
+                consts=stage_consts,
+                outvars=outvars,
+                invars=tuple(jaxpr.invars),
+            )
+        )
+    return StageGraph(
+        stages=tuple(out_stages),
+        edges=edge_list,
+        in_avals=tuple(v.aval for v in jaxpr.invars),
+        out_avals=tuple(v.aval for v in outvars),
+        result_stage=result_stage,
+    )
+
+
+def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any]:
+    """Trace `fn(*args)` to a closed jaxpr over flat leaves; returns `(jaxpr, in_tree, out_tree)`."""
+    flat, in_tree = jax.tree.flatten(tuple(args))
+    box: list = []
+
+    def flat_fn(*leaves):
+        out = fn(*jax.tree.unflatten(in_tree, leaves))
+        out_leaves, out_tree = jax.tree.flatten(out)
+        box.append(out_tree)
+        return out_leaves
+
+    closed = jax.make_jaxpr(flat_fn)(*flat)
+    return closed, in_tree, box[0]

@@ -1,0 +1,17 @@
+"""Error types of the MPMD runtime: each says what was given, what was expected, what to do."""
+
+
+class MpmdError(ValueError):
+    """Base class of every error `spectrax_mpmd` raises for bad input."""
+
+
+class StageSplitError(MpmdError):
+    """The traced function cannot be cut into the pipeline stages the mesh and schedule need."""
+
+
+class MeshError(MpmdError):
+    """The mesh does not have the axis or shape the call needs."""
+
+
+class TraceContextError(MpmdError):
+    """An MPMD entry point was called inside an outer JAX transformation."""
