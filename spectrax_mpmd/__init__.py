@@ -6,6 +6,7 @@ Imports `spectrax_core`; never `spectrax_eager`.
 from ._api import sxgrad, sxjit, sxvalue_and_grad
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
+from ._optim import StagedOptimizer, StagedOptState
 from .errors import MeshError, MpmdError, StageSplitError, TraceContextError
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "sxjit",
     "sxvalue_and_grad",
     "sxgrad",
+    "StagedOptimizer",
+    "StagedOptState",
     "MpmdError",
     "MeshError",
     "StageSplitError",

@@ -33,9 +33,8 @@ class Plan:
     const_slots: dict = field(default_factory=dict)
     input_keys: list = field(default_factory=list)
     output_slots: dict = field(default_factory=dict)
-    executables: dict = field(default_factory=dict)
     stage_ranks: tuple = ()
-    peak_live: tuple = ()
+    cells: dict = field(default_factory=dict)
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
@@ -69,16 +68,50 @@ def _sds(aval, sharding):
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
 
 
+@dataclass(frozen=True)
+class CellSpec:
+    """A cell function with its input specs, output shardings and donated inputs, not yet compiled."""
+
+    key: Any
+    fn: Callable
+    in_specs: tuple
+    out_shardings: tuple
+    donate: tuple = ()
+
+    def fuse(self, other: "CellSpec") -> "CellSpec":
+        """One cell running `self` then `other` on disjoint inputs (a fused F&B action)."""
+        n = len(self.in_specs)
+        first, second = self.fn, other.fn
+
+        def fused(*flat):
+            return (*first(*flat[:n]), *second(*flat[n:]))
+
+        return CellSpec(
+            ("fused", self.key, other.key),
+            fused,
+            self.in_specs + other.in_specs,
+            tuple(self.out_shardings) + tuple(other.out_shardings),
+            tuple(self.donate) + tuple(n + d for d in other.donate),
+        )
+
+
 class Compiler:
     """Compiles cell functions for a submesh, sharing programs that are the same."""
 
     def __init__(self):
         self.cache: dict = {}
 
+    def compile_spec(self, spec: CellSpec):
+        return self.compile(spec.key, spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
+
     def compile(self, key, fn, in_specs, out_shardings, donate=()):
         in_shardings = tuple(s.sharding for s in in_specs)
         dev_key = tuple((tuple(d.id for d in s.device_set), str(s.spec)) for s in in_shardings)
-        full_key = (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), str(out_shardings), donate)
+        outs = out_shardings if isinstance(out_shardings, tuple) else (out_shardings,)
+        out_key = tuple(
+            None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs
+        )
+        full_key = (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, donate)
         if full_key not in self.cache:
             jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
             self.cache[full_key] = jitted.lower(*in_specs).compile()
@@ -258,9 +291,15 @@ class TrainPlanBuilder:
         self._compile_cells()
         self._init_accumulators()
         for rank, action in order_actions(self.schedule, self.n, self.g):
-            parts = action.parts if action.kind == "F&B" else (action,)
-            names = [self._emit(p) for p in parts]
-            self.plan.log.append((rank, action, "+".join(names)))
+            start = len(self.steps)
+            names = [self._emit(p) for p in action.parts]
+            if len(action.parts) > 1:
+                self._fuse_cells(start)
+            self.plan.log.append((rank, action, "&".join(n for n in names if n != "-") or "-"))
+        self.steps = [
+            (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
+            for fn, ins, outs, frees in self.steps
+        ]
         self._finish()
         return self.plan
 
@@ -277,27 +316,27 @@ class TrainPlanBuilder:
             if s == self.last:
                 loss_spec = jax.ShapeDtypeStruct((), self.g.out_avals[0].dtype, sharding=self.named(s, None))
                 n_in = len(specs)
-                exe["FB"] = self.compiler.compile(
+                exe["FB"] = CellSpec(
                     (fp, "FB", self.remat, self.m),
                     cells.loss_step,
-                    specs + acc_specs + [loss_spec],
+                    tuple(specs + acc_specs + [loss_spec]),
                     (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh[1:]),
-                    donate=tuple(range(n_in, n_in + len(acc_specs) + 1)),
+                    tuple(range(n_in, n_in + len(acc_specs) + 1)),
                 )
                 self.exe.append(exe)
                 continue
             outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
             n_fwd_out = len(outs_sh) + len(results_sh)
             n_res = cells.residual_count()
-            exe["F"] = self.compiler.compile(
+            exe["F"] = CellSpec(
                 (fp, "F", self.remat),
                 cells.forward,
-                specs,
+                tuple(specs),
                 tuple([*outs_sh, *results_sh] + ([] if self.remat else [None] * n_res)),
             )
             res_specs = specs if self.remat else [
                 jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
-                for o in exe["F"].out_info[n_fwd_out:]
+                for o in self.compiler.compile_spec(exe["F"]).out_info[n_fwd_out:]
             ]
             ct_specs = [
                 _sds(io.stage.edge_outputs[j].aval, self.out_sharding(io.stage.edge_outputs[j], s))
@@ -306,32 +345,46 @@ class TrainPlanBuilder:
             ]
             self.n_res = n_res
             exe["n_res"] = len(res_specs)
-            exe["B"] = self.compiler.compile(
+            exe["B"] = CellSpec(
                 (fp, "B", self.remat),
                 cells.backward,
-                res_specs + ct_specs + acc_specs,
+                tuple(res_specs + ct_specs + acc_specs),
                 (*acc_sh, *ct_in_sh),
-                donate=tuple(range(len(res_specs) + len(ct_specs), len(res_specs) + len(ct_specs) + len(acc_specs))),
+                tuple(range(len(res_specs) + len(ct_specs), len(res_specs) + len(ct_specs) + len(acc_specs))),
             )
             if self.schedule_splits():
                 i_fn, w_fn, n_stash = cells.split_backward()
-                exe["I"] = self.compiler.compile(
-                    (fp, "I", self.remat), i_fn, res_specs + ct_specs, (*ct_in_sh, *[None] * n_stash)
+                exe["I"] = CellSpec(
+                    (fp, "I", self.remat), i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[None] * n_stash)
                 )
                 stash_specs = [
                     jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
-                    for o in exe["I"].out_info[len(ct_in_sh):]
+                    for o in self.compiler.compile_spec(exe["I"]).out_info[len(ct_in_sh):]
                 ]
                 n_w_in = len(res_specs) + len(ct_specs) + n_stash
-                exe["W"] = self.compiler.compile(
+                exe["W"] = CellSpec(
                     (fp, "W", self.remat),
                     w_fn,
-                    res_specs + ct_specs + stash_specs + acc_specs,
+                    tuple(res_specs + ct_specs + stash_specs + acc_specs),
                     tuple(acc_sh),
-                    donate=tuple(range(n_w_in, n_w_in + len(acc_specs))),
+                    tuple(range(n_w_in, n_w_in + len(acc_specs))),
                 )
                 exe["n_stash"] = n_stash
             self.exe.append(exe)
+
+    def _fuse_cells(self, start: int) -> None:
+        """Merge the cell steps emitted since `start` into one executable; transfers follow it."""
+        new = self.steps[start:]
+        cells = [st for st in new if isinstance(st[0], CellSpec)]
+        if len(cells) < 2:
+            return
+        spec, ins, outs = cells[0][0], list(cells[0][1]), list(cells[0][2])
+        for other in cells[1:]:
+            spec = spec.fuse(other[0])
+            ins += other[1]
+            outs += other[2]
+        rest = [st for st in new if not isinstance(st[0], CellSpec)]
+        self.steps[start:] = [(spec, tuple(ins), tuple(outs), ())] + rest
 
     def schedule_splits(self) -> bool:
         return any(
@@ -478,7 +531,9 @@ class TrainPlanBuilder:
         keep = {self.slots["loss"], *grads.values(), *stacked.values()}
         self.plan.steps = _free_after_last_use(self.steps, keep)
         self.plan.n_slots = self.slots.count
-        self.plan.executables = {s: exe for s, exe in enumerate(self.exe)}
+        self.plan.cells = {
+            (s, kind): spec for s, exe in enumerate(self.exe) for kind, spec in exe.items() if isinstance(spec, CellSpec)
+        }
 
 
 class _Layout:
