@@ -1,1 +1,56 @@
-"""(being written this session)"""
+"""Pipeline schedules as pure tables: build, validate, simulate, render.
+
+Nine schedules — `GPipe`, `Std1F1B`, `Eager1F1B`, `ZeroBubbleH1`,
+`InterleavedH1`, `InterleavedGPipe`, `Interleaved1F1BPlusOne`, `DualPipeV`,
+`KimiK2` — each a frozen dataclass built as `Schedule(microbatches=m)` (loop
+schedules also take `virtual_stages=v`). `schedule.actions(n)` is the table:
+one tuple per rank of `Action` / `FusedAction` cells in execution order.
+`simulate` runs a table on a `Cost` model; `render_grid` and `chrome_trace`
+show the result. See docs/schedules.md.
+"""
+
+from ._actions import Action, FusedAction, ScheduleError, check_table
+from ._base import Schedule
+from ._dualpipe import DualPipeV
+from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
+from ._interleaved import InterleavedGPipe, InterleavedH1, Interleaved1F1BPlusOne, KimiK2
+from ._render import chrome_trace, render_grid, save_chrome_trace
+from ._simulate import Cost, Event, Timeline, simulate, validate
+
+ALL_SCHEDULES = (
+    GPipe,
+    Std1F1B,
+    Eager1F1B,
+    ZeroBubbleH1,
+    InterleavedH1,
+    InterleavedGPipe,
+    Interleaved1F1BPlusOne,
+    DualPipeV,
+    KimiK2,
+)
+
+__all__ = [
+    "GPipe",
+    "Std1F1B",
+    "Eager1F1B",
+    "ZeroBubbleH1",
+    "InterleavedH1",
+    "InterleavedGPipe",
+    "Interleaved1F1BPlusOne",
+    "DualPipeV",
+    "KimiK2",
+    "ALL_SCHEDULES",
+    "Schedule",
+    "Action",
+    "FusedAction",
+    "ScheduleError",
+    "Cost",
+    "Event",
+    "Timeline",
+    "simulate",
+    "validate",
+    "check_table",
+    "render_grid",
+    "chrome_trace",
+    "save_chrome_trace",
+]

@@ -1,0 +1,218 @@
+"""Execute a schedule table on a cost model: `Cost`, `Timeline`, `simulate`, `validate`.
+
+Semantics (DESIGN §2): every rank runs its cells in table order, one at a
+time; a cell starts when its rank is free and all its inputs exist. F of stage
+s needs F of s−1 (same microbatch); B/I of s needs its own F and the B/I of
+s+1; W needs its own I. An input produced on another rank arrives `comm` later.
+A fused cell waits for the inputs of both parts and costs the sum of its parts
+unless `Cost.FB` is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._actions import Action, Cell, FusedAction, ScheduleError, check_table
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Duration of each action kind and of one cross-rank transfer.
+
+    `FB` is the duration of a fused forward+full-backward cell (default: F + B,
+    no overlap gain). Defaults are DESIGN's unit costs: T_F = T_I = T_W = 1,
+    T_B = T_I + T_W = 2, no transfer latency.
+    """
+
+    F: float = 1.0
+    B: float = 2.0
+    I: float = 1.0  # noqa: E741 - the field's name is the action kind
+    W: float = 1.0
+    comm: float = 0.0
+    FB: float | None = None
+
+    def __post_init__(self):
+        for name in ("F", "B", "I", "W", "comm", "FB"):
+            value = getattr(self, name)
+            if value is None and name == "FB":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(
+                    f"Cost: {name} must be a non-negative number, received {value!r}."
+                )
+
+    def of(self, cell: Cell) -> float:
+        """Duration of one cell."""
+        if isinstance(cell, FusedAction):
+            fwd, bwd = cell.parts
+            if self.FB is not None and bwd.kind == "B":
+                return float(self.FB)
+            return float(getattr(self, fwd.kind) + getattr(self, bwd.kind))
+        return float(getattr(self, cell.kind))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One executed cell: `cell` ran on `rank` from `start` to `end`."""
+
+    rank: int
+    cell: Cell
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Result of `simulate`.
+
+    `events[r]` are rank r's cells in order with their times; `busy[r]` and
+    `idle[r]` sum to `makespan`; `bubble_fraction` = Σ idle / (n · makespan);
+    `peak_activations[r]` is the most (stage, microbatch) activations live on
+    rank r at once (live from the start of F to the end of B, or of W when the
+    backward is split).
+    """
+
+    schedule_name: str
+    n: int
+    cost: Cost
+    events: tuple[tuple[Event, ...], ...]
+    makespan: float
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
+    bubble_fraction: float
+    peak_activations: tuple[int, ...]
+
+
+def _needs(a: Action, rank_of: list[int], last: int) -> list[tuple[tuple[str, int, int], int]]:
+    """Inputs of `a` as (key, producing rank); key kinds: F done, G = input grad done, W done."""
+    s, mb = a.stage, a.microbatch
+    if a.kind == "F":
+        return [(("F", s - 1, mb), rank_of[s - 1])] if s > 0 else []
+    if a.kind == "W":
+        return [(("G", s, mb), rank_of[s])]
+    deps = [(("F", s, mb), rank_of[s])]
+    if s < last:
+        deps.append((("G", s + 1, mb), rank_of[s + 1]))
+    return deps
+
+
+def _makes(a: Action) -> tuple[str, int, int]:
+    return ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch)
+
+
+def simulate(schedule, n: int, cost: Cost = Cost()) -> Timeline:
+    """Run `schedule.actions(n)` on the cost model `cost` and return its `Timeline`.
+
+    Raises `ScheduleError` (a `ValueError`) when the table is malformed (see
+    `check_table`) or deadlocks (every unfinished rank waits on an input that
+    no rank will produce); the message lists what each stuck rank waits for.
+    """
+    if not isinstance(cost, Cost):
+        raise TypeError(f"simulate: cost must be a Cost, received {type(cost).__name__}.")
+    table = schedule.actions(n)
+    check_table(schedule, n, table)
+    n_stages = n * schedule.virtual_stages
+    rank_of = [schedule.rank_of(s, n) for s in range(n_stages)]
+    last = n_stages - 1
+    comm = float(cost.comm)
+    done: dict[tuple[str, int, int], float] = {}
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    blocked_on: dict[int, tuple[str, int, int]] = {}
+    pos = [0] * n
+    free = [0.0] * n
+    events: list[list[Event]] = [[] for _ in range(n)]
+    todo = list(range(n))
+    while todo:
+        r = todo.pop()
+        row = table[r]
+        while pos[r] < len(row):
+            cell = row[pos[r]]
+            start = free[r]
+            missing = None
+            for a in cell.parts:
+                for key, src in _needs(a, rank_of, last):
+                    t = done.get(key)
+                    if t is None:
+                        missing = key
+                        break
+                    start = max(start, t + comm if src != r else t)
+                if missing is not None:
+                    break
+            if missing is not None:
+                waiting.setdefault(missing, []).append(r)
+                blocked_on[r] = missing
+                break
+            blocked_on.pop(r, None)
+            end = start + cost.of(cell)
+            for a in cell.parts:
+                key = _makes(a)
+                done[key] = end
+                todo.extend(waiting.pop(key, ()))
+            free[r] = end
+            events[r].append(Event(r, cell, start, end))
+            pos[r] += 1
+    stuck = [r for r in range(n) if pos[r] < len(table[r])]
+    if stuck:
+        lines = "; ".join(
+            f"rank {r} at cell {pos[r]} ({table[r][pos[r]]!r}) waits for "
+            f"{_describe(blocked_on[r])}"
+            for r in stuck
+        )
+        raise ScheduleError(
+            f"{type(schedule).__name__}: the table deadlocks on n={n} ranks: {lines}. "
+            "Reorder the rows so every input is produced before it is needed."
+        )
+    return _timeline(schedule, n, cost, events)
+
+
+def _describe(key: tuple[str, int, int]) -> str:
+    kind, s, mb = key
+    what = {"F": "the forward", "G": "the input gradient", "W": "the weight gradient"}[kind]
+    return f"{what} of stage {s}, microbatch {mb}"
+
+
+def _timeline(schedule, n, cost, events) -> Timeline:
+    makespan = max((row[-1].end for row in events if row), default=0.0)
+    busy = tuple(sum(e.end - e.start for e in row) for row in events)
+    idle = tuple(makespan - b for b in busy)
+    bubble = sum(idle) / (n * makespan) if makespan > 0 else 0.0
+    peaks = tuple(_peak_live(row) for row in events)
+    return Timeline(
+        schedule_name=type(schedule).__name__,
+        n=n,
+        cost=cost,
+        events=tuple(tuple(row) for row in events),
+        makespan=makespan,
+        busy=busy,
+        idle=idle,
+        bubble_fraction=bubble,
+        peak_activations=peaks,
+    )
+
+
+def _peak_live(row: list[Event]) -> int:
+    born: dict[tuple[int, int], float] = {}
+    freed: dict[tuple[int, int], float] = {}
+    for e in row:
+        for a in e.cell.parts:
+            key = (a.stage, a.microbatch)
+            if a.kind == "F":
+                born[key] = e.start
+            elif a.kind in ("B", "W"):
+                freed[key] = e.end
+    # at equal times a release (-1) sorts before an allocation (+1)
+    marks = sorted([(t, 1) for t in born.values()] + [(t, -1) for t in freed.values()])
+    live = peak = 0
+    for _, delta in marks:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def validate(schedule, n: int) -> None:
+    """Raise `ScheduleError` unless `schedule`'s table for `n` ranks is well formed and runs.
+
+    Checks the structural rules of `check_table` and executes the table (at
+    default costs) to prove it has no deadlock.
+    """
+    simulate(schedule, n)
