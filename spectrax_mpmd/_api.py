@@ -204,11 +204,11 @@ class _StepFunction:
         specs = {}
         for k in self.argnums:
             tree = core_sharding.param_specs(args[k], self.rules, mesh=self.mesh.submesh(0))
-            leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+            leaves = jax.tree.structure(args[k]).flatten_up_to(tree)
             specs.update(zip(range(*bounds[k]), leaves))
         return specs
 
-    def __call__(self, *args):
+    def _prepare(self, args):
         leaves, in_tree = jax.tree.flatten(args)
         _check_not_traced("sxvalue_and_grad", leaves)
         key = (in_tree, tuple(_leaf_key(x) for x in leaves))
@@ -225,6 +225,20 @@ class _StepFunction:
             shardings.append(sh)
             keys.append((kind, a, r))
         placed = self.placer.place(values, shardings, keys) if values else []
+        return entry, placed
+
+    def measure_peak_activations(self, *args) -> list[int]:
+        """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
+        entry, placed = self._prepare(args)
+        return entry.plan.peak_activations(placed)
+
+    def plan_for(self, *args) -> Plan:
+        """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""
+        return self._prepare(args)[0].plan
+
+    def __call__(self, *args):
+        entry, placed = self._prepare(args)
+        leaves = jax.tree.leaves(args)
         buf = entry.plan.run(placed)
         self.last_plan = entry.plan
         out = entry.plan.output_slots

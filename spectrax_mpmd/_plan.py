@@ -35,6 +35,8 @@ class Plan:
     output_slots: dict = field(default_factory=dict)
     stage_ranks: tuple = ()
     cells: dict = field(default_factory=dict)
+    activation_slots: dict = field(default_factory=dict)
+    forward_steps: dict = field(default_factory=dict)
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
@@ -51,6 +53,35 @@ class Plan:
                 buf[f] = None
         return buf
 
+    def peak_activations(self, placed_inputs: Sequence) -> list[int]:
+        """Run once, counting per rank the `(stage, microbatch)` pairs whose activation buffers
+        are alive after each step; returns the peaks. Counted buffers: saved residuals and the
+        I/W stash, or with `remat=True` the stage inputs kept for the backward — from the
+        forward that consumes them on (a received input waiting for its forward is not counted)."""
+        buf: list = [None] * self.n_slots
+        for slot, value in self.const_slots.items():
+            buf[slot] = value
+        for (slot, _), value in zip(self.input_keys, placed_inputs):
+            buf[slot] = value
+        ranks = 1 + max(self.stage_ranks)
+        peak = [0] * ranks
+        started: set = set()
+        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+            results = fn(*[buf[i] for i in ins])
+            for o, r in zip(outs, results):
+                buf[o] = r
+            started.update(self.forward_steps.get(k, ()))
+            live: set = {
+                owner
+                for slot, owner in self.activation_slots.items()
+                if buf[slot] is not None and owner[1:] in started
+            }
+            for f in frees:
+                buf[f] = None
+            for r in range(ranks):
+                peak[r] = max(peak[r], sum(1 for owner in live if owner[0] == r))
+        return peak
+
 
 class _Transfer:
     """One batched `device_put` of several buffers to their receivers' shardings."""
@@ -62,6 +93,23 @@ class _Transfer:
 
     def __call__(self, *arrays):
         return jax.device_put(list(arrays), self.shardings)
+
+
+class _TransferOne:
+    """A `device_put` of one buffer (cheaper than the list form)."""
+
+    __slots__ = ("sharding",)
+
+    def __init__(self, sharding):
+        self.sharding = sharding
+
+    def __call__(self, array):
+        return (jax.device_put(array, self.sharding),)
+
+
+def transfer(shardings) -> Callable:
+    """The cheapest callable moving its arguments to `shardings`."""
+    return _TransferOne(shardings[0]) if len(shardings) == 1 else _Transfer(shardings)
 
 
 def _sds(aval, sharding):
@@ -228,6 +276,7 @@ class TrainPlanBuilder:
         self.rank = tuple(schedule.rank_of(s, self.n) for s in range(len(graph.stages)))
         self.slots = _Slots()
         self.steps: list = []
+        self.forward_steps: dict = {}
         self.plan = Plan(stage_ranks=self.rank)
         self.ios = [
             StageIO.build(graph, s, set(diff_args), set(batch_args), loss=(s == self.last))
@@ -295,6 +344,9 @@ class TrainPlanBuilder:
             names = [self._emit(p) for p in action.parts]
             if len(action.parts) > 1:
                 self._fuse_cells(start)
+            forwards = [(p.stage, p.microbatch) for p in action.parts if p.kind == "F"]
+            if forwards:
+                self.forward_steps[start] = forwards
             self.plan.log.append((rank, action, "&".join(n for n in names if n != "-") or "-"))
         self.steps = [
             (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
@@ -422,7 +474,7 @@ class TrainPlanBuilder:
                 moves.append((src, self.slots[dst_key], sharding))
         if moves:
             self.steps.append(
-                (_Transfer([m[2] for m in moves]), tuple(m[0] for m in moves), tuple(m[1] for m in moves), ())
+                (transfer([m[2] for m in moves]), tuple(m[0] for m in moves), tuple(m[1] for m in moves), ())
             )
 
     def _emit(self, a) -> str:
@@ -504,12 +556,12 @@ class TrainPlanBuilder:
                 sh = self.param_sharding(a, owner)
                 moved = self.slots.new()
                 if self.param_sharding(a, s) != sh:
-                    self.steps.append((_Transfer([sh]), (self.slots["acc", s, a],), (moved,), ()))
+                    self.steps.append((transfer([sh]), (self.slots["acc", s, a],), (moved,), ()))
                 else:
                     moved = self.slots["acc", s, a]
                 total = self.slots.new()
                 add = self.compiler.compile(
-                    ("add", a), lambda x, y: x + y, [_sds(self.g.in_avals[a], sh)] * 2, sh, donate=(0,)
+                    ("add", a), lambda x, y: (x + y,), [_sds(self.g.in_avals[a], sh)] * 2, (sh,), donate=(0,)
                 )
                 self.steps.append((add, (slot, moved), (total,), ()))
                 slot = total
@@ -520,7 +572,7 @@ class TrainPlanBuilder:
             aval = self.g.out_avals[j]
             sh = self.named(s, None)
             stack = self.compiler.compile(
-                ("stack", j, self.m), lambda *xs: jnp.stack(xs), [_sds(aval, sh)] * self.m, sh
+                ("stack", j, self.m), lambda *xs: (jnp.stack(xs),), [_sds(aval, sh)] * self.m, (sh,)
             )
             stacked[j] = self.slots.new()
             self.steps.append((stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ()))
@@ -528,8 +580,15 @@ class TrainPlanBuilder:
         self.plan.input_keys = [
             (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
         ]
+        for key, slot in self.slots.named.items():
+            if key[0] in ("res", "stash"):
+                self.plan.activation_slots[slot] = (self.rank[key[1]], key[1], key[2])
+            elif key[0] == "edge" and self.remat:
+                e = self.g.edges[key[1]]
+                self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
         keep = {self.slots["loss"], *grads.values(), *stacked.values()}
         self.plan.steps = _free_after_last_use(self.steps, keep)
+        self.plan.forward_steps = self.forward_steps
         self.plan.n_slots = self.slots.count
         self.plan.cells = {
             (s, kind): spec for s, exe in enumerate(self.exe) for kind, spec in exe.items() if isinstance(spec, CellSpec)
