@@ -1,0 +1,250 @@
+"""Multi-head attention with a causal mask, grouped-query heads, RoPE and a KV cache.
+
+Layout: inputs are `(batch, length, d_model)`; per-head tensors are
+`(batch, length, heads, head_dim)`. With `n_kv_heads < n_heads` each key/value
+head serves `n_heads // n_kv_heads` consecutive query heads (query head `h`
+reads key/value head `h // group`, i.e. `jnp.repeat(k, group, axis=2)`).
+
+RoPE uses the "rotate half" pairing: feature `i` and feature `i + head_dim/2`
+form the pair rotated by angle `position * theta**(-2i/head_dim)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from .._apply import register_apply
+from .._checks import check_last_dim, typechecked
+from ._linear import Linear, _linear
+from ._validate import check_mask, check_ndim
+
+
+class KVCache(eqx.Module):
+    """Key/value buffers for step-by-step decoding of one attention layer.
+
+    `index` is the number of positions already written (shared by the batch);
+    the next call writes at `index` and attends to slots `< index + length`.
+    A stack of caches (one per layer, for `BlockStack`) has one more leading axis
+    on every field.
+    """
+
+    k: Float[Array, "*layers batch max_len kv_heads head_dim"]
+    v: Float[Array, "*layers batch max_len kv_heads head_dim"]
+    index: Int[Array, "*layers"]
+
+    @classmethod
+    def init(cls, batch: int, max_len: int, n_kv_heads: int, head_dim: int, dtype=jnp.float32) -> "KVCache":
+        """Empty buffers of shape `(batch, max_len, n_kv_heads, head_dim)`, `index = 0`."""
+        shape = (batch, max_len, n_kv_heads, head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), index=jnp.zeros((), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        """Number of positions the buffers hold."""
+        return self.k.shape[-3]
+
+    def logical_axes(self) -> dict[str, tuple]:
+        """Logical axes of each array field; a stacked cache's leading layer axes are None."""
+        lead = (None,) * (self.k.ndim - 4)
+        kv = lead + ("BATCH", "LENGTH", "KV_HEAD", None)
+        return {"k": kv, "v": kv, "index": lead}
+
+
+class Attention(eqx.Module):
+    """Parameters of multi-head attention: projections `q`, `k`, `v` and output `o`.
+
+    `q: d_model → n_heads·head_dim`, `k`/`v: d_model → n_kv_heads·head_dim`,
+    `o: n_heads·head_dim → d_model`. `causal`, `rope` and `rope_theta` are static.
+    """
+
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    d_model: int = eqx.field(static=True)
+    n_heads: int = eqx.field(static=True)
+    n_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True, default=True)
+    rope: bool = eqx.field(static=True, default=False)
+    rope_theta: float = eqx.field(static=True, default=10000.0)
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = True,
+        rope: bool = False,
+        rope_theta: float = 10000.0,
+        use_bias: bool = False,
+        dtype=jnp.float32,
+    ) -> "Attention":
+        """Lecun-normal projections. `n_kv_heads` defaults to `n_heads` (plain multi-head),
+        `head_dim` to `d_model // n_heads`."""
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(
+                    f"Attention: d_model={d_model} is not divisible by n_heads={n_heads}; "
+                    "pass head_dim= explicitly or choose n_heads dividing d_model."
+                )
+            head_dim = d_model // n_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(
+                f"Attention: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} "
+                "(each key/value head serves a whole group of query heads)."
+            )
+        if rope and head_dim % 2:
+            raise ValueError(f"Attention: rope=True needs an even head_dim, received head_dim={head_dim}.")
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+        return cls(
+            q=Linear.init(kq, d_model, q_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "HEAD")),
+            k=Linear.init(kk, d_model, kv_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "KV_HEAD")),
+            v=Linear.init(kv, d_model, kv_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "KV_HEAD")),
+            o=Linear.init(ko, q_dim, d_model, use_bias=use_bias, dtype=dtype, axes=("HEAD", "EMBED")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            causal=bool(causal),
+            rope=bool(rope),
+            rope_theta=float(rope_theta),
+        )
+
+    def logical_axes(self) -> dict[str, tuple]:
+        """No array fields of its own; the projections declare theirs."""
+        return {}
+
+    def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
+        """An empty `KVCache` for this layer (dtype defaults to the projection weights')."""
+        dtype = self.k.weight.dtype if dtype is None else dtype
+        return KVCache.init(batch, max_len, self.n_kv_heads, self.head_dim, dtype)
+
+
+@typechecked
+def rope(
+    x: Float[Array, "batch length heads head_dim"], positions: Int[Array, " length"], theta: float
+) -> Float[Array, "batch length heads head_dim"]:
+    """Rotate feature pairs `(i, i + head_dim/2)` of `x` by `position * theta**(-2i/head_dim)`."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    angle = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+@typechecked
+def dot_product_attention(
+    q: Float[Array, "batch q_len heads head_dim"],
+    k: Float[Array, "batch kv_len kv_heads head_dim"],
+    v: Float[Array, "batch kv_len kv_heads head_dim"],
+    mask: Bool[Array, "#batch #heads #q_len #kv_len"] | None = None,
+) -> Float[Array, "batch q_len heads head_dim"]:
+    """`softmax(q kᵀ / sqrt(head_dim)) v` per head, grouped-query aware; `mask` True = may attend.
+
+    The softmax runs in at least float32. A row with every key masked gives the
+    mean of `v` over all keys rather than NaN.
+    """
+    b, q_len, heads, d = q.shape
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    qg = q.reshape(b, q_len, kv_heads, group, d)
+    logits = jnp.einsum("blkgd,bskd->bkgls", qg, k).reshape(b, heads, q_len, kv_len)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32)) / math.sqrt(d)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs.reshape(b, kv_heads, group, q_len, kv_len), v)
+    return out.reshape(b, q_len, heads, d)
+
+
+@register_apply(Attention)
+def apply_attention(
+    params: Attention, x: Array, *, mask: Array | None = None, cache: KVCache | None = None
+) -> Array | tuple[Array, KVCache]:
+    """Self-attention over `x` of shape `(batch, length, d_model)`.
+
+    `mask`: optional boolean array broadcastable to `(batch, n_heads, length,
+    kv_len)`, True where a query may attend a key; it is combined with the
+    causal mask. `kv_len` is `length` without a cache and `cache.max_len` with one.
+
+    With `cache`, the new keys/values are written at `cache.index`, positions
+    (for RoPE and the causal mask) start at `cache.index`, attention covers the
+    slots written so far, and `(y, new_cache)` is returned. The caller keeps
+    `cache.index + length <= cache.max_len`; it is checked when `index` is concrete.
+    """
+    check_ndim("Attention", x, 3, "(batch, length, d_model)")
+    check_last_dim("Attention", x, params.d_model)
+    b, length, _ = x.shape
+    if cache is not None:
+        _check_cache(params, cache, b, length)
+    if mask is not None:
+        kv_len = length if cache is None else cache.max_len
+        check_mask("Attention", mask, (b, params.n_heads, length, kv_len), "(batch, n_heads, length, kv_len)")
+    q = _linear(params.q, x).reshape(b, length, params.n_heads, params.head_dim)
+    k = _linear(params.k, x).reshape(b, length, params.n_kv_heads, params.head_dim)
+    v = _linear(params.v, x).reshape(b, length, params.n_kv_heads, params.head_dim)
+
+    offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
+    positions = offset + jnp.arange(length, dtype=jnp.int32)
+    if params.rope:
+        q = rope(q, positions, params.rope_theta)
+        k = rope(k, positions, params.rope_theta)
+
+    if cache is None:
+        key_pos = positions
+        written = None
+    else:
+        k = lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.index, axis=1)
+        v = lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.index, axis=1)
+        key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
+        written = key_pos < cache.index + length
+        cache = KVCache(k=k, v=v, index=cache.index + length)
+
+    allowed = _position_mask(positions, key_pos, params.causal, written)
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    y = dot_product_attention(q, k, v, allowed)
+    y = _linear(params.o, y.reshape(b, length, params.n_heads * params.head_dim))
+    return y if cache is None else (y, cache)
+
+
+def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | None) -> Array | None:
+    """`(1, 1, q_len, kv_len)` mask from causality and cache occupancy, or None when all may attend."""
+    allowed = None
+    if causal:
+        allowed = key_pos[None, :] <= q_pos[:, None]
+    elif written is not None:
+        allowed = jnp.broadcast_to(written[None, :], (q_pos.shape[0], key_pos.shape[0]))
+    return None if allowed is None else allowed[None, None]
+
+
+def _check_cache(params: Attention, cache: KVCache, batch: int, length: int) -> None:
+    expected = (batch, cache.max_len, params.n_kv_heads, params.head_dim)
+    if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape != ():
+        raise ValueError(
+            f"Attention: cache buffers of shape {tuple(cache.k.shape)} / index {tuple(cache.index.shape)} "
+            f"do not fit this layer and input; expected (batch, max_len, n_kv_heads, head_dim) = {expected} "
+            "and a scalar index. Build one with `attn.init_cache(batch, max_len)`."
+        )
+    if length > cache.max_len:
+        raise ValueError(f"Attention: input length {length} exceeds the cache's max_len {cache.max_len}.")
+    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + length > cache.max_len:
+        raise ValueError(
+            f"Attention: writing {length} positions at cache index {int(cache.index)} overflows "
+            f"max_len {cache.max_len}; allocate a longer cache."
+        )

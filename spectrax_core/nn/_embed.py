@@ -1,0 +1,61 @@
+"""Token embedding: a lookup table, and `attend` to reuse it as a tied output head."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._apply import register_apply
+from .._checks import check_last_dim, typechecked
+from ._validate import check_integer
+
+
+class Embed(eqx.Module):
+    """Parameters of a `vocab_size × d_model` embedding table."""
+
+    table: Float[Array, "vocab d_model"]
+    vocab_size: int = eqx.field(static=True)
+    d_model: int = eqx.field(static=True)
+
+    @classmethod
+    def init(cls, key: PRNGKeyArray, vocab_size: int, d_model: int, *, dtype=jnp.float32) -> "Embed":
+        """Normal table with standard deviation `1/sqrt(d_model)` (unit-norm rows on average)."""
+        table = jax.random.normal(key, (vocab_size, d_model), dtype) * d_model**-0.5
+        return cls(table=table, vocab_size=vocab_size, d_model=d_model)
+
+    def logical_axes(self) -> dict[str, tuple]:
+        """Logical axes of each array field (see `spectrax_core.sharding`)."""
+        return {"table": ("VOCAB", "EMBED")}
+
+
+@typechecked
+def _embed(
+    table: Float[Array, "vocab d_model"], tokens: Int[Array, "*batch"]
+) -> Float[Array, "*batch d_model"]:
+    return jnp.take(table, tokens, axis=0)
+
+
+@typechecked
+def _attend(
+    table: Float[Array, "vocab d_model"], x: Float[Array, "*batch d_model"]
+) -> Float[Array, "*batch vocab"]:
+    return x @ table.T
+
+
+@register_apply(Embed)
+def apply_embed(params: Embed, tokens: Array) -> Array:
+    """Look up integer `tokens` of any shape, giving `tokens.shape + (d_model,)`.
+
+    Ids follow NumPy indexing (a negative id counts from the end); ids outside
+    `[-vocab_size, vocab_size)` give NaN rows (`jnp.take`'s fill mode), not a silent clamp.
+    """
+    check_integer("Embed", tokens)
+    return _embed(params.table, tokens)
+
+
+def attend(params: Embed, x: Array) -> Array:
+    """Logits `x @ table.T` of shape `(..., vocab_size)`: the embedding used as a tied head."""
+    check_last_dim("Embed.attend", x, params.d_model)
+    return _attend(params.table, x)
