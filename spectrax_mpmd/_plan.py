@@ -7,6 +7,8 @@ decisions, compilation and dependency ordering happen here, once per signature.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -153,17 +155,44 @@ class Compiler:
         return self.compile(spec.key, spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
 
     def compile(self, key, fn, in_specs, out_shardings, donate=()):
-        in_shardings = tuple(s.sharding for s in in_specs)
-        dev_key = tuple((tuple(d.id for d in s.device_set), str(s.spec)) for s in in_shardings)
+        full_key = self._key(key, in_specs, out_shardings, donate)
+        if full_key not in self.cache:
+            self.cache[full_key] = self._lower(fn, in_specs, out_shardings, donate).compile()
+        return self.cache[full_key]
+
+    def prefetch(self, specs) -> None:
+        """Compile every spec not cached yet: lower one by one, then run XLA compiles in parallel.
+
+        XLA's compiler releases the GIL, so independent stage programs compile
+        concurrently; this is build-time only (the step itself uses no threads).
+        """
+        todo = {}
+        for spec in specs:
+            key = self._key(spec.key, spec.in_specs, spec.out_shardings, spec.donate)
+            if key not in self.cache and key not in todo:
+                todo[key] = self._lower(spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
+        if len(todo) < 2:
+            for key, lowered in todo.items():
+                self.cache[key] = lowered.compile()
+            return
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            for key, compiled in zip(todo, pool.map(lambda low: low.compile(), todo.values())):
+                self.cache[key] = compiled
+
+    @staticmethod
+    def _key(key, in_specs, out_shardings, donate):
+        dev_key = tuple((tuple(d.id for d in s.sharding.device_set), str(s.sharding.spec)) for s in in_specs)
         outs = out_shardings if isinstance(out_shardings, tuple) else (out_shardings,)
         out_key = tuple(
             None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs
         )
-        full_key = (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, donate)
-        if full_key not in self.cache:
-            jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
-            self.cache[full_key] = jitted.lower(*in_specs).compile()
-        return self.cache[full_key]
+        return (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, tuple(donate))
+
+    @staticmethod
+    def _lower(fn, in_specs, out_shardings, donate):
+        in_shardings = tuple(s.sharding for s in in_specs)
+        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
+        return jitted.lower(*in_specs)
 
 
 def order_actions(schedule, n: int, graph: StageGraph) -> list[tuple[int, Any]]:
@@ -348,14 +377,11 @@ class TrainPlanBuilder:
             if forwards:
                 self.forward_steps[start] = forwards
             self.plan.log.append((rank, action, "&".join(n for n in names if n != "-") or "-"))
-        self.steps = [
-            (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
-            for fn, ins, outs, frees in self.steps
-        ]
         self._finish()
         return self.plan
 
     def _compile_cells(self) -> None:
+        self.compiler.prefetch(self._forward_specs())
         self.exe: list[dict] = []
         for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
             specs = self.input_specs(s)
@@ -424,6 +450,25 @@ class TrainPlanBuilder:
                 exe["n_stash"] = n_stash
             self.exe.append(exe)
 
+    def _forward_specs(self) -> list[CellSpec]:
+        """The forward cells of the non-last stages (compiled first: backward cells need their
+        residual shardings)."""
+        specs = []
+        for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
+            if s == self.last:
+                continue
+            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
+            n_res = 0 if self.remat else cells.residual_count()
+            specs.append(
+                CellSpec(
+                    (io.stage.fingerprint(), "F", self.remat),
+                    cells.forward,
+                    tuple(self.input_specs(s)),
+                    tuple([*outs_sh] + [self.named(s, None)] * len(io.stage.results) + [None] * n_res),
+                )
+            )
+        return specs
+
     def _fuse_cells(self, start: int) -> None:
         """Merge the cell steps emitted since `start` into one executable; transfers follow it."""
         new = self.steps[start:]
@@ -461,8 +506,8 @@ class TrainPlanBuilder:
             def zeros(avals=tuple(avals)):
                 return tuple(jnp.zeros(v.shape, v.dtype) for v in avals)
 
-            exe = self.compiler.compile(("zeros", tuple((v.shape, str(v.dtype)) for v in avals)), zeros, [], tuple(shardings))
-            self.steps.append((exe, (), tuple(outs), ()))
+            key = ("zeros", tuple((v.shape, str(v.dtype)) for v in avals))
+            self.steps.append((CellSpec(key, zeros, (), tuple(shardings)), (), tuple(outs), ()))
 
     def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
         """Move `(src slot, dst slot, sharding)` values; same-sharding moves become aliases."""
@@ -560,9 +605,7 @@ class TrainPlanBuilder:
                 else:
                     moved = self.slots["acc", s, a]
                 total = self.slots.new()
-                add = self.compiler.compile(
-                    ("add", a), lambda x, y: (x + y,), [_sds(self.g.in_avals[a], sh)] * 2, (sh,), donate=(0,)
-                )
+                add = CellSpec(("add", a), _add, (_sds(self.g.in_avals[a], sh),) * 2, (sh,), (0,))
                 self.steps.append((add, (slot, moved), (total,), ()))
                 slot = total
             grads[a] = slot
@@ -571,9 +614,7 @@ class TrainPlanBuilder:
             s = self.g.result_stage[j]
             aval = self.g.out_avals[j]
             sh = self.named(s, None)
-            stack = self.compiler.compile(
-                ("stack", j, self.m), lambda *xs: (jnp.stack(xs),), [_sds(aval, sh)] * self.m, (sh,)
-            )
+            stack = CellSpec(("stack", j, self.m), _stack, (_sds(aval, sh),) * self.m, (sh,))
             stacked[j] = self.slots.new()
             self.steps.append((stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ()))
         self.plan.output_slots = {"loss": self.slots["loss"], "grads": grads, "aux": stacked}
@@ -587,12 +628,25 @@ class TrainPlanBuilder:
                 e = self.g.edges[key[1]]
                 self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
         keep = {self.slots["loss"], *grads.values(), *stacked.values()}
+        self.compiler.prefetch([st[0] for st in self.steps if isinstance(st[0], CellSpec)])
+        self.steps = [
+            (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
+            for fn, ins, outs, frees in self.steps
+        ]
         self.plan.steps = _free_after_last_use(self.steps, keep)
         self.plan.forward_steps = self.forward_steps
         self.plan.n_slots = self.slots.count
         self.plan.cells = {
             (s, kind): spec for s, exe in enumerate(self.exe) for kind, spec in exe.items() if isinstance(spec, CellSpec)
         }
+
+
+def _add(x, y):
+    return (x + y,)
+
+
+def _stack(*xs):
+    return (jnp.stack(xs),)
 
 
 class _Layout:
