@@ -330,7 +330,15 @@ class _JitFunction:
         avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in leaves]
         closed, _, out_tree = trace(bound, jax.tree.unflatten(in_tree, avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
-        builder = ForwardPlanBuilder(graph, self.schedule, self.mesh, compiler=self.compiler)
+        donated, start = set(), 0
+        for k, arg in enumerate(a for j, a in enumerate(self._last_args) if j not in self.static_argnums):
+            n = len(jax.tree.leaves(arg))
+            if self._dynamic_positions[k] in self.donate_argnums:
+                donated.update(range(start, start + n))
+            start += n
+        builder = ForwardPlanBuilder(
+            graph, self.schedule, self.mesh, compiler=self.compiler, donated=frozenset(donated)
+        )
         plan = builder.build()
         self.last_graph = graph
         return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), {})
@@ -341,6 +349,8 @@ class _JitFunction:
                 raise MpmdError(f"sxjit: static_argnums={self.static_argnums} but the call has {len(args)} arguments.")
         static = tuple((k, args[k]) for k in self.static_argnums)
         dynamic = tuple(a for k, a in enumerate(args) if k not in self.static_argnums)
+        self._last_args = args
+        self._dynamic_positions = [k for k in range(len(args)) if k not in self.static_argnums]
         leaves, in_tree = jax.tree.flatten(dynamic)
         _check_not_traced("sxjit", leaves)
         try:
@@ -354,7 +364,10 @@ class _JitFunction:
         values = [leaves[a] for _, a, _, _ in entry.input_layout]
         shardings = [sh for *_, sh in entry.input_layout]
         keys = [(kind, a, r) for kind, a, r, _ in entry.input_layout]
-        buf = entry.plan.run(self.placer.place(values, shardings, keys) if values else [])
+        placed = self.placer.place(values, shardings, keys) if values else []
+        if self.donate_argnums:
+            self.placer.cache.clear()
+        buf = entry.plan.run(placed)
         self.last_plan = entry.plan
         return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
 

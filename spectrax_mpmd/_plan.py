@@ -662,8 +662,11 @@ class _Layout:
 class ForwardPlanBuilder(TrainPlanBuilder):
     """Builds the plan of a forward call (`sxjit`): every stage once, in stage order, whole batch."""
 
-    def __init__(self, graph: StageGraph, schedule, mesh: MpmdMesh, *, compiler: Compiler):
+    def __init__(
+        self, graph: StageGraph, schedule, mesh: MpmdMesh, *, compiler: Compiler, donated: frozenset = frozenset()
+    ):
         layout = schedule if schedule is not None else _Layout()
+        self.donated = donated
         super().__init__(
             graph,
             layout,
@@ -678,6 +681,14 @@ class ForwardPlanBuilder(TrainPlanBuilder):
         )
         self.m = 1
 
+    def _donatable(self, s: int) -> tuple[int, ...]:
+        """Input positions of stage `s` that may be donated: donated leaves read by this stage only."""
+        readers: dict[int, int] = {}
+        for io in self.ios:
+            for a in io.fixed:
+                readers[a] = readers.get(a, 0) + 1
+        return tuple(k for k, a in enumerate(self.ios[s].fixed) if a in self.donated and readers[a] == 1)
+
     def build(self) -> Plan:
         self.cells = [StageCells(io, 1, False, self.input_specs(s)) for s, io in enumerate(self.ios)]
         self.edge_index = {e: k for k, e in enumerate(self.g.edges)}
@@ -689,6 +700,7 @@ class ForwardPlanBuilder(TrainPlanBuilder):
                 cells.forward_only,
                 self.input_specs(s),
                 tuple(outs_sh + [self.named(s, None)] * len(io.stage.results)),
+                donate=self._donatable(s),
             )
             ins = self.input_slots(s) + [self.idx_slot(s, 0)] + [
                 self.slots["edge", self.edge_index[e], 0] for e in io.stage.edge_inputs
