@@ -1,0 +1,95 @@
+"""spectrax_eager: the PyTorch-shaped stateful facade (`import spectrax_eager as spx`).
+
+A thin layer over `spectrax_core`: modules hold Variables, the math is the
+core's functions, and transforms turn calls on modules into pure JAX.
+"""
+
+from . import nn
+from ._autodiff import grad, jvp, value_and_grad, vjp
+from ._control import cond, eval_shape, fori_loop, remat, remat_scan, scan, switch, vmap, while_loop
+from ._errors import IllegalMutationError, StructureChangeError
+from ._graph import GraphDef
+from ._inspect import count_bytes, count_parameters, summary
+from ._jit import jit
+from ._module import Module
+from ._optimizer import Optimizer, OptState
+from ._rngs import RngCount, RngKey, Rngs, RngStream
+from ._selector import Selector, as_selector, of_type, path_contains, path_endswith, path_startswith, select
+from ._state import (
+    State,
+    bind,
+    clone,
+    export,
+    freeze,
+    iter_variables,
+    partition_state,
+    tree_state,
+    unfreeze,
+    update,
+)
+from ._variable import Buffer, Parameter, Variable
+from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
+from ._reexports import MPMD_NAMES as _MPMD_NAMES
+from ._reexports import __all__ as _pipeline_names
+
+
+def __getattr__(name: str):
+    if name in _MPMD_NAMES:
+        import spectrax_mpmd
+
+        return getattr(spectrax_mpmd, name)
+    raise AttributeError(f"module 'spectrax_eager' has no attribute {name!r}")
+
+
+__all__ = [
+    "Buffer",
+    "GraphDef",
+    "IllegalMutationError",
+    "Module",
+    "OptState",
+    "Optimizer",
+    "Parameter",
+    "RngCount",
+    "RngKey",
+    "RngStream",
+    "Rngs",
+    "Selector",
+    "State",
+    "StructureChangeError",
+    "Variable",
+    "as_selector",
+    "bind",
+    "clone",
+    "cond",
+    "count_bytes",
+    "count_parameters",
+    "eval_shape",
+    "export",
+    "fori_loop",
+    "freeze",
+    "grad",
+    "iter_variables",
+    "jit",
+    "jvp",
+    "nn",
+    "of_type",
+    "partition_state",
+    "path_contains",
+    "path_endswith",
+    "path_startswith",
+    "remat",
+    "remat_scan",
+    "scan",
+    "select",
+    "summary",
+    "switch",
+    "tree_state",
+    "unfreeze",
+    "update",
+    "value_and_grad",
+    "vjp",
+    "vmap",
+    "while_loop",
+    *_pipeline_names,
+    *_MPMD_NAMES,
+]

@@ -1,0 +1,329 @@
+"""Dispatch overhead of the eager facade against raw JAX and other frameworks.
+
+One process; every framework runs the same 2-layer pre-norm transformer with
+the same weights and the same `spectrax_core` math (d=64 and d=48, seq 16,
+batch 2, fp32), so the differences are framework overhead: the forward loss, an
+SGD train step, and a jitted no-op over the whole model (framework overhead
+alone). Frameworks are interleaved round by round; each round times
+`--calls` calls (each followed by `block_until_ready`), and the reported time
+is the median over `--rounds` rounds. Columns: raw `jax.jit` over a params
+dict; `spectrax_core` + `jax.jit`; `spx.jit`; `equinox.filter_jit`;
+`flax.nnx.jit` and `nnx.cached_partial` (when flax is installed);
+`spectrax` (spectrax-lib, when installed). Before timing, every column's loss
+is checked (rtol 1e-5) against the same transformer written independently in
+jax.numpy. Framework order is shuffled each round.
+
+    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--json benchmarks/results/dispatch.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import spectrax_core as sc  # noqa: E402
+
+import spectrax_eager as spx  # noqa: E402
+
+LR = 1e-4
+SEQ, BATCH, HEADS, LAYERS = 16, 2, 4, 2
+
+
+# ---------------------------------------------------------------- raw JAX
+
+
+def raw_params(core_blocks: list, core_norm) -> dict:
+    """The same weights as a plain dict (built from the core params)."""
+    layers = []
+    for b in core_blocks:
+        layers.append({
+            "ln1_s": b.norm1.scale, "ln1_b": b.norm1.bias, "ln2_s": b.norm2.scale, "ln2_b": b.norm2.bias,
+            "wq": b.attn.q.weight, "wk": b.attn.k.weight, "wv": b.attn.v.weight, "wo": b.attn.o.weight,
+            "w_up": b.mlp.up.weight, "w_down": b.mlp.down.weight,
+        })
+    return {"layers": layers, "ln_s": core_norm.scale, "ln_b": core_norm.bias}
+
+
+def _ln(x, s, b, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    v = jnp.mean((x - m) ** 2, -1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(v + eps) * s + b
+
+
+def raw_forward(p: dict, x: jax.Array) -> jax.Array:
+    b, t, d = x.shape
+    hd = d // HEADS
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    for lp in p["layers"]:
+        h = _ln(x, lp["ln1_s"], lp["ln1_b"])
+        q = (h @ lp["wq"]).reshape(b, t, HEADS, hd)
+        k = (h @ lp["wk"]).reshape(b, t, HEADS, hd)
+        v = (h @ lp["wv"]).reshape(b, t, HEADS, hd)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+        probs = jax.nn.softmax(jnp.where(causal, logits, jnp.finfo(jnp.float32).min), -1)
+        x = x + jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d) @ lp["wo"]
+        x = x + jax.nn.gelu(_ln(x, lp["ln2_s"], lp["ln2_b"]) @ lp["w_up"]) @ lp["w_down"]
+    return _ln(x, p["ln_s"], p["ln_b"])
+
+
+def raw_loss(p, x, y):
+    """The same loss written independently in jax.numpy (a correctness check of every column)."""
+    return jnp.mean((raw_forward(p, x) - y) ** 2)
+
+
+def flat_params(core) -> tuple[dict, object]:
+    """The core model's arrays as a flat `{"NNN.path": array}` dict (keys sort in leaf order)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(core)
+    return {f"{i:03d}{jax.tree_util.keystr(k)}": v for i, (k, v) in enumerate(leaves)}, treedef
+
+
+def from_flat(p: dict, treedef) -> object:
+    return jax.tree.unflatten(treedef, [p[k] for k in sorted(p)])
+
+
+# --------------------------------------------------------- spectrax_core
+
+
+class CoreModel(eqx.Module):
+    blocks: list
+    norm: sc.nn.LayerNorm
+
+
+def core_loss(m: CoreModel, x, y):
+    for blk in m.blocks:
+        x = sc.apply(blk, x)
+    return jnp.mean((sc.apply(m.norm, x) - y) ** 2)
+
+
+# ---------------------------------------------------------------- spx
+
+
+class SpxModel(spx.Module):
+    def __init__(self, core: CoreModel):
+        self.blocks = spx.nn.ModuleList([spx.nn.from_core(b) for b in core.blocks])
+        self.norm = spx.nn.from_core(core.norm)
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return self.norm(x)
+
+
+def spx_loss(m, x, y):
+    return jnp.mean((m(x) - y) ** 2)
+
+
+# -------------------------------------------------------------- columns
+
+
+def make_columns(core: CoreModel, x, y) -> dict[str, dict]:
+    """Per framework: `fwd()`, `train()`, `noop()` closures and `loss()` for the equality check."""
+    cols: dict[str, dict] = {}
+    sgd = lambda p, g: jax.tree.map(lambda a, b: a - LR * b, p, g)  # noqa: E731
+
+    # raw jax.jit over a params pytree (a flat dict of arrays; the same core math as every column)
+    flat, treedef = flat_params(core)
+    box = {"p": flat}
+
+    def flat_loss(p, x, y):
+        return core_loss(from_flat(p, treedef), x, y)
+
+    r_fwd, r_noop = jax.jit(flat_loss), jax.jit(lambda p, x: x)
+
+    @jax.jit
+    def r_train(p, x, y):
+        loss, g = jax.value_and_grad(flat_loss)(p, x, y)
+        return loss, sgd(p, g)
+
+    def raw_train():
+        loss, box["p"] = r_train(box["p"], x, y)
+        return loss
+
+    cols["raw jax.jit"] = dict(fwd=lambda: r_fwd(box["p"], x, y), train=raw_train,
+                                noop=lambda: r_noop(box["p"], x), loss=lambda: r_fwd(box["p"], x, y))
+
+    # spectrax_core + jax.jit
+    cbox = {"m": core}
+    c_fwd, c_noop = jax.jit(core_loss), jax.jit(lambda m, x: x)
+
+    @jax.jit
+    def c_train(m, x, y):
+        loss, g = jax.value_and_grad(core_loss)(m, x, y)
+        return loss, sgd(m, g)
+
+    def core_train():
+        loss, cbox["m"] = c_train(cbox["m"], x, y)
+        return loss
+
+    cols["core+jax.jit"] = dict(fwd=lambda: c_fwd(cbox["m"], x, y), train=core_train,
+                                 noop=lambda: c_noop(cbox["m"], x), loss=lambda: c_fwd(cbox["m"], x, y))
+
+    # spx.jit
+    model = SpxModel(core)
+    s_fwd, s_noop = spx.jit(spx_loss), spx.jit(lambda m, x: x)
+
+    @spx.jit(mutable="parameters")
+    def s_train(m, x, y):
+        loss, g = spx.value_and_grad(spx_loss)(m, x, y)
+        spx.update(m, sgd(spx.tree_state(m).filter("parameters"), g))
+        return loss
+
+    cols["spx.jit"] = dict(fwd=lambda: s_fwd(model, x, y), train=lambda: s_train(model, x, y),
+                            noop=lambda: s_noop(model, x), loss=lambda: s_fwd(model, x, y))
+
+    # equinox.filter_jit
+    ebox = {"m": core}
+    e_fwd, e_noop = eqx.filter_jit(core_loss), eqx.filter_jit(lambda m, x: x)
+
+    @eqx.filter_jit
+    def e_train(m, x, y):
+        loss, g = eqx.filter_value_and_grad(core_loss)(m, x, y)
+        return loss, eqx.apply_updates(m, jax.tree.map(lambda g: -LR * g, g))
+
+    def eqx_train():
+        loss, ebox["m"] = e_train(ebox["m"], x, y)
+        return loss
+
+    cols["equinox.filter_jit"] = dict(fwd=lambda: e_fwd(ebox["m"], x, y), train=eqx_train,
+                                       noop=lambda: e_noop(ebox["m"], x), loss=lambda: e_fwd(ebox["m"], x, y))
+
+    cols.update(_nnx_columns(core, x, y))
+    cols.update(_spectrax_lib_columns())
+    return cols
+
+
+def _nnx_columns(core, x, y) -> dict[str, dict]:
+    try:
+        from flax import nnx
+    except ImportError:
+        return {}
+    flat, treedef = flat_params(core)
+
+    class Model(nnx.Module):
+        """One nnx.Param per core array; the forward is the core math."""
+
+        def __init__(self):
+            self.names = tuple(flat)
+            for i, k in enumerate(self.names):
+                setattr(self, f"p{i}", nnx.Param(flat[k]))
+
+        def __call__(self, x):
+            p = {k: getattr(self, f"p{i}")[...] for i, k in enumerate(self.names)}
+            m = from_flat(p, treedef)
+            for blk in m.blocks:
+                x = sc.apply(blk, x)
+            return sc.apply(m.norm, x)
+
+    def loss(m, x, y):
+        return jnp.mean((m(x) - y) ** 2)
+
+    model = Model()
+    n_fwd, n_noop = nnx.jit(loss), nnx.jit(lambda m, x: x)
+
+    def train(m, x, y):
+        l, g = nnx.value_and_grad(loss)(m, x, y)
+        ps = nnx.state(m, nnx.Param)
+        nnx.update(m, jax.tree.map(lambda a, b: a - LR * b, ps, g))
+        return l
+
+    n_train = nnx.jit(train)
+    cached_fwd = nnx.cached_partial(n_fwd, model)
+    cached_train = nnx.cached_partial(n_train, model)
+    cached_noop = nnx.cached_partial(n_noop, model)
+    return {
+        "flax.nnx.jit": dict(fwd=lambda: n_fwd(model, x, y), train=lambda: n_train(model, x, y),
+                             noop=lambda: n_noop(model, x), loss=lambda: n_fwd(model, x, y)),
+        "nnx.cached_partial": dict(fwd=lambda: cached_fwd(x, y), train=lambda: cached_train(x, y),
+                                   noop=lambda: cached_noop(x), loss=lambda: cached_fwd(x, y)),
+    }
+
+
+def _spectrax_lib_columns() -> dict[str, dict]:
+    """spectrax-lib (`import spectrax`) is not a dependency: its column is skipped when absent."""
+    try:
+        import spectrax  # noqa: F401
+    except ImportError:
+        return {}
+    return {}  # present but not wired: its API is not part of this project's contract
+
+
+# ---------------------------------------------------------------- timing
+
+
+def time_calls(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(fn())
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def run(d: int, rounds: int, calls: int) -> dict:
+    k = jax.random.key(d)
+    kb, kx, ky = jax.random.split(k, 3)
+    blocks = [sc.nn.Block.init(kk, d, HEADS, 4 * d) for kk in jax.random.split(kb, LAYERS)]
+    core = CoreModel(blocks=blocks, norm=sc.nn.LayerNorm.init(None, d))
+    x = jax.random.normal(kx, (BATCH, SEQ, d))
+    y = jax.random.normal(ky, (BATCH, SEQ, d))
+    cols = make_columns(core, x, y)
+    ref = float(jax.jit(raw_loss)(raw_params(core.blocks, core.norm), x, y))
+    losses = {name: float(c["loss"]()) for name, c in cols.items()}
+    for name, loss in losses.items():
+        if not np.isclose(loss, ref, rtol=1e-5):
+            raise AssertionError(f"d={d}: {name} computes loss {loss}, the jax.numpy reference {ref}")
+    for c in cols.values():  # compile everything before timing
+        for w in ("fwd", "train", "noop"):
+            jax.block_until_ready(c[w]())
+    times = {w: {name: [] for name in cols} for w in ("fwd", "train", "noop")}
+    order = list(cols)
+    rng = np.random.default_rng(0)
+    for _ in range(rounds):
+        for w in ("fwd", "train", "noop"):
+            rng.shuffle(order)  # no framework always runs right after another
+            for name in order:
+                times[w][name].append(time_calls(cols[name][w], calls))
+    med = {w: {n: statistics.median(v) for n, v in t.items()} for w, t in times.items()}
+    return {"d": d, "loss": ref, "losses": losses, "median_us": med, "rounds_us": times}
+
+
+def table(result: dict) -> str:
+    med = result["median_us"]
+    names = list(med["fwd"])
+    lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); median µs per call, ratio to raw",
+             f"{'framework':<22} {'forward':>16} {'train step':>16} {'no-op':>16}"]
+    for n in names:
+        cells = [f"{med[w][n]:8.1f} ({med[w][n] / med[w]['raw jax.jit']:.2f}x)" for w in ("fwd", "train", "noop")]
+        lines.append(f"{n:<22} " + " ".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 48])
+    ap.add_argument("--json", default="benchmarks/results/dispatch.json")
+    args = ap.parse_args()
+    if args.rounds < 1 or args.calls < 1:
+        raise ValueError("--rounds and --calls must be at least 1 (the figure uses >= 5 and >= 1000).")
+    results = [run(d, args.rounds, args.calls) for d in args.dims]
+    for r in results:
+        print(table(r), end="\n\n")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "calls": args.calls, "results": results}, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""`spx.jit`: `jax.jit` over functions that take modules, with `mutable=` write-back.
+
+The cache key is `(GraphDef, argument treedef, module positions, static
+arguments)`: values never enter it, so changing them never retraces, while any
+structural change (new GraphDef) compiles a new program. Per call the work is
+one pytree flatten of the arguments, a read of the cached plan, a list of the
+variables' values, the compiled call, and the write-back of what the function
+changed (`{index: value}` returned by the program).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+
+from ._lift import Split, allowed, changes, rebuild
+from ._module import Module
+
+
+def _as_tuple(x: int | str | Sequence | None) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, int | str):
+        return (x,)
+    return tuple(x)
+
+
+def jit(
+    fn: Callable | None = None,
+    *,
+    mutable: Any = None,
+    mesh: Any = None,
+    schedule: Any = None,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    **jax_kwargs: Any,
+) -> Callable:
+    """Compile `fn`, which may take modules anywhere in its arguments.
+
+    Args:
+        fn: the function (or use `@spx.jit(...)` as a decorator factory).
+        mutable: selector of the variables `fn` may write; their new values are
+            written back after the call. A write outside it raises
+            `spx.IllegalMutationError`. The `"rngs"` collection is always writable.
+        mesh: a `jax.sharding.Mesh` (or an `spectrax_mpmd` mesh without an MPMD
+            axis): run SPMD under that mesh. An MPMD mesh (`mesh.is_mpmd`):
+            compile with `spectrax_mpmd.sxjit(..., schedule=schedule)`.
+        schedule: the pipeline schedule for an MPMD mesh.
+        static_argnums, static_argnames: as `jax.jit` (hashable, part of the cache key).
+        donate_argnums, donate_argnames: as `jax.jit`; a donated module donates
+            all its values, which are all written back.
+        in_shardings: one `Sharding` (or None: keep the argument's own) per
+            positional argument; a module's entry applies to all its values.
+        out_shardings: as `jax.jit` (a prefix of `fn`'s output); written-back
+            variables keep the sharding the compiler infers.
+        **jax_kwargs: any other `jax.jit` keyword (`keep_unused`, `device`,
+            `backend`, `inline`, `compiler_options`).
+    """
+    if fn is None:
+        return functools.partial(
+            jit, mutable=mutable, mesh=mesh, schedule=schedule, static_argnums=static_argnums,
+            static_argnames=static_argnames, donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames, in_shardings=in_shardings,
+            out_shardings=out_shardings, **jax_kwargs,
+        )
+    if schedule is not None and not getattr(mesh, "is_mpmd", False):
+        raise ValueError("spx.jit: schedule= needs an MPMD mesh (mesh=spx.create_mesh(..., mpmd_axis=...)).")
+    if getattr(mesh, "is_mpmd", False) and (in_shardings is not None or out_shardings is not None or jax_kwargs):
+        raise ValueError(
+            "spx.jit: with an MPMD mesh only mutable=, schedule=, static_argnums/argnames and donate_argnums/"
+            f"argnames apply; received in_shardings/out_shardings/{sorted(jax_kwargs)}. Stage shardings come "
+            "from each rank's submesh and sxstage_iter(sharding=...)."
+        )
+    return Jitted(
+        fn, mutable, mesh, schedule, _as_tuple(static_argnums), _as_tuple(static_argnames),
+        _as_tuple(donate_argnums), _as_tuple(donate_argnames), in_shardings, out_shardings, jax_kwargs,
+    )
+
+
+class Jitted:
+    """The callable returned by `spx.jit`."""
+
+    def __init__(self, fn, mutable, mesh, schedule, static_argnums, static_argnames,
+                 donate_argnums, donate_argnames, in_shardings, out_shardings, jax_kwargs):
+        self.fn = fn
+        self.mutable = mutable
+        self.mesh = mesh
+        self.schedule = schedule
+        self.static_argnums = static_argnums
+        self.static_argnames = frozenset(static_argnames)
+        self.donate_argnums = donate_argnums
+        self.donate_argnames = donate_argnames
+        self.in_shardings = in_shardings
+        self.out_shardings = out_shardings
+        self.jax_kwargs = jax_kwargs
+        self._cache: dict = {}
+        self._has_static = bool(static_argnums or static_argnames)
+        functools.update_wrapper(self, fn)
+        # `spx.jit(model.method)`: pass the module as an argument so its values are inputs,
+        # not constants baked into the program.
+        self._self = fn.__self__ if inspect.ismethod(fn) and isinstance(fn.__self__, Module) else None
+        if self._self is not None:
+            self.fn = fn.__func__
+            self.static_argnums = tuple(i + 1 if i >= 0 else i for i in static_argnums)
+            self.donate_argnums = tuple(i + 1 if i >= 0 else i for i in donate_argnums)
+            if isinstance(in_shardings, tuple | list):
+                self.in_shardings = (None, *in_shardings)
+
+    def _pull_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        n = len(args)
+        nums = tuple(j for j in (i + n if i < 0 else i for i in self.static_argnums) if 0 <= j < n)
+        statics = tuple(args[i] for i in nums)
+        args = tuple(None if i in nums else a for i, a in enumerate(args))
+        named = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
+        kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+        return args, kwargs, (nums, statics, named)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._self is not None:
+            args = (self._self, *args)
+        if self._has_static:
+            args, kwargs, statics = self._pull_static(args, kwargs)
+        else:
+            statics = ()
+        split = Split(args, kwargs)
+        key = (split.static, statics)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._cache[key] = self._compile(split, statics, args, kwargs)
+        if self.mesh is not None and not getattr(self.mesh, "is_mpmd", False):
+            with jax.set_mesh(getattr(self.mesh, "jax_mesh", self.mesh)):
+                out, updates = compiled(split.values, *split.leaves)
+        else:
+            out, updates = compiled(split.values, *split.leaves)
+        if updates:
+            split.write_back(updates)
+        return out
+
+    def _compile(self, split: Split, statics: tuple, args: tuple, kwargs: dict) -> Callable:
+        static = split.static
+        ok = allowed(split.plan, self.mutable)
+        donated = self._donated_leaves(args, kwargs)
+        donate_all = donated.pop("modules")
+        fn, mutable = self.fn, self.mutable
+        where = f"spx.jit({getattr(fn, '__name__', 'fn')})"
+
+        def pure(values: list, *leaves: Any) -> tuple[Any, dict]:
+            call_args, call_kwargs, roots, new_vars = rebuild(static, values, list(leaves))
+            if statics:
+                nums, svals, named = statics
+                call_args = tuple(svals[nums.index(i)] if i in nums else a for i, a in enumerate(call_args))
+                call_kwargs = {**call_kwargs, **dict(named)}
+            out = fn(*call_args, **call_kwargs)
+            updates = changes(static, roots, new_vars, values, ok, where, mutable)
+            if donate_all:
+                updates = {i: v._value for i, v in enumerate(new_vars)}
+            return out, updates
+
+        kw = dict(self.jax_kwargs)
+        donate = ((0,) if donate_all else ()) + tuple(1 + i for i in donated["leaves"])
+        if donate:
+            kw["donate_argnums"] = donate
+        if self.in_shardings is not None:
+            kw["in_shardings"] = self._leaf_shardings(split, args)
+        if self.out_shardings is not None:
+            kw["out_shardings"] = (self.out_shardings, None)  # None: write-backs keep their inferred sharding
+        if getattr(self.mesh, "is_mpmd", False):
+            import spectrax_mpmd
+
+            return spectrax_mpmd.sxjit(pure, mesh=self.mesh, schedule=self.schedule,
+                                       donate_argnums=kw.get("donate_argnums", ()))
+        return jax.jit(pure, **kw)
+
+    def _arg_leaf_ranges(self, args: tuple, kwargs: dict) -> tuple[list[range], dict[str, range]]:
+        """Which non-module leaves belong to each positional / keyword argument."""
+        def count(x: Any) -> int:
+            return sum(not isinstance(l, Module) for l in jax.tree.leaves(x, is_leaf=lambda y: isinstance(y, Module)))
+
+        ranges, start = [], 0
+        for a in args:
+            n = count(a)
+            ranges.append(range(start, start + n))
+            start += n
+        named = {}
+        for k in sorted(kwargs):
+            n = count(kwargs[k])
+            named[k] = range(start, start + n)
+            start += n
+        return ranges, named
+
+    def _donated_leaves(self, args: tuple, kwargs: dict) -> dict:
+        out: dict[str, Any] = {"modules": False, "leaves": []}
+        if not (self.donate_argnums or self.donate_argnames):
+            return out
+        ranges, named = self._arg_leaf_ranges(args, kwargs)
+        for i in self.donate_argnums:
+            if _holds_module(args[i]):
+                out["modules"] = True
+            out["leaves"].extend(ranges[i])
+        for k in self.donate_argnames:
+            if k in kwargs:
+                if _holds_module(kwargs[k]):
+                    out["modules"] = True
+                out["leaves"].extend(named[k])
+        return out
+
+    def _leaf_shardings(self, split: Split, args: tuple) -> tuple:
+        entries = self.in_shardings
+        if not isinstance(entries, tuple | list) or len(entries) != len(args):
+            raise ValueError(
+                f"spx.jit: in_shardings must be a tuple with one Sharding (or None) per positional "
+                f"argument ({len(args)}), received {entries!r}."
+            )
+        ranges, _ = self._arg_leaf_ranges(args, {})
+        leaves: list[Any] = [getattr(l, "sharding", None) for l in split.leaves]
+        module_shardings = set()
+        for a, sh, rng in zip(args, entries, ranges):
+            if _holds_module(a) and sh is not None:
+                module_shardings.add(sh)
+            if sh is not None:
+                for j in rng:
+                    leaves[j] = sh
+        if len(module_shardings) > 1:
+            raise ValueError("spx.jit: in_shardings gives different shardings to module arguments; "
+                             "place module values with jax.device_put beforehand instead.")
+        values_sharding = module_shardings.pop() if module_shardings else None
+        if values_sharding is None:
+            values_sharding = [getattr(v, "sharding", None) for v in split.values]
+        if any(s is None for s in leaves):
+            raise ValueError("spx.jit: in_shardings=None entries need their arguments to be jax.Arrays "
+                             "(their current sharding is used).")
+        return (values_sharding, *leaves)
+
+
+def _holds_module(x: Any) -> bool:
+    return any(isinstance(l, Module) for l in jax.tree.leaves(x, is_leaf=lambda y: isinstance(y, Module)))

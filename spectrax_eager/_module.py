@@ -1,0 +1,258 @@
+"""`Module`: a PyTorch-shaped container of Variables and sub-modules that is a JAX pytree.
+
+A module's pytree leaves are its Variables' values (in depth-first order of
+first visit); its treedef holds a `GraphDef`. Flattening is cached per module
+as a `Plan` and rebuilt only when the global structure epoch moved.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from . import _graph
+from ._graph import GraphDef, VarInfo
+from ._variable import Variable, _new_like
+
+_PRIVATE = "_spx_"
+_call_hooks: list[Callable[[Any, Any], None]] = []
+
+
+class Plan:
+    """The cached flatten of one or more root modules: structure + the live Variable objects."""
+
+    __slots__ = ("epoch", "graphdef", "vars", "infos", "roots", "modules", "masks")
+
+    def __init__(self, graphdef, vars_, infos, roots, modules):
+        self.epoch = _graph.epoch
+        self.graphdef: GraphDef = graphdef
+        self.vars: list[Variable] = vars_
+        self.infos: tuple[VarInfo, ...] = infos
+        self.roots = roots
+        self.modules: list[tuple[str, Module]] = modules
+        self.masks: dict = {}
+
+
+def _walk(roots: tuple) -> Plan:
+    mod_index: dict[int, int] = {}
+    var_index: dict[int, int] = {}
+    vars_: list[Variable] = []
+    infos: list[VarInfo] = []
+    modules: list[tuple[str, Module]] = []
+
+    def visit_var(var: Variable, path: str, owners: tuple) -> tuple:
+        j = var_index.get(id(var))
+        if j is not None:
+            return ("RV", j)
+        j = len(vars_)
+        var_index[id(var)] = j
+        vars_.append(var)
+        meta = _graph.freeze_metadata(var.metadata)
+        infos.append(VarInfo(path, var.kind, type(var), meta, owners))
+        return ("V", type(var), var.kind, meta)
+
+    def visit(mod: Module, path: str, owners: tuple) -> tuple:
+        i = mod_index.get(id(mod))
+        if i is not None:
+            return ("RM", i)
+        mod_index[id(mod)] = len(modules)
+        modules.append((path, mod))
+        owners = owners + (type(mod),)
+        entries = []
+        for name, value in mod.__dict__.items():
+            if name.startswith(_PRIVATE):
+                continue
+            child_path = f"{path}.{name}" if path else name
+            if isinstance(value, Module):
+                entries.append((name, True, visit(value, child_path, owners)))
+            elif isinstance(value, Variable):
+                entries.append((name, True, visit_var(value, child_path, owners)))
+            else:
+                entries.append((name, False, _graph.freeze_static(value, f"{type(mod).__name__}.{name}")))
+        return ("M", type(mod), tuple(entries))
+
+    specs = tuple(visit(r, "", ()) if isinstance(r, Module) else visit_var(r, "", ()) for r in roots)
+    return Plan(GraphDef(specs, len(vars_)), vars_, tuple(infos), tuple(roots), modules)
+
+
+def plan_of(module: Module) -> Plan:
+    """The cached plan of one module (rebuilt after any structural change)."""
+    plan = module.__dict__.get("_spx_plan")
+    if plan is not None and plan.epoch == _graph.epoch:
+        return plan
+    plan = _walk((module,))
+    module.__dict__["_spx_plan"] = plan
+    return plan
+
+
+_joint: dict[tuple[int, ...], Plan] = {}
+_joint_epoch = [-1]
+
+
+def joint_plan(roots: tuple) -> Plan:
+    """The plan of several roots walked together, so that shared Variables appear once."""
+    if len(roots) == 1 and isinstance(roots[0], Module):
+        return plan_of(roots[0])
+    if _joint_epoch[0] != _graph.epoch or len(_joint) > 256:
+        _joint.clear()
+        _joint_epoch[0] = _graph.epoch
+    key = tuple(map(id, roots))
+    plan = _joint.get(key)
+    if plan is None:
+        plan = _joint[key] = _walk(roots)  # the plan holds the roots, so their ids stay unique
+    return plan
+
+
+def build(graphdef: GraphDef, values) -> tuple[list, list[Variable]]:
+    """New root objects (and their Variables, in plan order) from a structure and values."""
+    mods: list[Module] = []
+    vars_: list[Variable] = []
+    it = iter(values)
+
+    def make(spec: tuple) -> Any:
+        tag = spec[0]
+        if tag == "V":
+            var = _new_like(spec[1], next(it), spec[2], {k: _graph.thaw(v) for k, v in spec[3]})
+            vars_.append(var)
+            return var
+        if tag == "RV":
+            return vars_[spec[1]]
+        if tag == "RM":
+            return mods[spec[1]]
+        mod = object.__new__(spec[1])
+        mods.append(mod)
+        d = mod.__dict__
+        for name, is_child, payload in spec[2]:
+            d[name] = make(payload) if is_child else _graph.thaw(payload)
+        return mod
+
+    roots = [make(spec) for spec in graphdef.specs]
+    return roots, vars_
+
+
+def _check_attr(owner: Module, name: str, value: Any) -> None:
+    if isinstance(value, jax.Array | np.ndarray):
+        raise TypeError(
+            f"{type(owner).__name__}.{name}: raw arrays are not module attributes. Wrap it "
+            f"(`self.{name} = spx.Parameter(x)` or `spx.Buffer(x)`), or write an existing "
+            f"variable with `self.{name}.value = x`."
+        )
+    if isinstance(value, list | tuple | dict):
+        items = value.values() if isinstance(value, dict) else value
+        if any(isinstance(v, Module | Variable) for v in items):
+            raise TypeError(
+                f"{type(owner).__name__}.{name}: a plain {type(value).__name__} of modules/variables "
+                "is not tracked. Use spx.nn.ModuleList(...) or spx.nn.ModuleDict({...})."
+            )
+
+
+class Module:
+    """Base class of eager modules: define `__init__` and `forward` (or `__call__`).
+
+    Modules are JAX pytrees whose leaves are their Variables' values, so
+    `jax.jit`, `jax.grad` and `jax.tree.map` accept them. `training` is a
+    static flag switched by `train()` / `eval()`.
+    """
+
+    training: bool
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        self = object.__new__(cls)
+        self.__dict__["training"] = True
+        return self
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+        if "__call__" in cls.__dict__:
+            cls.__call__ = _hooked(cls.__dict__["__call__"])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _check_attr(self, name, value)
+        object.__setattr__(self, name, value)
+        _graph.bump()
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        _graph.bump()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{type(self).__name__}: define `forward` (or `__call__`) to call this module.")
+
+    def train(self, mode: bool = True) -> Module:
+        """Set `training = mode` on this module and every sub-module; returns self."""
+        for _, mod in plan_of(self).modules:
+            mod.__dict__["training"] = bool(mode)
+        _graph.bump()
+        return self
+
+    def eval(self) -> Module:
+        """Set `training = False` everywhere (dropout off); returns self."""
+        return self.train(False)
+
+    def __repr__(self) -> str:
+        return _repr(self, set())
+
+
+def _hooked(fn: Callable) -> Callable:
+    """Wrap a `__call__` so inspection hooks (spx.summary) see every module's output."""
+
+    @functools.wraps(fn)
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        out = fn(self, *args, **kwargs)
+        for hook in _call_hooks:
+            hook(self, out)
+        return out
+
+    return call
+
+
+def _base_call(self: Module, *args: Any, **kwargs: Any) -> Any:
+    return self.forward(*args, **kwargs)
+
+
+Module.__call__ = _hooked(_base_call)
+
+
+def _repr(mod: Module, seen: set[int], indent: str = "") -> str:
+    if id(mod) in seen:
+        return f"<shared {type(mod).__name__}>"
+    seen.add(id(mod))
+    statics, children = [], []
+    for name, value in mod.__dict__.items():
+        if name.startswith(_PRIVATE) or name == "training":
+            continue
+        if isinstance(value, Module):
+            children.append(f"{indent}  {name}={_repr(value, seen, indent + '  ')}")
+        elif isinstance(value, Variable):
+            children.append(f"{indent}  {name}={value!r}")
+        elif not callable(value):
+            statics.append(f"{name}={value!r}")
+    head = f"{type(mod).__name__}({', '.join(statics)}"
+    if not children:
+        return head + ")"
+    return head + ("\n" if not statics else ",\n") + ",\n".join(children) + f"\n{indent})"
+
+
+def _flatten(mod: Module):
+    plan = plan_of(mod)
+    return [v._value for v in plan.vars], plan.graphdef
+
+
+def _flatten_with_keys(mod: Module):
+    plan = plan_of(mod)
+    return [(jax.tree_util.GetAttrKey(i.path), v._value) for i, v in zip(plan.infos, plan.vars)], plan.graphdef
+
+
+def _unflatten(graphdef: GraphDef, values) -> Module:
+    return build(graphdef, values)[0][0]
+
+
+def _register(cls: type) -> None:
+    jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, _unflatten, _flatten)
+
+
+_register(Module)

@@ -1,0 +1,88 @@
+"""`CoreLayer`: an eager layer that is a stateful view of one `spectrax_core` params class.
+
+The eager layer holds one `Parameter` per array field of the core params (with
+the core's logical axes as `axes` metadata), an eager sub-layer per nested
+core params, and the static fields as plain attributes. `core_params()`
+rebuilds the core params object from the current values (trace-time work
+under `jit`), and `forward` calls `spectrax_core.apply` on it: the math is
+always the core's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import spectrax_core as sc
+
+from .._module import Module
+from .._variable import Parameter, Variable
+
+_EAGER_OF: dict[type, type] = {}
+
+
+class CoreLayer(Module):
+    """Base of eager layers mirroring a core params class (`core_cls`)."""
+
+    core_cls: ClassVar[type]
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if "core_cls" in cls.__dict__:
+            _EAGER_OF.setdefault(cls.core_cls, cls)
+
+    def _adopt(self, params: Any) -> None:
+        """Take the arrays, sub-params and static fields of a core params object."""
+        axes = params.logical_axes() if hasattr(params, "logical_axes") else {}
+        for f in dataclasses.fields(params):
+            value = getattr(params, f.name)
+            if isinstance(value, jax.Array):
+                meta = {"axes": tuple(axes[f.name])} if f.name in axes else {}
+                setattr(self, f.name, Parameter(value, **meta))
+            elif type(value) in _EAGER_OF:
+                setattr(self, f.name, from_core(value))
+            else:
+                setattr(self, f.name, value)
+
+    def core_params(self) -> Any:
+        """The core params object holding this layer's current values."""
+        kw = {}
+        for f in _fields(self.core_cls):
+            value = self.__dict__[f.name]
+            if isinstance(value, Variable):
+                value = value.value
+            elif isinstance(value, CoreLayer):
+                value = value.core_params()
+            kw[f.name] = value
+        return self.core_cls(**kw)
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return sc.apply(self.core_params(), x, *args, **kwargs)
+
+
+_FIELDS: dict[type, tuple] = {}
+
+
+def _fields(cls: type) -> tuple:
+    out = _FIELDS.get(cls)
+    if out is None:
+        out = _FIELDS[cls] = tuple(f for f in dataclasses.fields(cls) if f.init)
+    return out
+
+
+def from_core(params: Any) -> CoreLayer:
+    """The eager layer holding a copy of core `params` (same values, same structure)."""
+    cls = _EAGER_OF.get(type(params))
+    if cls is None:
+        raise TypeError(f"from_core: no eager layer mirrors {type(params).__name__}.")
+    layer = cls.__new__(cls)
+    layer._adopt(params)
+    return layer
+
+
+def key_from(rngs: Any, where: str) -> jax.Array:
+    """A fresh init key from `rngs` (an `spx.Rngs`), with a clear error when missing."""
+    if rngs is None:
+        raise TypeError(f"{where}: pass rngs=spx.Rngs(seed) to initialise the parameters.")
+    return rngs.params()
