@@ -20,11 +20,16 @@ def _jvp(primals, tangents, **params):
     return sxstage_iter_p.bind(*primals, **params), list(tangents)
 
 
+def _transpose(cts, *args, **params):
+    return list(cts)
+
+
 def _batch(args, dims, **params):
     return sxstage_iter_p.bind(*args, **params), dims
 
 
 ad.primitive_jvps[sxstage_iter_p] = _jvp
+ad.primitive_transposes[sxstage_iter_p] = _transpose
 batching.primitive_batchers[sxstage_iter_p] = _batch
 
 
