@@ -51,12 +51,22 @@ def _check_schedule(name: str, schedule, n: int) -> int:
     return schedule.virtual_stages
 
 
+def _dtype(x):
+    """The dtype of an array-like leaf (JAX/numpy array or Python scalar)."""
+    return x.dtype if hasattr(x, "dtype") else np.result_type(x)
+
+
 def _leaf_key(x) -> tuple:
-    return (np.shape(x), np.result_type(x).str if not hasattr(x, "dtype") else str(x.dtype))
+    return (np.shape(x), str(_dtype(x)))
 
 
 class _Placer:
-    """Places argument leaves on the ranks that read them, once per array object."""
+    """Places argument leaves on the ranks that read them.
+
+    A `jax.Array` is immutable, so its placement is cached by identity and reused
+    while the caller passes the same object; numpy arrays and Python values can
+    change in place and are placed again on every call.
+    """
 
     def __init__(self):
         self.cache: dict = {}
@@ -66,7 +76,7 @@ class _Placer:
         miss_v, miss_s, miss_i = [], [], []
         for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
             hit = self.cache.get(key)
-            if hit is not None and hit[0] is v:
+            if hit is not None and hit[0] is v and isinstance(v, jax.Array):
                 out[k] = hit[1]
             else:
                 miss_v.append(v)
@@ -76,7 +86,8 @@ class _Placer:
             placed = jax.device_put(miss_v, miss_s)
             for k, p in zip(miss_i, placed):
                 out[k] = p
-                self.cache[keys[k]] = (values[k], p)
+                if isinstance(values[k], jax.Array) and keys[k][0] != "batch":
+                    self.cache[keys[k]] = (values[k], p)
         return out
 
 
@@ -146,10 +157,10 @@ class _StepFunction:
         diff = [a for k in self.argnums for a in range(*bounds[k])]
         batch = [a for a in range(len(leaves)) if a not in set(diff)]
         for a in diff:
-            if not jax.dtypes.issubdtype(np.result_type(leaves[a]), np.inexact):
+            if not jax.dtypes.issubdtype(_dtype(leaves[a]), np.inexact):
                 raise MpmdError(
                     f"sxvalue_and_grad: differentiated argument leaf {a} has dtype "
-                    f"{np.result_type(leaves[a])}; gradients need floating-point parameters. Move "
+                    f"{_dtype(leaves[a])}; gradients need floating-point parameters. Move "
                     "integer arrays out of the differentiated arguments (argnums)."
                 )
         micro = list(leaves)
@@ -162,11 +173,11 @@ class _StepFunction:
                     f"divisible by schedule.microbatches={m}. Use a batch size that is a multiple of {m} "
                     "or change the number of microbatches."
                 )
-            dtype = np.result_type(leaves[a]) if not hasattr(leaves[a], "dtype") else leaves[a].dtype
+            dtype = _dtype(leaves[a])
             micro[a] = jax.ShapeDtypeStruct((shape[0] // m, *shape[1:]), dtype)
             batch_avals[a] = jax.core.ShapedArray((m, shape[0] // m, *shape[1:]), dtype)
         for a in diff:
-            micro[a] = jax.ShapeDtypeStruct(np.shape(leaves[a]), np.result_type(leaves[a]) if not hasattr(leaves[a], "dtype") else leaves[a].dtype)
+            micro[a] = jax.ShapeDtypeStruct(np.shape(leaves[a]), _dtype(leaves[a]))
         closed, _, out_tree = trace(self._traced_fn(), jax.tree.unflatten(in_tree, micro))
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
@@ -192,7 +203,7 @@ class _StepFunction:
         first = NamedSharding(self.mesh.submesh(0), PartitionSpec())
         for a in diff:
             if a not in plan.output_slots["grads"]:
-                zero[a] = jax.device_put(np.zeros(np.shape(leaves[a]), np.result_type(leaves[a])), first)
+                zero[a] = jax.device_put(np.zeros(np.shape(leaves[a]), _dtype(leaves[a])), first)
         self.last_graph = graph
         return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), zero)
 
@@ -327,7 +338,7 @@ class _JitFunction:
             full = [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
             return self.fn(*full)
 
-        avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in leaves]
+        avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in leaves]
         closed, _, out_tree = trace(bound, jax.tree.unflatten(in_tree, avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
         donated, start = set(), 0

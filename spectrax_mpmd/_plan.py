@@ -557,7 +557,8 @@ class TrainPlanBuilder:
             return "B"
         if kind == "I":
             stash = [self.slots["stash", s, i, k] for k in range(exe["n_stash"])]
-            self.steps.append((exe["I"], tuple(res + cts), tuple(ct_out + stash), ()))
+            if ct_out or stash:  # an I cell with nothing to return (first stage, no stash) is skipped
+                self.steps.append((exe["I"], tuple(res + cts), tuple(ct_out + stash), ()))
             self._send_cts(s, i)
             return "I"
         stash = [self.slots["stash", s, i, k] for k in range(exe["n_stash"])]
