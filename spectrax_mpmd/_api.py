@@ -11,9 +11,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._plan import Compiler, Plan, TrainPlanBuilder, ForwardPlanBuilder
+from ._compile import Compiler
+from ._plan import ForwardPlanBuilder, Plan, TrainPlanBuilder
 from ._split import split, trace
-from .errors import MpmdError, StageSplitError, TraceContextError
+from .errors import MpmdError, TraceContextError
 
 
 def _as_tuple(argnums) -> tuple[int, ...]:
@@ -86,7 +87,7 @@ class _Placer:
             placed = jax.device_put(miss_v, miss_s)
             for k, p in zip(miss_i, placed):
                 out[k] = p
-                if isinstance(values[k], jax.Array) and keys[k][0] != "batch":
+                if isinstance(values[k], jax.Array):
                     self.cache[keys[k]] = (values[k], p)
         return out
 
@@ -98,6 +99,15 @@ class _Entry:
     out_tree: Any
     input_layout: list
     zero_grads: dict
+    grad_trees: tuple = ()
+
+    @functools.cached_property
+    def layout_shardings(self) -> list:
+        return [sh for *_, sh in self.input_layout]
+
+    @functools.cached_property
+    def layout_keys(self) -> list:
+        return [(kind, a, r) for kind, a, r, _ in self.input_layout]
 
 
 def _input_layout(plan: Plan, builder) -> list:
@@ -175,7 +185,7 @@ class _StepFunction:
                 )
             dtype = _dtype(leaves[a])
             micro[a] = jax.ShapeDtypeStruct((shape[0] // m, *shape[1:]), dtype)
-            batch_avals[a] = jax.core.ShapedArray((m, shape[0] // m, *shape[1:]), dtype)
+            batch_avals[a] = jax.core.ShapedArray(shape, dtype)
         for a in diff:
             micro[a] = jax.ShapeDtypeStruct(np.shape(leaves[a]), _dtype(leaves[a]))
         closed, _, out_tree = trace(self._traced_fn(), jax.tree.unflatten(in_tree, micro))
@@ -205,7 +215,8 @@ class _StepFunction:
             if a not in plan.output_slots["grads"]:
                 zero[a] = jax.device_put(np.zeros(np.shape(leaves[a]), _dtype(leaves[a])), first)
         self.last_graph = graph
-        return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), zero)
+        grad_trees = tuple((jax.tree.structure(args[k]), range(*bounds[k])) for k in self.argnums)
+        return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), zero, grad_trees)
 
     def _param_specs(self, args, bounds) -> dict:
         if self.rules is None:
@@ -226,16 +237,8 @@ class _StepFunction:
         entry = self.cache.get(key)
         if entry is None:
             entry = self.cache[key] = self._build(args, leaves, in_tree)
-        m = self.schedule.microbatches
-        values, shardings, keys = [], [], []
-        for kind, a, r, sh in entry.input_layout:
-            x = leaves[a]
-            if kind == "batch":
-                x = x.reshape((m, x.shape[0] // m, *x.shape[1:]))
-            values.append(x)
-            shardings.append(sh)
-            keys.append((kind, a, r))
-        placed = self.placer.place(values, shardings, keys) if values else []
+        values = [leaves[a] for _, a, _, _ in entry.input_layout]
+        placed = self.placer.place(values, entry.layout_shardings, entry.layout_keys) if values else []
         return entry, placed
 
     def measure_peak_activations(self, *args) -> list[int]:
@@ -249,16 +252,14 @@ class _StepFunction:
 
     def __call__(self, *args):
         entry, placed = self._prepare(args)
-        leaves = jax.tree.leaves(args)
         buf = entry.plan.run(placed)
         self.last_plan = entry.plan
         out = entry.plan.output_slots
-        grads_flat = [
-            buf[out["grads"][a]] if a in out["grads"] else entry.zero_grads[a]
-            for k in self.argnums
-            for a in range(*self._bounds(args)[k])
+        trees = [
+            treedef.unflatten([buf[out["grads"][a]] if a in out["grads"] else entry.zero_grads[a] for a in span])
+            for treedef, span in entry.grad_trees
         ]
-        grads = self._unflatten_grads(args, grads_flat)
+        grads = trees[0] if len(trees) == 1 else tuple(trees)
         loss = buf[out["loss"]]
         if self.has_aux:
             aux_leaves = [buf[out["aux"][j]] for j in sorted(out["aux"])]
@@ -269,19 +270,6 @@ class _StepFunction:
         if self.value:
             return value, grads
         return (grads, value[1]) if self.has_aux else grads
-
-    def _bounds(self, args):
-        bounds, start = [], 0
-        for arg in args:
-            n = len(jax.tree.leaves(arg))
-            bounds.append((start, start + n))
-            start += n
-        return bounds
-
-    def _unflatten_grads(self, args, flat):
-        it = iter(flat)
-        trees = [jax.tree.unflatten(jax.tree.structure(args[k]), [next(it) for _ in jax.tree.leaves(args[k])]) for k in self.argnums]
-        return trees[0] if len(trees) == 1 else tuple(trees)
 
     @property
     def dispatch_log(self) -> list:
@@ -373,9 +361,7 @@ class _JitFunction:
         if entry is None:
             entry = self.cache[key] = self._build(static, dynamic, leaves, in_tree)
         values = [leaves[a] for _, a, _, _ in entry.input_layout]
-        shardings = [sh for *_, sh in entry.input_layout]
-        keys = [(kind, a, r) for kind, a, r, _ in entry.input_layout]
-        placed = self.placer.place(values, shardings, keys) if values else []
+        placed = self.placer.place(values, entry.layout_shardings, entry.layout_keys) if values else []
         if self.donate_argnums:
             self.placer.cache.clear()
         buf = entry.plan.run(placed)

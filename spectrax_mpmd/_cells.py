@@ -5,7 +5,7 @@ A stage's inputs come in four groups, always in this order:
 
 * `P`  the differentiated parameter leaves it reads,
 * `X`  other whole-batch arguments it reads (not split, not differentiated),
-* `Bf` batch leaves it reads, each shaped `(microbatches, micro_batch, ...)`,
+* `Bf` whole batch leaves it reads (leading axis `microbatches x micro_batch`),
   followed by one int32 microbatch index `idx` (the cell slices its microbatch),
 * `A`  the activations it receives from earlier stages.
 
@@ -44,9 +44,12 @@ class StageIO:
     diff_out: tuple[int, ...]
     ct_edges: tuple[tuple[int, ...], ...]
     loss_result: int | None
+    microbatches: int = 1
 
     @classmethod
-    def build(cls, graph: StageGraph, s: int, diff_args: set[int], batch_args: set[int], loss: bool):
+    def build(
+        cls, graph: StageGraph, s: int, diff_args: set[int], batch_args: set[int], loss: bool, microbatches: int = 1
+    ):
         stage = graph.stages[s]
         args = stage.arg_inputs
         consumers = graph.consumers(s)
@@ -63,6 +66,7 @@ class StageIO:
                 tuple(edge_pos[e] for e in consumers[stage.edge_outputs[j]]) for j in diff_out
             ),
             loss_result=0 if loss else None,
+            microbatches=microbatches,
         )
 
     @property
@@ -71,7 +75,7 @@ class StageIO:
 
     def apply(self, P, X, Bf, idx, A) -> tuple[list, list]:
         """Run the stage on microbatch `idx`: returns `(edge outputs, results)`."""
-        B = [jax.lax.dynamic_index_in_dim(b, idx, keepdims=False) for b in Bf]
+        B = [jax.lax.dynamic_slice_in_dim(b, idx * (b.shape[0] // self.microbatches), b.shape[0] // self.microbatches) for b in Bf]
         by_arg = dict(zip(self.params, P)) | dict(zip(self.fixed, X)) | dict(zip(self.batch, B))
         return self.stage.run([by_arg[a] for a in self.stage.arg_inputs], A)
 
@@ -259,7 +263,6 @@ class StageCells:
             grads = [_grad_value(env, v, a) for v, a in zip(grad_vars, acc)]
             return tuple(a + g for a, g in zip(acc, grads))
 
-        self.i_jaxpr_eqns, self.w_jaxpr_eqns = i_eqns, w_eqns
         return i_cell, w_cell, len(stash)
 
     # -- the last stage: loss forward and backward in one cell ---------------------------

@@ -7,10 +7,8 @@ decisions, compilation and dependency ordering happen here, once per signature.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +16,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._cells import StageCells, StageIO
+from ._compile import CellSpec, Compiler, _sds
+from ._order import order_actions
 from ._mesh import MpmdMesh
 from ._split import StageGraph
 from .errors import StageSplitError
@@ -114,140 +114,6 @@ def transfer(shardings) -> Callable:
     return _TransferOne(shardings[0]) if len(shardings) == 1 else _Transfer(shardings)
 
 
-def _sds(aval, sharding):
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
-
-
-@dataclass(frozen=True)
-class CellSpec:
-    """A cell function with its input specs, output shardings and donated inputs, not yet compiled."""
-
-    key: Any
-    fn: Callable
-    in_specs: tuple
-    out_shardings: tuple
-    donate: tuple = ()
-
-    def fuse(self, other: "CellSpec") -> "CellSpec":
-        """One cell running `self` then `other` on disjoint inputs (a fused F&B action)."""
-        n = len(self.in_specs)
-        first, second = self.fn, other.fn
-
-        def fused(*flat):
-            return (*first(*flat[:n]), *second(*flat[n:]))
-
-        return CellSpec(
-            ("fused", self.key, other.key),
-            fused,
-            self.in_specs + other.in_specs,
-            tuple(self.out_shardings) + tuple(other.out_shardings),
-            tuple(self.donate) + tuple(n + d for d in other.donate),
-        )
-
-
-class Compiler:
-    """Compiles cell functions for a submesh, sharing programs that are the same."""
-
-    def __init__(self):
-        self.cache: dict = {}
-
-    def compile_spec(self, spec: CellSpec):
-        return self.compile(spec.key, spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
-
-    def compile(self, key, fn, in_specs, out_shardings, donate=()):
-        full_key = self._key(key, in_specs, out_shardings, donate)
-        if full_key not in self.cache:
-            self.cache[full_key] = self._lower(fn, in_specs, out_shardings, donate).compile()
-        return self.cache[full_key]
-
-    def prefetch(self, specs) -> None:
-        """Compile every spec not cached yet: lower one by one, then run XLA compiles in parallel.
-
-        XLA's compiler releases the GIL, so independent stage programs compile
-        concurrently; this is build-time only (the step itself uses no threads).
-        """
-        todo = {}
-        for spec in specs:
-            key = self._key(spec.key, spec.in_specs, spec.out_shardings, spec.donate)
-            if key not in self.cache and key not in todo:
-                todo[key] = self._lower(spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
-        if len(todo) < 2:
-            for key, lowered in todo.items():
-                self.cache[key] = lowered.compile()
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            for key, compiled in zip(todo, pool.map(lambda low: low.compile(), todo.values())):
-                self.cache[key] = compiled
-
-    @staticmethod
-    def _key(key, in_specs, out_shardings, donate):
-        dev_key = tuple((tuple(d.id for d in s.sharding.device_set), str(s.sharding.spec)) for s in in_specs)
-        outs = out_shardings if isinstance(out_shardings, tuple) else (out_shardings,)
-        out_key = tuple(
-            None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs
-        )
-        return (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, tuple(donate))
-
-    @staticmethod
-    def _lower(fn, in_specs, out_shardings, donate):
-        in_shardings = tuple(s.sharding for s in in_specs)
-        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
-        return jitted.lower(*in_specs)
-
-
-def order_actions(schedule, n: int, graph: StageGraph) -> list[tuple[int, Any]]:
-    """Merge the per-rank action lists into one issue order that respects data dependencies.
-
-    Round-robin over ranks, one action at a time, keeping each rank's own order;
-    an action waits until everything it reads has been issued.
-    """
-    table = schedule.actions(n)
-    senders: dict[int, set[int]] = {s: set() for s in range(len(graph.stages))}
-    receivers: dict[int, set[int]] = {s: set() for s in range(len(graph.stages))}
-    for e in graph.edges:
-        senders[e.dst].add(e.src)
-        if e.differentiable:
-            receivers[e.src].add(e.dst)
-    done: set = set()
-
-    def ready(a) -> bool:
-        if a.kind == "F&B":
-            return all(ready(p) for p in a.parts)
-        s, i = a.stage, a.microbatch
-        if a.kind == "F":
-            return all(("F", p, i) in done for p in senders[s])
-        if a.kind in ("B", "I"):
-            return ("F", s, i) in done and all(
-                ("B", t, i) in done or ("I", t, i) in done for t in receivers[s]
-            )
-        return ("I", s, i) in done
-
-    def mark(a) -> None:
-        for p in a.parts if a.kind == "F&B" else (a,):
-            done.add((p.kind, p.stage, p.microbatch))
-
-    pos = [0] * n
-    order = []
-    remaining = sum(len(t) for t in table)
-    while remaining:
-        progressed = False
-        for r in range(n):
-            if pos[r] < len(table[r]) and ready(table[r][pos[r]]):
-                a = table[r][pos[r]]
-                mark(a)
-                order.append((r, a))
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: str(table[r][pos[r]]) for r in range(n) if pos[r] < len(table[r])}
-            raise StageSplitError(
-                f"schedule {schedule!r} cannot run this pipeline: no rank can proceed "
-                f"(next actions {stuck}); the stage graph's dependencies conflict with the table."
-            )
-    return order
-
-
 @dataclass
 class _Slots:
     count: int = 0
@@ -308,7 +174,7 @@ class TrainPlanBuilder:
         self.forward_steps: dict = {}
         self.plan = Plan(stage_ranks=self.rank)
         self.ios = [
-            StageIO.build(graph, s, set(diff_args), set(batch_args), loss=(s == self.last))
+            StageIO.build(graph, s, set(diff_args), set(batch_args), loss=(s == self.last), microbatches=self.m)
             for s in range(len(graph.stages))
         ]
         if require_loss and 0 not in graph.stages[self.last].results:
@@ -421,7 +287,6 @@ class TrainPlanBuilder:
                 for j, consumers in zip(io.diff_out, io.ct_edges)
                 for _ in consumers
             ]
-            self.n_res = n_res
             exe["n_res"] = len(res_specs)
             exe["B"] = CellSpec(
                 (fp, "B", self.remat),
