@@ -88,30 +88,37 @@ class Plan:
 class _Transfer:
     """One batched `device_put` of several buffers to their receivers' shardings."""
 
-    __slots__ = ("shardings",)
+    __slots__ = ("targets",)
 
-    def __init__(self, shardings):
-        self.shardings = list(shardings)
+    def __init__(self, targets):
+        self.targets = list(targets)
 
     def __call__(self, *arrays):
-        return jax.device_put(list(arrays), self.shardings)
+        return jax.device_put(list(arrays), self.targets)
 
 
 class _TransferOne:
     """A `device_put` of one buffer (cheaper than the list form)."""
 
-    __slots__ = ("sharding",)
+    __slots__ = ("target",)
 
-    def __init__(self, sharding):
-        self.sharding = sharding
+    def __init__(self, target):
+        self.target = target
 
     def __call__(self, array):
-        return (jax.device_put(array, self.sharding),)
+        return (jax.device_put(array, self.target),)
+
+
+def _target(sharding):
+    """A one-device sharding is sent to its device: the same placement, half the host cost."""
+    devices = sharding.device_set
+    return next(iter(devices)) if len(devices) == 1 else sharding
 
 
 def transfer(shardings) -> Callable:
     """The cheapest callable moving its arguments to `shardings`."""
-    return _TransferOne(shardings[0]) if len(shardings) == 1 else _Transfer(shardings)
+    targets = [_target(s) for s in shardings]
+    return _TransferOne(targets[0]) if len(targets) == 1 else _Transfer(targets)
 
 
 @dataclass
