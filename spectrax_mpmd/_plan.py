@@ -254,7 +254,10 @@ class TrainPlanBuilder:
         return self.plan
 
     def _compile_cells(self) -> None:
-        self.compiler.prefetch(self._forward_specs())
+        # programs that need no other program's output info compile together first
+        independent = self._forward_specs() + [spec for spec, _ in self._accumulator_cells()]
+        if not all(self._free_sharding(s) is not None for s in range(len(self.ios))):
+            self.compiler.prefetch(independent + self._loss_specs())
         self.exe: list[dict] = []
         for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
             specs = self.input_specs(s)
@@ -265,15 +268,7 @@ class TrainPlanBuilder:
             results_sh = [self.named(s, None)] * len(io.stage.results)
             exe = {}
             if s == self.last:
-                loss_spec = jax.ShapeDtypeStruct((), self.g.out_avals[0].dtype, sharding=self.named(s, None))
-                n_in = len(specs)
-                exe["FB"] = CellSpec(
-                    (fp, "FB", self.remat, self.m),
-                    cells.loss_step,
-                    tuple(specs + acc_specs + [loss_spec]),
-                    (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh[1:]),
-                    tuple(range(n_in, n_in + len(acc_specs) + 1)),
-                )
+                exe["FB"] = self._loss_specs()[0]
                 self.exe.append(exe)
                 continue
             outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
@@ -283,12 +278,17 @@ class TrainPlanBuilder:
                 (fp, "F", self.remat),
                 cells.forward,
                 tuple(specs),
-                tuple([*outs_sh, *results_sh] + ([] if self.remat else [None] * n_res)),
+                tuple([*outs_sh, *results_sh] + ([] if self.remat else [self._free_sharding(s)] * n_res)),
             )
-            res_specs = specs if self.remat else [
-                jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
-                for o in self.compiler.compile_spec(exe["F"]).out_info[n_fwd_out:]
-            ]
+            if self.remat:
+                res_specs = specs
+            elif self._free_sharding(s) is not None:
+                res_specs = [_sds(a, self._free_sharding(s)) for a in cells._residual_avals_cached()]
+            else:
+                res_specs = [
+                    jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
+                    for o in self.compiler.compile_spec(exe["F"]).out_info[n_fwd_out:]
+                ]
             ct_specs = [
                 _sds(io.stage.edge_outputs[j].aval, self.out_sharding(io.stage.edge_outputs[j], s))
                 for j, consumers in zip(io.diff_out, io.ct_edges)
@@ -304,13 +304,18 @@ class TrainPlanBuilder:
             )
             if self.schedule_splits():
                 i_fn, w_fn, n_stash = cells.split_backward()
+                free = self._free_sharding(s)
                 exe["I"] = CellSpec(
-                    (fp, "I", self.remat), i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[None] * n_stash)
+                    (fp, "I", self.remat), i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * n_stash)
                 )
-                stash_specs = [
-                    jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
-                    for o in self.compiler.compile_spec(exe["I"]).out_info[len(ct_in_sh):]
-                ]
+                if free is not None:
+                    shapes = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh):]
+                    stash_specs = [_sds(a, free) for a in shapes]
+                else:
+                    stash_specs = [
+                        jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
+                        for o in self.compiler.compile_spec(exe["I"]).out_info[len(ct_in_sh):]
+                    ]
                 n_w_in = len(res_specs) + len(ct_specs) + n_stash
                 exe["W"] = CellSpec(
                     (fp, "W", self.remat),
@@ -336,10 +341,48 @@ class TrainPlanBuilder:
                     (io.stage.fingerprint(), "F", self.remat),
                     cells.forward,
                     tuple(self.input_specs(s)),
-                    tuple([*outs_sh] + [self.named(s, None)] * len(io.stage.results) + [None] * n_res),
+                    tuple(
+                        [*outs_sh]
+                        + [self.named(s, None)] * len(io.stage.results)
+                        + [self._free_sharding(s)] * n_res
+                    ),
                 )
             )
         return specs
+
+    def _free_sharding(self, s: int) -> NamedSharding | None:
+        """The sharding of stage `s`'s residuals and stash, when it is known before compiling.
+
+        On a one-device submesh, or when nothing in the pipeline is sharded, every
+        intermediate is replicated, so backward cells can be compiled alongside the
+        forward ones; otherwise (None) XLA picks and the forward is compiled first.
+        """
+        if self.sub(s).size == 1 or (
+            not any(spec is not None for spec in self.param_specs.values())
+            and all(e.spec is None for e in self.g.edges)
+        ):
+            return self.named(s, None)
+        return None
+
+    def _loss_specs(self) -> list[CellSpec]:
+        """The last stage's fused value-and-grad cell."""
+        s, io = self.last, self.ios[self.last]
+        specs = self.input_specs(s)
+        acc_sh = [self.param_sharding(a, s) for a in io.params]
+        acc_specs = [_sds(self.g.in_avals[a], sh) for a, sh in zip(io.params, acc_sh)]
+        ct_in_sh = [self.edge_sharding(io.stage.edge_inputs[k]) for k in io.diff_in]
+        results_sh = [self.named(s, None)] * (len(io.stage.results) - 1)
+        loss_spec = jax.ShapeDtypeStruct((), self.g.out_avals[0].dtype, sharding=self.named(s, None))
+        n_in = len(specs)
+        return [
+            CellSpec(
+                (io.stage.fingerprint(), "FB", self.remat, self.m),
+                self.cells[s].loss_step,
+                tuple(specs + acc_specs + [loss_spec]),
+                (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh),
+                tuple(range(n_in, n_in + len(acc_specs) + 1)),
+            )
+        ]
 
     def _fuse_cells(self, start: int) -> None:
         """Merge the cell steps emitted since `start` into one executable; transfers follow it."""
@@ -363,15 +406,20 @@ class TrainPlanBuilder:
             for p in (a.parts if a.kind == "F&B" else (a,))
         )
 
-    def _init_accumulators(self) -> None:
+    def _accumulator_cells(self) -> list[tuple[CellSpec, tuple[int, ...]]]:
+        """One program per rank creating the zero gradient (and loss) accumulators of its stages."""
+        per_rank: dict[int, tuple[list, list, list]] = {}
         for s, io in enumerate(self.ios):
-            shardings = [self.param_sharding(a, s) for a in io.params]
-            avals = [self.g.in_avals[a] for a in io.params]
-            outs = [self.slots["acc", s, a] for a in io.params]
+            shardings, avals, outs = per_rank.setdefault(self.rank[s], ([], [], []))
+            shardings += [self.param_sharding(a, s) for a in io.params]
+            avals += [self.g.in_avals[a] for a in io.params]
+            outs += [self.slots["acc", s, a] for a in io.params]
             if s == self.last:
                 shardings.append(self.named(s, None))
                 avals.append(self.g.out_avals[0])
                 outs.append(self.slots["loss"])
+        cells = []
+        for rank, (shardings, avals, outs) in sorted(per_rank.items()):
             if not outs:
                 continue
 
@@ -379,7 +427,12 @@ class TrainPlanBuilder:
                 return tuple(jnp.zeros(v.shape, v.dtype) for v in avals)
 
             key = ("zeros", tuple((v.shape, str(v.dtype)) for v in avals))
-            self.steps.append((CellSpec(key, zeros, (), tuple(shardings)), (), tuple(outs), ()))
+            cells.append((CellSpec(key, zeros, (), tuple(shardings)), tuple(outs)))
+        return cells
+
+    def _init_accumulators(self) -> None:
+        for spec, outs in self._accumulator_cells():
+            self.steps.append((spec, (), outs, ()))
 
     def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
         """Move `(src slot, dst slot, sharding)` values; same-sharding moves become aliases."""
