@@ -10,24 +10,14 @@ import math
 
 import jax
 import pytest
-from jax.extend.core import ClosedJaxpr, Jaxpr
-
 from mpmd_cases import ALL, config_of
-
-
-def _sub_jaxprs(eqn):
-    for value in eqn.params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, ClosedJaxpr):
-                yield item.jaxpr
-            elif isinstance(item, Jaxpr):
-                yield item
+from spectrax_mpmd._jaxpr import sub_jaxprs
 
 
 def _eqns(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in _sub_jaxprs(eqn):
+        for sub in sub_jaxprs(eqn):
             yield from _eqns(sub)
 
 
