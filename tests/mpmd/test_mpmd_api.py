@@ -146,3 +146,36 @@ def test_building_and_running_a_step_warns_nothing(mesh2):
         warnings.simplefilter("error", DeprecationWarning)
         value, grads = step(_params(), _batch())
     assert_close(grads, jax.grad(plain_loss)(_params(), _batch()))
+
+
+@jax.jit
+def _jitted_block(w, h):
+    """A jitted helper that ends its own stage: called twice, inlined twice."""
+    return mp.sxstage_iter(jnp.tanh(h @ w))
+
+
+def loss_with_markers_in_helpers(p, batch):
+    x, y = batch
+    h = _jitted_block(p["a"], x)  # stage 0 ends inside a jax.jit helper
+    h = jax.checkpoint(lambda h: mp.sxstage_iter(jnp.sin(h @ p["b"])))(h)  # stage 1 ends inside a remat region
+    h = _jitted_block(p["c"], h)  # stage 2 ends inside the same helper again
+    return jnp.mean((h @ p["d"] - y) ** 2)
+
+
+def test_markers_inside_jit_helpers_and_checkpoint_regions_are_found():
+    k = jax.random.split(jax.random.key(23), 4)
+    params = {
+        "a": jax.random.normal(k[0], (6, 8)) * 0.4,
+        "b": jax.random.normal(k[1], (8, 8)) * 0.4,
+        "c": jax.random.normal(k[2], (8, 4)) * 0.4,
+        "d": jax.random.normal(k[3], (4, 5)) * 0.4,
+    }
+    batch = _batch()
+    step = mp.sxvalue_and_grad(
+        loss_with_markers_in_helpers, mesh=pipeline_mesh(4), schedule=make_schedule("Std1F1B", M, 1)
+    )
+    loss, grads = step(params, batch)
+    ref_loss, ref_grads = jax.value_and_grad(loss_with_markers_in_helpers)(params, batch)
+    assert len(step.last_graph.stages) == 4
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
