@@ -201,7 +201,7 @@ class StageCells:
         n_ct = len(self.ct_avals())
         res, cts, acc = flat[:n_res], flat[n_res : n_res + n_ct], flat[n_res + n_ct :]
         gP, gA = self.backward_core()(list(res), list(cts))
-        return (*[a + g for a, g in zip(acc, gP)], *gA)
+        return (*[a + g.astype(a.dtype) for a, g in zip(acc, gP)], *gA)
 
     def _residual_avals_cached(self):
         if not hasattr(self, "_res_avals"):
@@ -261,7 +261,7 @@ class StageCells:
             eval_eqns(w_eqns, env)
             acc = flat[n_res + n_ct + len(stash) :]
             grads = [_grad_value(env, v, a) for v, a in zip(grad_vars, acc)]
-            return tuple(a + g for a, g in zip(acc, grads))
+            return tuple(a + g.astype(a.dtype) for a, g in zip(acc, grads))
 
         return i_cell, w_cell, len(stash)
 
@@ -285,8 +285,8 @@ class StageCells:
 
         (_, (loss, R)), (gP, gA) = jax.value_and_grad(scaled_loss, argnums=(0, 1), has_aux=True)(P, A_diff)
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]
-        acc_out = [a + g for a, g in zip(acc, gP)]
-        return (*acc_out, *gA, loss_acc + loss / self.m, *others)
+        acc_out = [a + g.astype(a.dtype) for a, g in zip(acc, gP)]
+        return (*acc_out, *gA, loss_acc + (loss / self.m).astype(loss_acc.dtype), *others)
 
 
 def _grad_value(env, v, like):

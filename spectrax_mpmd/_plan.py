@@ -263,7 +263,7 @@ class TrainPlanBuilder:
             specs = self.input_specs(s)
             fp = io.stage.fingerprint()
             acc_sh = [self.param_sharding(a, s) for a in io.params]
-            acc_specs = [_sds(self.g.in_avals[a], sh) for a, sh in zip(io.params, acc_sh)]
+            acc_specs = [_sds(self.acc_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
             ct_in_sh = [self.edge_sharding(io.stage.edge_inputs[k]) for k in io.diff_in]
             results_sh = [self.named(s, None)] * len(io.stage.results)
             exe = {}
@@ -369,10 +369,10 @@ class TrainPlanBuilder:
         s, io = self.last, self.ios[self.last]
         specs = self.input_specs(s)
         acc_sh = [self.param_sharding(a, s) for a in io.params]
-        acc_specs = [_sds(self.g.in_avals[a], sh) for a, sh in zip(io.params, acc_sh)]
+        acc_specs = [_sds(self.acc_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
         ct_in_sh = [self.edge_sharding(io.stage.edge_inputs[k]) for k in io.diff_in]
         results_sh = [self.named(s, None)] * (len(io.stage.results) - 1)
-        loss_spec = jax.ShapeDtypeStruct((), self.g.out_avals[0].dtype, sharding=self.named(s, None))
+        loss_spec = _sds(self.acc_aval("loss"), self.named(s, None))
         n_in = len(specs)
         return [
             CellSpec(
@@ -406,17 +406,34 @@ class TrainPlanBuilder:
             for p in (a.parts if a.kind == "F&B" else (a,))
         )
 
+    def acc_aval(self, a):
+        """The accumulator of parameter leaf `a` (or of the loss): float32 for 16-bit floats, so
+        summing microbatches adds no rounding beyond the reference's; cast back at the end."""
+        aval = self.g.out_avals[0] if a == "loss" else self.g.in_avals[a]
+        if jnp.dtype(aval.dtype).itemsize < 4 and jnp.issubdtype(aval.dtype, jnp.floating):
+            return aval.update(dtype=jnp.float32)
+        return aval
+
+    def _cast_back(self, slot: int, acc, aval, sharding) -> int:
+        """A step casting an accumulator to its parameter's (or the loss's) dtype, if they differ."""
+        if acc.dtype == aval.dtype:
+            return slot
+        out = self.slots.new()
+        cast = CellSpec(("cast", str(aval.dtype)), _caster(aval.dtype), (_sds(acc, sharding),), (sharding,))
+        self.steps.append((cast, (slot,), (out,), ()))
+        return out
+
     def _accumulator_cells(self) -> list[tuple[CellSpec, tuple[int, ...]]]:
         """One program per rank creating the zero gradient (and loss) accumulators of its stages."""
         per_rank: dict[int, tuple[list, list, list]] = {}
         for s, io in enumerate(self.ios):
             shardings, avals, outs = per_rank.setdefault(self.rank[s], ([], [], []))
             shardings += [self.param_sharding(a, s) for a in io.params]
-            avals += [self.g.in_avals[a] for a in io.params]
+            avals += [self.acc_aval(a) for a in io.params]
             outs += [self.slots["acc", s, a] for a in io.params]
             if s == self.last:
                 shardings.append(self.named(s, None))
-                avals.append(self.g.out_avals[0])
+                avals.append(self.acc_aval("loss"))
                 outs.append(self.slots["loss"])
         cells = []
         for rank, (shardings, avals, outs) in sorted(per_rank.items()):
@@ -531,10 +548,13 @@ class TrainPlanBuilder:
                 else:
                     moved = self.slots["acc", s, a]
                 total = self.slots.new()
-                add = CellSpec(("add", a), _add, (_sds(self.g.in_avals[a], sh),) * 2, (sh,), (0,))
+                add = CellSpec(("add", a), _add, (_sds(self.acc_aval(a), sh),) * 2, (sh,), (0,))
                 self.steps.append((add, (slot, moved), (total,), ()))
                 slot = total
-            grads[a] = slot
+            grads[a] = self._cast_back(slot, self.acc_aval(a), self.g.in_avals[a], self.param_sharding(a, stages[0]))
+        loss_slot = self._cast_back(
+            self.slots["loss"], self.acc_aval("loss"), self.g.out_avals[0], self.named(self.last, None)
+        )
         stacked = {}
         for j in range(1, len(self.g.out_avals)):
             s = self.g.result_stage[j]
@@ -543,7 +563,7 @@ class TrainPlanBuilder:
             stack = CellSpec(("stack", j, self.m), _stack, (_sds(aval, sh),) * self.m, (sh,))
             stacked[j] = self.slots.new()
             self.steps.append((stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ()))
-        self.plan.output_slots = {"loss": self.slots["loss"], "grads": grads, "aux": stacked}
+        self.plan.output_slots = {"loss": loss_slot, "grads": grads, "aux": stacked}
         self.plan.input_keys = [
             (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
         ]
@@ -553,7 +573,7 @@ class TrainPlanBuilder:
             elif key[0] == "edge" and self.remat:
                 e = self.g.edges[key[1]]
                 self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
-        keep = {self.slots["loss"], *grads.values(), *stacked.values()}
+        keep = {loss_slot, *grads.values(), *stacked.values()}
         self.compiler.prefetch([st[0] for st in self.steps if isinstance(st[0], CellSpec)])
         self.steps = [
             (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
@@ -573,6 +593,13 @@ def _add(x, y):
 
 def _stack(*xs):
     return (jnp.stack(xs),)
+
+
+def _caster(dtype):
+    def cast(x):
+        return (x.astype(dtype),)
+
+    return cast
 
 
 class _Layout:

@@ -179,3 +179,23 @@ def test_markers_inside_jit_helpers_and_checkpoint_regions_are_found():
     assert len(step.last_graph.stages) == 4
     assert_close(loss, ref_loss)
     assert_close(grads, ref_grads)
+
+
+def test_bfloat16_parameters_accumulate_in_float32_and_return_bfloat16():
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), {"w0": _params()["w0"], "w1": _params()["w1"]})
+    x, y = _batch()
+    batch = (x.astype(jnp.bfloat16), y.astype(jnp.bfloat16))
+
+    def loss(p, b):
+        return jnp.mean((mp.sxstage_iter(jnp.tanh(b[0] @ p["w0"])) @ p["w1"] - b[1]) ** 2)
+
+    step = mp.sxvalue_and_grad(loss, mesh=pipeline_mesh(2), schedule=make_schedule("Std1F1B", M, 1))
+    value, grads = step(params, batch)
+    backward = step.plan_for(params, batch).cells[(0, "B")]
+    acc_dtypes = {spec.dtype for spec in backward.in_specs[-1:]}
+    assert acc_dtypes == {jnp.dtype(jnp.float32)}
+    assert value.dtype == jnp.bfloat16
+    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.bfloat16)}
+    ref_value, ref_grads = jax.value_and_grad(loss)(params, batch)
+    for a, b in zip(jax.tree.leaves((value, grads)), jax.tree.leaves((ref_value, ref_grads))):
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-2)
