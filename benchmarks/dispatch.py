@@ -9,7 +9,8 @@ alone). Frameworks are interleaved round by round; each round times
 is the median over `--rounds` rounds. Columns: raw `jax.jit` over a params
 dict; `spectrax_core` + `jax.jit`; `spx.jit`; `equinox.filter_jit`;
 `flax.nnx.jit` and `nnx.cached_partial` (when flax is installed);
-`spectrax` (spectrax-lib, when installed). Before timing, every column's loss
+`spectrax-lib` (`import spectrax`, when installed; its own Linear/LayerNorm
+holding the same weights, the same formulas). Before timing, every column's loss
 is checked (rtol 1e-5) against the same transformer written independently in
 jax.numpy. Framework order is shuffled each round.
 
@@ -123,6 +124,69 @@ def spx_loss(m, x, y):
     return jnp.mean((m(x) - y) ** 2)
 
 
+# ---------------------------------------------------------- spectrax-lib
+# Its own `nn.Linear`/`nn.LayerNorm` hold the core weights; attention and MLP are
+# small `spectrax.Module`s whose forward is the core math in jax.numpy. Its graph
+# layer re-imports module classes by qualified name, so they live at module level.
+
+try:
+    import spectrax as sxl
+except ImportError:
+    sxl = None
+
+if sxl is not None:
+
+    def _sxl_linear(w):
+        lin = sxl.nn.Linear(w.shape[0], w.shape[1], use_bias=False, rngs=0)
+        lin.weight.value = w
+        return lin
+
+    def _sxl_layer_norm(n):
+        ln = sxl.nn.LayerNorm(n.scale.shape[-1], eps=n.eps)
+        ln.weight.value, ln.bias.value = n.scale, n.bias
+        return ln
+
+    class SxlAttention(sxl.Module):
+        def __init__(self, a):
+            self.q, self.k, self.v = _sxl_linear(a.q.weight), _sxl_linear(a.k.weight), _sxl_linear(a.v.weight)
+            self.o = _sxl_linear(a.o.weight)
+
+        def forward(self, h):
+            b, t, d = h.shape
+            hd = d // HEADS
+            q, k, v = (f(h).reshape(b, t, HEADS, hd) for f in (self.q, self.k, self.v))
+            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            probs = jax.nn.softmax(jnp.where(causal, logits, jnp.finfo(logits.dtype).min), -1)
+            return self.o(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d))
+
+    class SxlMLP(sxl.Module):
+        def __init__(self, m):
+            self.up, self.down = _sxl_linear(m.up.weight), _sxl_linear(m.down.weight)
+
+        def forward(self, h):
+            return self.down(jax.nn.gelu(self.up(h)))
+
+    class SxlBlock(sxl.Module):
+        def __init__(self, blk):
+            self.norm1, self.attn = _sxl_layer_norm(blk.norm1), SxlAttention(blk.attn)
+            self.norm2, self.mlp = _sxl_layer_norm(blk.norm2), SxlMLP(blk.mlp)
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class SxlModel(sxl.Module):
+        def __init__(self, core: CoreModel):
+            self.blocks = sxl.nn.ModuleList([SxlBlock(b) for b in core.blocks])
+            self.norm = _sxl_layer_norm(core.norm)
+
+        def forward(self, x):
+            for blk in self.blocks:
+                x = blk(x)
+            return self.norm(x)
+
+
 # -------------------------------------------------------------- columns
 
 
@@ -198,7 +262,7 @@ def make_columns(core: CoreModel, x, y) -> dict[str, dict]:
                                        noop=lambda: e_noop(ebox["m"], x), loss=lambda: e_fwd(ebox["m"], x, y))
 
     cols.update(_nnx_columns(core, x, y))
-    cols.update(_spectrax_lib_columns())
+    cols.update(_spectrax_lib_columns(core, x, y))
     return cols
 
 
@@ -248,13 +312,26 @@ def _nnx_columns(core, x, y) -> dict[str, dict]:
     }
 
 
-def _spectrax_lib_columns() -> dict[str, dict]:
+def _spectrax_lib_columns(core: CoreModel, x, y) -> dict[str, dict]:
     """spectrax-lib (`import spectrax`) is not a dependency: its column is skipped when absent."""
-    try:
-        import spectrax  # noqa: F401
-    except ImportError:
+    if sxl is None:
         return {}
-    return {}  # present but not wired: its API is not part of this project's contract
+
+    def loss(m, x, y):
+        return jnp.mean((m(x) - y) ** 2)
+
+    model = SxlModel(core)
+    l_fwd, l_noop = sxl.jit(loss), sxl.jit(lambda m, x: x)
+
+    @sxl.jit(mutable="parameters")
+    def l_train(m, x, y):
+        l, g = sxl.value_and_grad(loss)(m, x, y)
+        params = sxl.tree_state(m).filter("parameters")
+        sxl.update(m, jax.tree.map(lambda a, b: a - LR * b, params, g))
+        return l
+
+    return {"spectrax-lib": dict(fwd=lambda: l_fwd(model, x, y), train=lambda: l_train(model, x, y),
+                                 noop=lambda: l_noop(model, x), loss=lambda: l_fwd(model, x, y))}
 
 
 # ---------------------------------------------------------------- timing
@@ -315,6 +392,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1 or args.calls < 1:
         raise ValueError("--rounds and --calls must be at least 1 (the figure uses >= 5 and >= 1000).")
+    if sxl is None:
+        print("spectrax-lib (`import spectrax`) is not installed: its column is skipped.")
     results = [run(d, args.rounds, args.calls) for d in args.dims]
     for r in results:
         print(table(r), end="\n\n")
