@@ -291,7 +291,7 @@ def _nnx_columns(core, x, y) -> dict[str, dict]:
     def loss(m, x, y):
         return jnp.mean((m(x) - y) ** 2)
 
-    model = Model()
+    model, cached_model = Model(), Model()  # each column trains its own copy
     n_fwd, n_noop = nnx.jit(loss), nnx.jit(lambda m, x: x)
 
     def train(m, x, y):
@@ -301,9 +301,9 @@ def _nnx_columns(core, x, y) -> dict[str, dict]:
         return l
 
     n_train = nnx.jit(train)
-    cached_fwd = nnx.cached_partial(n_fwd, model)
-    cached_train = nnx.cached_partial(n_train, model)
-    cached_noop = nnx.cached_partial(n_noop, model)
+    cached_fwd = nnx.cached_partial(n_fwd, cached_model)
+    cached_train = nnx.cached_partial(n_train, cached_model)
+    cached_noop = nnx.cached_partial(n_noop, cached_model)
     return {
         "flax.nnx.jit": dict(fwd=lambda: n_fwd(model, x, y), train=lambda: n_train(model, x, y),
                              noop=lambda: n_noop(model, x), loss=lambda: n_fwd(model, x, y)),
