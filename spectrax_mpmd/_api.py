@@ -44,7 +44,9 @@ def _check_schedule(name: str, schedule, n: int) -> int:
     if schedule is None:
         return 1
     if not hasattr(schedule, "actions"):
-        raise MpmdError(f"{name}: schedule must be a schedule object (e.g. Std1F1B(microbatches=8)), got {schedule!r}.")
+        raise MpmdError(
+            f"{name}: schedule must be a schedule object (e.g. Std1F1B(microbatches=8)), got {schedule!r}."
+        )
     try:
         schedule.validate(n)
     except ValueError as err:
@@ -129,9 +131,17 @@ class _StepFunction:
         self.fn, self.argnums = fn, _as_tuple(argnums)
         self.mesh = _check_mesh("sxvalue_and_grad", mesh)
         if schedule is None:
-            raise MpmdError("sxvalue_and_grad: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
+            raise MpmdError(
+                "sxvalue_and_grad: a schedule is required, e.g. schedule=Std1F1B(microbatches=8)."
+            )
         self.v = _check_schedule("sxvalue_and_grad", schedule, self.mesh.mpmd_dim)
-        self.schedule, self.has_aux, self.remat, self.rules, self.value = schedule, has_aux, remat, rules, value
+        self.schedule, self.has_aux, self.remat, self.rules, self.value = (
+            schedule,
+            has_aux,
+            remat,
+            rules,
+            value,
+        )
         self.compiler = Compiler()
         self.placer = _Placer()
         self.cache: dict = {}
@@ -158,7 +168,9 @@ class _StepFunction:
         m = self.schedule.microbatches
         for k in self.argnums:
             if not 0 <= k < len(args):
-                raise MpmdError(f"argnums={self.argnums}: the function was called with {len(args)} positional arguments.")
+                raise MpmdError(
+                    f"argnums={self.argnums}: the function was called with {len(args)} positional arguments."
+                )
         bounds, start = [], 0
         for arg in args:
             n = len(jax.tree.leaves(arg))
@@ -256,7 +268,9 @@ class _StepFunction:
         self.last_plan = entry.plan
         out = entry.plan.output_slots
         trees = [
-            treedef.unflatten([buf[out["grads"][a]] if a in out["grads"] else entry.zero_grads[a] for a in span])
+            treedef.unflatten(
+                [buf[out["grads"][a]] if a in out["grads"] else entry.zero_grads[a] for a in span]
+            )
             for treedef, span in entry.grad_trees
         ]
         grads = trees[0] if len(trees) == 1 else tuple(trees)
@@ -300,7 +314,16 @@ def sxvalue_and_grad(
     return _StepFunction(fn, argnums, mesh, schedule, has_aux, remat, rules, value=True)
 
 
-def sxgrad(fn: Callable, argnums: int | Sequence[int] = 0, *, mesh, schedule, has_aux: bool = False, remat: bool = False, rules=None) -> Callable:
+def sxgrad(
+    fn: Callable,
+    argnums: int | Sequence[int] = 0,
+    *,
+    mesh,
+    schedule,
+    has_aux: bool = False,
+    remat: bool = False,
+    rules=None,
+) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
     return _StepFunction(fn, argnums, mesh, schedule, has_aux, remat, rules, value=False)
 
@@ -345,7 +368,9 @@ class _JitFunction:
     def __call__(self, *args):
         for k in self.static_argnums:
             if not 0 <= k < len(args):
-                raise MpmdError(f"sxjit: static_argnums={self.static_argnums} but the call has {len(args)} arguments.")
+                raise MpmdError(
+                    f"sxjit: static_argnums={self.static_argnums} but the call has {len(args)} arguments."
+                )
         static = tuple((k, args[k]) for k in self.static_argnums)
         dynamic = tuple(a for k, a in enumerate(args) if k not in self.static_argnums)
         self._last_args = args
@@ -390,5 +415,7 @@ def sxjit(
     values of `static_argnums`. Usable as `@sxjit(mesh=...)`.
     """
     if fn is None:
-        return functools.partial(sxjit, mesh=mesh, schedule=schedule, static_argnums=static_argnums, donate_argnums=donate_argnums)
+        return functools.partial(
+            sxjit, mesh=mesh, schedule=schedule, static_argnums=static_argnums, donate_argnums=donate_argnums
+        )
     return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums)

@@ -17,6 +17,7 @@ only what the weight gradients need beyond I's stash.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -48,7 +49,13 @@ class StageIO:
 
     @classmethod
     def build(
-        cls, graph: StageGraph, s: int, diff_args: set[int], batch_args: set[int], loss: bool, microbatches: int = 1
+        cls,
+        graph: StageGraph,
+        s: int,
+        diff_args: set[int],
+        batch_args: set[int],
+        loss: bool,
+        microbatches: int = 1,
     ):
         stage = graph.stages[s]
         args = stage.arg_inputs
@@ -62,9 +69,7 @@ class StageIO:
             batch=tuple(a for a in args if a in batch_args),
             diff_in=tuple(k for k, e in enumerate(stage.edge_inputs) if e.differentiable),
             diff_out=diff_out,
-            ct_edges=tuple(
-                tuple(edge_pos[e] for e in consumers[stage.edge_outputs[j]]) for j in diff_out
-            ),
+            ct_edges=tuple(tuple(edge_pos[e] for e in consumers[stage.edge_outputs[j]]) for j in diff_out),
             loss_result=0 if loss else None,
             microbatches=microbatches,
         )
@@ -75,7 +80,7 @@ class StageIO:
 
     def apply(self, P, X, Bf, idx, A) -> tuple[list, list]:
         """Run the stage on microbatch `idx`: returns `(edge outputs, results)`."""
-        B = [jax.lax.dynamic_slice_in_dim(b, idx * (b.shape[0] // self.microbatches), b.shape[0] // self.microbatches) for b in Bf]
+        B = [_microbatch(b, idx, self.microbatches) for b in Bf]
         by_arg = dict(zip(self.params, P)) | dict(zip(self.fixed, X)) | dict(zip(self.batch, B))
         return self.stage.run([by_arg[a] for a in self.stage.arg_inputs], A)
 
@@ -115,7 +120,12 @@ class StageCells:
     def __init__(self, io: StageIO, microbatches: int, remat: bool, in_avals: Sequence):
         self.io, self.m, self.remat = io, microbatches, remat
         self.in_avals = list(in_avals)
-        self._bwd = None
+
+    def _vjp(self, flat):
+        """`jax.vjp` of the stage w.r.t. its parameters and differentiable inputs."""
+        P, X, Bf, idx, A = self.io.split_inputs(flat)
+        A_diff = [A[k] for k in self.io.diff_in]
+        return jax.vjp(self.io.differentiable_fn(X, Bf, idx, A), P, A_diff, has_aux=True)
 
     # -- forward ---------------------------------------------------------------------
     def forward_only(self, *flat):
@@ -127,13 +137,13 @@ class StageCells:
         """Forward keeping what the backward needs: edge outputs, results, residuals."""
         if self.remat:
             return self.forward_only(*flat)
-        P, X, Bf, idx, A = self.io.split_inputs(flat)
-        A_diff = [A[k] for k in self.io.diff_in]
-        diff, vjp_fn, (rest, R) = jax.vjp(self.io.differentiable_fn(X, Bf, idx, A), P, A_diff, has_aux=True)
+        diff, vjp_fn, (rest, R) = self._vjp(flat)
         return (*self.io.merge_outputs(diff, rest), *R, *jax.tree.leaves(vjp_fn))
 
     # -- backward as one function of (residuals, cotangents) -------------------------
-    def _residual_avals(self):
+    @functools.cached_property
+    def residual_avals(self) -> list:
+        """What the backward reads: the saved residuals, or with remat the stage inputs."""
         if self.remat:
             return self.in_avals
         shapes = jax.eval_shape(self.forward, *self.in_avals)
@@ -141,14 +151,10 @@ class StageCells:
         return list(shapes[n_out:])
 
     def _vjp_treedef(self):
-        P, X, Bf, idx, A = self.io.split_inputs(self.in_avals)
         holder = []
 
         def probe(*flat):
-            P, X, Bf, idx, A = self.io.split_inputs(flat)
-            A_diff = [A[k] for k in self.io.diff_in]
-            _, vjp_fn, _ = jax.vjp(self.io.differentiable_fn(X, Bf, idx, A), P, A_diff, has_aux=True)
-            holder.append(jax.tree.structure(vjp_fn))
+            holder.append(jax.tree.structure(self._vjp(flat)[1]))
             return 0
 
         jax.eval_shape(probe, *self.in_avals)
@@ -172,17 +178,13 @@ class StageCells:
             out.append(total)
         return out
 
+    @functools.cached_property
     def backward_core(self) -> Callable:
         """`bwd(residuals, cotangents) -> (param grads, input cotangents)`, flat lists."""
-        if self._bwd is not None:
-            return self._bwd
         if self.remat:
 
             def bwd(res, cts):
-                P, X, Bf, idx, A = self.io.split_inputs(res)
-                A_diff = [A[k] for k in self.io.diff_in]
-                _, vjp_fn, _ = jax.vjp(self.io.differentiable_fn(X, Bf, idx, A), P, A_diff, has_aux=True)
-                gP, gA = vjp_fn(self._sum_cts(cts))
+                gP, gA = self._vjp(res)[1](self._sum_cts(cts))
                 return list(gP), list(gA)
 
         else:
@@ -192,24 +194,15 @@ class StageCells:
                 gP, gA = jax.tree.unflatten(treedef, res)(self._sum_cts(cts))
                 return list(gP), list(gA)
 
-        self._bwd = bwd
         return bwd
 
     def backward(self, *flat):
         """Full backward: `(residuals, cotangents, grad accumulators) -> (accumulators, input cts)`."""
-        n_res = len(self._residual_avals_cached())
+        n_res = len(self.residual_avals)
         n_ct = len(self.ct_avals())
         res, cts, acc = flat[:n_res], flat[n_res : n_res + n_ct], flat[n_res + n_ct :]
-        gP, gA = self.backward_core()(list(res), list(cts))
+        gP, gA = self.backward_core(list(res), list(cts))
         return (*[a + g.astype(a.dtype) for a, g in zip(acc, gP)], *gA)
-
-    def _residual_avals_cached(self):
-        if not hasattr(self, "_res_avals"):
-            self._res_avals = self._residual_avals()
-        return self._res_avals
-
-    def residual_count(self) -> int:
-        return len(self._residual_avals_cached())
 
     # -- the I / W split ---------------------------------------------------------------
     def split_backward(self) -> tuple[Callable, Callable, int]:
@@ -218,13 +211,13 @@ class StageCells:
         I: `(residuals, cotangents) -> (input cotangents, stash)`.
         W: `(residuals, cotangents, stash, accumulators) -> accumulators`.
         """
-        res_avals = self._residual_avals_cached()
+        res_avals = self.residual_avals
         ct_avals = self.ct_avals()
         n_res, n_ct = len(res_avals), len(ct_avals)
         n_p = len(self.io.params)
 
         def flat_bwd(*flat):
-            gP, gA = self.backward_core()(list(flat[:n_res]), list(flat[n_res:]))
+            gP, gA = self.backward_core(list(flat[:n_res]), list(flat[n_res:]))
             return (*gP, *gA)
 
         closed = jax.make_jaxpr(flat_bwd)(*res_avals, *ct_avals)
@@ -287,6 +280,12 @@ class StageCells:
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]
         acc_out = [a + g.astype(a.dtype) for a, g in zip(acc, gP)]
         return (*acc_out, *gA, loss_acc + (loss / self.m).astype(loss_acc.dtype), *others)
+
+
+def _microbatch(batch, idx, microbatches: int):
+    """Rows `[idx * mb, (idx + 1) * mb)` of a whole-batch leaf, `mb = len(batch) // microbatches`."""
+    size = batch.shape[0] // microbatches
+    return jax.lax.dynamic_slice_in_dim(batch, idx * size, size)
 
 
 def _grad_value(env, v, like):

@@ -85,9 +85,7 @@ class Compiler:
     def _key(key, in_specs, out_shardings, donate):
         dev_key = tuple((tuple(d.id for d in s.sharding.device_set), str(s.sharding.spec)) for s in in_specs)
         outs = out_shardings if isinstance(out_shardings, tuple) else (out_shardings,)
-        out_key = tuple(
-            None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs
-        )
+        out_key = tuple(None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs)
         return (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, tuple(donate))
 
     @staticmethod

@@ -119,7 +119,5 @@ def needed_eqns(eqns: Sequence[JaxprEqn], targets: Iterable) -> set[int]:
         if i in seen:
             continue
         seen.add(i)
-        stack.extend(
-            defined[v] for v in eqns[i].invars if not isinstance(v, Literal) and v in defined
-        )
+        stack.extend(defined[v] for v in eqns[i].invars if not isinstance(v, Literal) and v in defined)
     return seen

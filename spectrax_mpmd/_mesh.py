@@ -102,7 +102,8 @@ def create_mesh(
     devices = list(jax.devices() if devices is None else devices)
     if sum(d == -1 for d in axis_dims) > 1 or any(d == 0 or d < -1 for d in axis_dims):
         raise MeshError(
-            f"create_mesh: axis_dims {axis_dims} must be positive, with at most one -1 (the remaining devices)."
+            f"create_mesh: axis_dims {axis_dims} must be positive, with at most one -1 "
+            "(the remaining devices)."
         )
     known = math.prod(d for d in axis_dims if d != -1)
     if -1 in axis_dims:

@@ -56,7 +56,10 @@ class StagedOptimizer:
         """Params leaves moved to their gradients' shardings (a no-op after the first step)."""
         p_leaves = jax.tree.leaves(params)
         g_leaves = jax.tree.leaves(grads)
-        moved = [p if getattr(p, "sharding", None) == g.sharding else jax.device_put(p, g.sharding) for p, g in zip(p_leaves, g_leaves)]
+        moved = [
+            p if getattr(p, "sharding", None) == g.sharding else jax.device_put(p, g.sharding)
+            for p, g in zip(p_leaves, g_leaves)
+        ]
         return moved, g_leaves
 
     def init(self, params, grads_like=None) -> StagedOptState:

@@ -148,7 +148,9 @@ def _free_after_last_use(steps: list, keep: set[int]) -> list:
     for slot, k in last.items():
         if slot not in keep:
             frees.setdefault(k, []).append(slot)
-    return [(fn, tuple(ins), tuple(outs), tuple(frees.get(k, ()))) for k, (fn, ins, outs, _) in enumerate(steps)]
+    return [
+        (fn, tuple(ins), tuple(outs), tuple(frees.get(k, ()))) for k, (fn, ins, outs, _) in enumerate(steps)
+    ]
 
 
 class TrainPlanBuilder:
@@ -181,7 +183,9 @@ class TrainPlanBuilder:
         self.forward_steps: dict = {}
         self.plan = Plan(stage_ranks=self.rank)
         self.ios = [
-            StageIO.build(graph, s, set(diff_args), set(batch_args), loss=(s == self.last), microbatches=self.m)
+            StageIO.build(
+                graph, s, set(diff_args), set(batch_args), loss=(s == self.last), microbatches=self.m
+            )
             for s in range(len(graph.stages))
         ]
         if require_loss and 0 not in graph.stages[self.last].results:
@@ -273,7 +277,7 @@ class TrainPlanBuilder:
                 continue
             outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
             n_fwd_out = len(outs_sh) + len(results_sh)
-            n_res = cells.residual_count()
+            n_res = len(cells.residual_avals)
             exe["F"] = CellSpec(
                 (fp, "F", self.remat),
                 cells.forward,
@@ -283,7 +287,7 @@ class TrainPlanBuilder:
             if self.remat:
                 res_specs = specs
             elif self._free_sharding(s) is not None:
-                res_specs = [_sds(a, self._free_sharding(s)) for a in cells._residual_avals_cached()]
+                res_specs = [_sds(a, self._free_sharding(s)) for a in cells.residual_avals]
             else:
                 res_specs = [
                     jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
@@ -309,12 +313,12 @@ class TrainPlanBuilder:
                     (fp, "I", self.remat), i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * n_stash)
                 )
                 if free is not None:
-                    shapes = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh):]
+                    shapes = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
                     stash_specs = [_sds(a, free) for a in shapes]
                 else:
                     stash_specs = [
                         jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
-                        for o in self.compiler.compile_spec(exe["I"]).out_info[len(ct_in_sh):]
+                        for o in self.compiler.compile_spec(exe["I"]).out_info[len(ct_in_sh) :]
                     ]
                 n_w_in = len(res_specs) + len(ct_specs) + n_stash
                 exe["W"] = CellSpec(
@@ -335,7 +339,7 @@ class TrainPlanBuilder:
             if s == self.last:
                 continue
             outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
-            n_res = 0 if self.remat else cells.residual_count()
+            n_res = 0 if self.remat else len(cells.residual_avals)
             specs.append(
                 CellSpec(
                     (io.stage.fingerprint(), "F", self.remat),
@@ -473,9 +477,11 @@ class TrainPlanBuilder:
                 return "FB"
             return "-"
         exe = self.exe[s]
-        ins = self.input_slots(s) + [self.idx_slot(s, i)] + [
-            self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs
-        ]
+        ins = (
+            self.input_slots(s)
+            + [self.idx_slot(s, i)]
+            + [self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs]
+        )
         if kind == "F":
             outs = [self.slots["out", s, j, i] for j in range(len(io.stage.edge_outputs))]
             res = [self.slots["res", s, i, k] for k in range(self.exe[s]["n_res"])] if not self.remat else []
@@ -486,7 +492,9 @@ class TrainPlanBuilder:
                 src_sh = self.out_sharding(v, s)
                 for e in self.g.edges:
                     if e.var is v and e.src == s:
-                        pairs.append((outs[j], ("edge", self.edge_index[e], i), self.edge_sharding(e), src_sh))
+                        pairs.append(
+                            (outs[j], ("edge", self.edge_index[e], i), self.edge_sharding(e), src_sh)
+                        )
             self._transfer(pairs)
             return "F"
         res = ins if self.remat else [self.slots["res", s, i, k] for k in range(exe["n_res"])]
@@ -509,14 +517,18 @@ class TrainPlanBuilder:
 
     def _emit_loss_step(self, s: int, i: int) -> None:
         io = self.ios[s]
-        ins = self.input_slots(s) + [self.idx_slot(s, i)] + [
-            self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs
-        ]
+        ins = (
+            self.input_slots(s)
+            + [self.idx_slot(s, i)]
+            + [self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs]
+        )
         acc = [self.slots["acc", s, a] for a in io.params]
         ct_out = [self.slots["ct_in", self.edge_index[io.stage.edge_inputs[k]], i] for k in io.diff_in]
         results = [self.slots["result", j, i] for j in io.stage.results if j != 0]
         loss = self.slots["loss"]
-        self.steps.append((self.exe[s]["FB"], tuple(ins + acc + [loss]), tuple(acc + ct_out + [loss] + results), ()))
+        self.steps.append(
+            (self.exe[s]["FB"], tuple(ins + acc + [loss]), tuple(acc + ct_out + [loss] + results), ())
+        )
         self._send_cts(s, i)
 
     def _send_cts(self, s: int, i: int) -> None:
@@ -526,7 +538,12 @@ class TrainPlanBuilder:
             e = io.stage.edge_inputs[k]
             ek = self.edge_index[e]
             pairs.append(
-                (self.slots["ct_in", ek, i], ("ct", ek, i), self.out_sharding(e.var, e.src), self.edge_sharding(e))
+                (
+                    self.slots["ct_in", ek, i],
+                    ("ct", ek, i),
+                    self.out_sharding(e.var, e.src),
+                    self.edge_sharding(e),
+                )
             )
         self._transfer(pairs)
 
@@ -551,7 +568,9 @@ class TrainPlanBuilder:
                 add = CellSpec(("add", a), _add, (_sds(self.acc_aval(a), sh),) * 2, (sh,), (0,))
                 self.steps.append((add, (slot, moved), (total,), ()))
                 slot = total
-            grads[a] = self._cast_back(slot, self.acc_aval(a), self.g.in_avals[a], self.param_sharding(a, stages[0]))
+            grads[a] = self._cast_back(
+                slot, self.acc_aval(a), self.g.in_avals[a], self.param_sharding(a, stages[0])
+            )
         loss_slot = self._cast_back(
             self.slots["loss"], self.acc_aval("loss"), self.g.out_avals[0], self.named(self.last, None)
         )
@@ -562,7 +581,9 @@ class TrainPlanBuilder:
             sh = self.named(s, None)
             stack = CellSpec(("stack", j, self.m), _stack, (_sds(aval, sh),) * self.m, (sh,))
             stacked[j] = self.slots.new()
-            self.steps.append((stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ()))
+            self.steps.append(
+                (stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ())
+            )
         self.plan.output_slots = {"loss": loss_slot, "grads": grads, "aux": stacked}
         self.plan.input_keys = [
             (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
@@ -583,7 +604,10 @@ class TrainPlanBuilder:
         self.plan.forward_steps = self.forward_steps
         self.plan.n_slots = self.slots.count
         self.plan.cells = {
-            (s, kind): spec for s, exe in enumerate(self.exe) for kind, spec in exe.items() if isinstance(spec, CellSpec)
+            (s, kind): spec
+            for s, exe in enumerate(self.exe)
+            for kind, spec in exe.items()
+            if isinstance(spec, CellSpec)
         }
 
 
@@ -616,7 +640,13 @@ class ForwardPlanBuilder(TrainPlanBuilder):
     """Builds the plan of a forward call (`sxjit`): every stage once, in stage order, whole batch."""
 
     def __init__(
-        self, graph: StageGraph, schedule, mesh: MpmdMesh, *, compiler: Compiler, donated: frozenset = frozenset()
+        self,
+        graph: StageGraph,
+        schedule,
+        mesh: MpmdMesh,
+        *,
+        compiler: Compiler,
+        donated: frozenset = frozenset(),
     ):
         layout = schedule if schedule is not None else _Layout()
         self.donated = donated
@@ -655,9 +685,11 @@ class ForwardPlanBuilder(TrainPlanBuilder):
                 tuple(outs_sh + [self.named(s, None)] * len(io.stage.results)),
                 donate=self._donatable(s),
             )
-            ins = self.input_slots(s) + [self.idx_slot(s, 0)] + [
-                self.slots["edge", self.edge_index[e], 0] for e in io.stage.edge_inputs
-            ]
+            ins = (
+                self.input_slots(s)
+                + [self.idx_slot(s, 0)]
+                + [self.slots["edge", self.edge_index[e], 0] for e in io.stage.edge_inputs]
+            )
             outs = [self.slots["out", s, j, 0] for j in range(len(io.stage.edge_outputs))]
             res = [self.slots["result", j, 0] for j in io.stage.results]
             results.update(zip(io.stage.results, res))

@@ -228,9 +228,7 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
         return below[-1] if below else placed_at[v][0]
 
     stage_eqns = [[eqns[i] for i in range(len(eqns)) if s in placement[i]] for s in range(n_stages)]
-    result_stage = tuple(
-        source(v, last) if isinstance(v, Var) and v in placed_at else last for v in outvars
-    )
+    result_stage = tuple(source(v, last) if isinstance(v, Var) and v in placed_at else last for v in outvars)
     edges: dict[tuple, Edge] = {}
     stages = []
     for s in range(n_stages):
