@@ -10,8 +10,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._mesh import MpmdMesh, as_mpmd_mesh
+from spectrax_core import sharding as core_sharding
+
 from ._compile import Compiler
+from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import ForwardPlanBuilder, Plan, TrainPlanBuilder
 from ._split import split, trace
 from .errors import MpmdError, TraceContextError
@@ -63,12 +65,23 @@ def _leaf_key(x) -> tuple:
     return (np.shape(x), str(_dtype(x)))
 
 
+def _leaf_ranges(args: Sequence[Any]) -> list[range]:
+    """The flat-leaf indices of each positional argument."""
+    ranges, start = [], 0
+    for arg in args:
+        n = len(jax.tree.leaves(arg))
+        ranges.append(range(start, start + n))
+        start += n
+    return ranges
+
+
 class _Placer:
     """Places argument leaves on the ranks that read them.
 
     A `jax.Array` is immutable, so its placement is cached by identity and reused
     while the caller passes the same object; numpy arrays and Python values can
-    change in place and are placed again on every call.
+    change in place and are placed again on every call, and so are leaves whose
+    key is None (donated ones, consumed by the call).
     """
 
     def __init__(self):
@@ -78,7 +91,7 @@ class _Placer:
         out: list = [None] * len(values)
         miss_v, miss_s, miss_i = [], [], []
         for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
-            hit = self.cache.get(key)
+            hit = self.cache.get(key) if key is not None else None
             if hit is not None and hit[0] is v and isinstance(v, jax.Array):
                 out[k] = hit[1]
             else:
@@ -89,39 +102,32 @@ class _Placer:
             placed = jax.device_put(miss_v, miss_s)
             for k, p in zip(miss_i, placed):
                 out[k] = p
-                if isinstance(values[k], jax.Array):
+                if keys[k] is not None and isinstance(values[k], jax.Array):
                     self.cache[keys[k]] = (values[k], p)
         return out
 
 
 @dataclass
 class _Entry:
+    """A compiled plan with what a call needs around it, all fixed per signature."""
+
     plan: Plan
-    in_tree: Any
     out_tree: Any
-    input_layout: list
-    zero_grads: dict
-    grad_trees: tuple = ()
+    donated: frozenset = frozenset()
+    grad_trees: tuple = ()  # per argnum: (treedef, per leaf a buffer slot or a zero array)
 
-    @functools.cached_property
-    def layout_shardings(self) -> list:
-        return [sh for *_, sh in self.input_layout]
+    def __post_init__(self):
+        self.input_leaves = [a for _, (_, a, _) in self.plan.input_keys]
+        self.cache_keys = [None if key[1] in self.donated else key for _, key in self.plan.input_keys]
 
-    @functools.cached_property
-    def layout_keys(self) -> list:
-        return [(kind, a, r) for kind, a, r, _ in self.input_layout]
+    def place(self, placer: _Placer, leaves: Sequence) -> list:
+        """The argument leaves the plan reads, each on the ranks that read it."""
+        values = [leaves[a] for a in self.input_leaves]
+        return placer.place(values, self.plan.input_shardings, self.cache_keys) if values else []
 
-
-def _input_layout(plan: Plan, builder) -> list:
-    layout = []
-    for slot, key in plan.input_keys:
-        kind, a, r = key
-        if kind == "batch":
-            sharding = NamedSharding(builder.mesh.submesh(r), PartitionSpec())
-        else:
-            sharding = NamedSharding(builder.mesh.submesh(r), builder.param_specs.get(a) or PartitionSpec())
-        layout.append((kind, a, r, sharding))
-    return layout
+    def run(self, placer: _Placer, leaves: Sequence) -> list:
+        """Place the arguments and run the plan; returns the buffers."""
+        return self.plan.run(self.place(placer, leaves))
 
 
 class _StepFunction:
@@ -171,12 +177,8 @@ class _StepFunction:
                 raise MpmdError(
                     f"argnums={self.argnums}: the function was called with {len(args)} positional arguments."
                 )
-        bounds, start = [], 0
-        for arg in args:
-            n = len(jax.tree.leaves(arg))
-            bounds.append((start, start + n))
-            start += n
-        diff = [a for k in self.argnums for a in range(*bounds[k])]
+        bounds = _leaf_ranges(args)
+        diff = [a for k in self.argnums for a in bounds[k]]
         batch = [a for a in range(len(leaves)) if a not in set(diff)]
         for a in diff:
             if not jax.dtypes.issubdtype(_dtype(leaves[a]), np.inexact):
@@ -221,57 +223,56 @@ class _StepFunction:
             compiler=self.compiler,
         )
         plan = builder.build()
-        zero = {}
         first = NamedSharding(self.mesh.submesh(0), PartitionSpec())
-        for a in diff:
-            if a not in plan.output_slots["grads"]:
-                zero[a] = jax.device_put(np.zeros(np.shape(leaves[a]), _dtype(leaves[a])), first)
+        slots = plan.output_slots["grads"]
+
+        def source(a):  # the gradient's buffer slot, or a zero array for a leaf no stage reads
+            if a in slots:
+                return slots[a]
+            return jax.device_put(np.zeros(np.shape(leaves[a]), _dtype(leaves[a])), first)
+
+        grad_trees = tuple(
+            (jax.tree.structure(args[k]), [source(a) for a in bounds[k]]) for k in self.argnums
+        )
         self.last_graph = graph
-        grad_trees = tuple((jax.tree.structure(args[k]), range(*bounds[k])) for k in self.argnums)
-        return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), zero, grad_trees)
+        return _Entry(plan, out_tree, grad_trees=grad_trees)
 
     def _param_specs(self, args, bounds) -> dict:
         if self.rules is None:
             return {}
-        from spectrax_core import sharding as core_sharding
-
         specs = {}
         for k in self.argnums:
             tree = core_sharding.param_specs(args[k], self.rules, mesh=self.mesh.submesh(0))
             leaves = jax.tree.structure(args[k]).flatten_up_to(tree)
-            specs.update(zip(range(*bounds[k]), leaves))
+            specs.update(zip(bounds[k], leaves))
         return specs
 
-    def _prepare(self, args):
+    def _entry(self, args):
         leaves, in_tree = jax.tree.flatten(args)
         _check_not_traced("sxvalue_and_grad", leaves)
         key = (in_tree, tuple(_leaf_key(x) for x in leaves))
         entry = self.cache.get(key)
         if entry is None:
             entry = self.cache[key] = self._build(args, leaves, in_tree)
-        values = [leaves[a] for _, a, _, _ in entry.input_layout]
-        placed = self.placer.place(values, entry.layout_shardings, entry.layout_keys) if values else []
-        return entry, placed
+        return entry, leaves
 
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
-        entry, placed = self._prepare(args)
-        return entry.plan.peak_activations(placed)
+        entry, leaves = self._entry(args)
+        return entry.plan.peak_activations(entry.place(self.placer, leaves))
 
     def plan_for(self, *args) -> Plan:
         """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""
-        return self._prepare(args)[0].plan
+        return self._entry(args)[0].plan
 
     def __call__(self, *args):
-        entry, placed = self._prepare(args)
-        buf = entry.plan.run(placed)
+        entry, leaves = self._entry(args)
+        buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
         out = entry.plan.output_slots
         trees = [
-            treedef.unflatten(
-                [buf[out["grads"][a]] if a in out["grads"] else entry.zero_grads[a] for a in span]
-            )
-            for treedef, span in entry.grad_trees
+            treedef.unflatten([buf[s] if isinstance(s, int) else s for s in sources])
+            for treedef, sources in entry.grad_trees
         ]
         grads = trees[0] if len(trees) == 1 else tuple(trees)
         loss = buf[out["loss"]]
@@ -341,7 +342,7 @@ class _JitFunction:
         self.compiler, self.placer, self.cache = Compiler(), _Placer(), {}
         functools.update_wrapper(self, fn)
 
-    def _build(self, static, dynamic, leaves, in_tree) -> _Entry:
+    def _build(self, static, dynamic, dynamic_positions, leaves, in_tree) -> _Entry:
         statics = dict(static)
 
         def bound(*dyn):
@@ -352,18 +353,15 @@ class _JitFunction:
         avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in leaves]
         closed, _, out_tree = trace(bound, jax.tree.unflatten(in_tree, avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
-        donated, start = set(), 0
-        for k, arg in enumerate(a for j, a in enumerate(self._last_args) if j not in self.static_argnums):
-            n = len(jax.tree.leaves(arg))
-            if self._dynamic_positions[k] in self.donate_argnums:
-                donated.update(range(start, start + n))
-            start += n
-        builder = ForwardPlanBuilder(
-            graph, self.schedule, self.mesh, compiler=self.compiler, donated=frozenset(donated)
+        donated = frozenset(
+            a
+            for position, leaf_range in zip(dynamic_positions, _leaf_ranges(dynamic))
+            if position in self.donate_argnums
+            for a in leaf_range
         )
-        plan = builder.build()
+        builder = ForwardPlanBuilder(graph, self.schedule, self.mesh, compiler=self.compiler, donated=donated)
         self.last_graph = graph
-        return _Entry(plan, in_tree, out_tree, _input_layout(plan, builder), {})
+        return _Entry(builder.build(), out_tree, donated=donated)
 
     def __call__(self, *args):
         for k in self.static_argnums:
@@ -372,9 +370,8 @@ class _JitFunction:
                     f"sxjit: static_argnums={self.static_argnums} but the call has {len(args)} arguments."
                 )
         static = tuple((k, args[k]) for k in self.static_argnums)
-        dynamic = tuple(a for k, a in enumerate(args) if k not in self.static_argnums)
-        self._last_args = args
-        self._dynamic_positions = [k for k in range(len(args)) if k not in self.static_argnums]
+        positions = [k for k in range(len(args)) if k not in self.static_argnums]
+        dynamic = tuple(args[k] for k in positions)
         leaves, in_tree = jax.tree.flatten(dynamic)
         _check_not_traced("sxjit", leaves)
         try:
@@ -384,12 +381,8 @@ class _JitFunction:
             raise MpmdError(f"sxjit: static arguments must be hashable: {err}") from err
         entry = self.cache.get(key)
         if entry is None:
-            entry = self.cache[key] = self._build(static, dynamic, leaves, in_tree)
-        values = [leaves[a] for _, a, _, _ in entry.input_layout]
-        placed = self.placer.place(values, entry.layout_shardings, entry.layout_keys) if values else []
-        if self.donate_argnums:
-            self.placer.cache.clear()
-        buf = entry.plan.run(placed)
+            entry = self.cache[key] = self._build(static, dynamic, positions, leaves, in_tree)
+        buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
         return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
 

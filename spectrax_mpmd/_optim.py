@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 class StagedOptState(NamedTuple):
@@ -112,8 +113,6 @@ class StagedOptimizer:
 
 
 def _replicated_like(sharding):
-    from jax.sharding import NamedSharding, PartitionSpec
-
     if isinstance(sharding, NamedSharding):
         return NamedSharding(sharding.mesh, PartitionSpec())
     return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))

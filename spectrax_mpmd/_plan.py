@@ -34,19 +34,24 @@ class Plan:
     n_slots: int = 0
     const_slots: dict = field(default_factory=dict)
     input_keys: list = field(default_factory=list)
+    input_shardings: list = field(default_factory=list)
     output_slots: dict = field(default_factory=dict)
     stage_ranks: tuple = ()
     cells: dict = field(default_factory=dict)
     activation_slots: dict = field(default_factory=dict)
     forward_steps: dict = field(default_factory=dict)
 
-    def run(self, placed_inputs: Sequence) -> list:
-        """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+    def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
         for slot, value in self.const_slots.items():
             buf[slot] = value
         for (slot, _), value in zip(self.input_keys, placed_inputs):
             buf[slot] = value
+        return buf
+
+    def run(self, placed_inputs: Sequence) -> list:
+        """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+        buf = self._buffers(placed_inputs)
         for fn, ins, outs, frees in self.steps:
             results = fn(*[buf[i] for i in ins])
             for o, r in zip(outs, results):
@@ -60,11 +65,7 @@ class Plan:
         are alive after each step; returns the peaks. Counted buffers: saved residuals and the
         I/W stash, or with `remat=True` the stage inputs kept for the backward — from the
         forward that consumes them on (a received input waiting for its forward is not counted)."""
-        buf: list = [None] * self.n_slots
-        for slot, value in self.const_slots.items():
-            buf[slot] = value
-        for (slot, _), value in zip(self.input_keys, placed_inputs):
-            buf[slot] = value
+        buf = self._buffers(placed_inputs)
         ranks = 1 + max(self.stage_ranks)
         peak = [0] * ranks
         started: set = set()
@@ -188,6 +189,14 @@ class TrainPlanBuilder:
             )
             for s in range(len(graph.stages))
         ]
+        self.splits = (
+            any(p.kind in ("I", "W") for rank in schedule.actions(self.n) for a in rank for p in a.parts)
+            if hasattr(schedule, "actions")
+            else False
+        )
+        self.unsharded = not any(spec is not None for spec in param_specs.values()) and all(
+            e.spec is None for e in graph.edges
+        )
         if require_loss and 0 not in graph.stages[self.last].results:
             raise StageSplitError(
                 "the loss (the function's first output) must be computed in the last stage; it is "
@@ -230,6 +239,11 @@ class TrainPlanBuilder:
         specs += [_sds(e.aval, self.edge_sharding(e)) for e in io.stage.edge_inputs]
         return specs
 
+    def cell_inputs(self, s: int, i: int) -> list[int]:
+        """Slots of stage `s`'s inputs for microbatch `i`, in the cells' argument order."""
+        edges = [self.slots["edge", self.edge_index[e], i] for e in self.ios[s].stage.edge_inputs]
+        return self.input_slots(s) + [self.idx_slot(s, i)] + edges
+
     def idx_slot(self, s: int, i: int) -> int:
         key = ("idx", self.rank[s], i)
         if key not in self.slots.named:
@@ -259,7 +273,8 @@ class TrainPlanBuilder:
 
     def _compile_cells(self) -> None:
         # programs that need no other program's output info compile together first
-        independent = self._forward_specs() + [spec for spec, _ in self._accumulator_cells()]
+        independent = [self._forward_spec(s) for s in range(self.last)]
+        independent += [spec for spec, _ in self._accumulator_cells()]
         if not all(self._free_sharding(s) is not None for s in range(len(self.ios))):
             self.compiler.prefetch(independent + self._loss_specs())
         self.exe: list[dict] = []
@@ -275,15 +290,8 @@ class TrainPlanBuilder:
                 exe["FB"] = self._loss_specs()[0]
                 self.exe.append(exe)
                 continue
-            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
-            n_fwd_out = len(outs_sh) + len(results_sh)
-            n_res = len(cells.residual_avals)
-            exe["F"] = CellSpec(
-                (fp, "F", self.remat),
-                cells.forward,
-                tuple(specs),
-                tuple([*outs_sh, *results_sh] + ([] if self.remat else [self._free_sharding(s)] * n_res)),
-            )
+            n_fwd_out = len(io.stage.edge_outputs) + len(results_sh)
+            exe["F"] = self._forward_spec(s)
             if self.remat:
                 res_specs = specs
             elif self._free_sharding(s) is not None:
@@ -306,7 +314,7 @@ class TrainPlanBuilder:
                 (*acc_sh, *ct_in_sh),
                 tuple(range(len(res_specs) + len(ct_specs), len(res_specs) + len(ct_specs) + len(acc_specs))),
             )
-            if self.schedule_splits():
+            if self.splits:
                 i_fn, w_fn, n_stash = cells.split_backward()
                 free = self._free_sharding(s)
                 exe["I"] = CellSpec(
@@ -331,28 +339,21 @@ class TrainPlanBuilder:
                 exe["n_stash"] = n_stash
             self.exe.append(exe)
 
-    def _forward_specs(self) -> list[CellSpec]:
-        """The forward cells of the non-last stages (compiled first: backward cells need their
-        residual shardings)."""
-        specs = []
-        for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
-            if s == self.last:
-                continue
-            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
-            n_res = 0 if self.remat else len(cells.residual_avals)
-            specs.append(
-                CellSpec(
-                    (io.stage.fingerprint(), "F", self.remat),
-                    cells.forward,
-                    tuple(self.input_specs(s)),
-                    tuple(
-                        [*outs_sh]
-                        + [self.named(s, None)] * len(io.stage.results)
-                        + [self._free_sharding(s)] * n_res
-                    ),
-                )
-            )
-        return specs
+    def _forward_spec(self, s: int, *, keep_residuals: bool = True, donate: tuple = ()) -> CellSpec:
+        """Stage `s`'s forward: edge outputs, results, and (unless remat) the saved residuals."""
+        io, cells = self.ios[s], self.cells[s]
+        residuals = keep_residuals and not self.remat
+        outs = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
+        outs += [self.named(s, None)] * len(io.stage.results)
+        if residuals:
+            outs += [self._free_sharding(s)] * len(cells.residual_avals)
+        return CellSpec(
+            (io.stage.fingerprint(), "F" if residuals else "fwd", donate),
+            cells.forward if residuals else cells.forward_only,
+            tuple(self.input_specs(s)),
+            tuple(outs),
+            donate,
+        )
 
     def _free_sharding(self, s: int) -> NamedSharding | None:
         """The sharding of stage `s`'s residuals and stash, when it is known before compiling.
@@ -361,12 +362,7 @@ class TrainPlanBuilder:
         intermediate is replicated, so backward cells can be compiled alongside the
         forward ones; otherwise (None) XLA picks and the forward is compiled first.
         """
-        if self.sub(s).size == 1 or (
-            not any(spec is not None for spec in self.param_specs.values())
-            and all(e.spec is None for e in self.g.edges)
-        ):
-            return self.named(s, None)
-        return None
+        return self.named(s, None) if self.unsharded or self.sub(s).size == 1 else None
 
     def _loss_specs(self) -> list[CellSpec]:
         """The last stage's fused value-and-grad cell."""
@@ -401,14 +397,6 @@ class TrainPlanBuilder:
             outs += other[2]
         rest = [st for st in new if not isinstance(st[0], CellSpec)]
         self.steps[start:] = [(spec, tuple(ins), tuple(outs), ())] + rest
-
-    def schedule_splits(self) -> bool:
-        return any(
-            p.kind in ("I", "W")
-            for rank in self.schedule.actions(self.n)
-            for a in rank
-            for p in (a.parts if a.kind == "F&B" else (a,))
-        )
 
     def acc_aval(self, a):
         """The accumulator of parameter leaf `a` (or of the loss): float32 for 16-bit floats, so
@@ -456,7 +444,8 @@ class TrainPlanBuilder:
             self.steps.append((spec, (), outs, ()))
 
     def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
-        """Move `(src slot, dst slot, sharding)` values; same-sharding moves become aliases."""
+        """Move `(src slot, dst slot key, dst sharding, src sharding)` values; a move to the same
+        sharding becomes an alias of the source slot."""
         moves = []
         for src, dst_key, sharding, src_sharding in pairs:
             if sharding == src_sharding:
@@ -477,25 +466,10 @@ class TrainPlanBuilder:
                 return "FB"
             return "-"
         exe = self.exe[s]
-        ins = (
-            self.input_slots(s)
-            + [self.idx_slot(s, i)]
-            + [self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs]
-        )
+        ins = self.cell_inputs(s, i)
         if kind == "F":
-            outs = [self.slots["out", s, j, i] for j in range(len(io.stage.edge_outputs))]
-            res = [self.slots["res", s, i, k] for k in range(self.exe[s]["n_res"])] if not self.remat else []
-            results = [self.slots["result", j, i] for j in io.stage.results]
-            self.steps.append((exe["F"], tuple(ins), tuple(outs + results + res), ()))
-            pairs = []
-            for j, v in enumerate(io.stage.edge_outputs):
-                src_sh = self.out_sharding(v, s)
-                for e in self.g.edges:
-                    if e.var is v and e.src == s:
-                        pairs.append(
-                            (outs[j], ("edge", self.edge_index[e], i), self.edge_sharding(e), src_sh)
-                        )
-            self._transfer(pairs)
+            n_res = 0 if self.remat else exe["n_res"]
+            self._emit_forward(exe["F"], s, i, n_res)
             return "F"
         res = ins if self.remat else [self.slots["res", s, i, k] for k in range(exe["n_res"])]
         cts = [self.slots["ct", k, i] for group in io.ct_edges for k in group]
@@ -515,13 +489,24 @@ class TrainPlanBuilder:
         self.steps.append((exe["W"], tuple(res + cts + stash + acc), tuple(acc), ()))
         return "W"
 
+    def _emit_forward(self, cell, s: int, i: int, n_res: int) -> list[int]:
+        """A forward step of stage `s` on microbatch `i`, then the sends of its outputs."""
+        io = self.ios[s]
+        outs = [self.slots["out", s, j, i] for j in range(len(io.stage.edge_outputs))]
+        results = [self.slots["result", j, i] for j in io.stage.results]
+        res = [self.slots["res", s, i, k] for k in range(n_res)]
+        self.steps.append((cell, tuple(self.cell_inputs(s, i)), tuple(outs + results + res), ()))
+        pairs = [
+            (outs[j], ("edge", self.edge_index[e], i), self.edge_sharding(e), self.out_sharding(v, s))
+            for j, v in enumerate(io.stage.edge_outputs)
+            for e in self.g.consumers(s)[v]
+        ]
+        self._transfer(pairs)
+        return results
+
     def _emit_loss_step(self, s: int, i: int) -> None:
         io = self.ios[s]
-        ins = (
-            self.input_slots(s)
-            + [self.idx_slot(s, i)]
-            + [self.slots["edge", self.edge_index[e], i] for e in io.stage.edge_inputs]
-        )
+        ins = self.cell_inputs(s, i)
         acc = [self.slots["acc", s, a] for a in io.params]
         ct_out = [self.slots["ct_in", self.edge_index[io.stage.edge_inputs[k]], i] for k in io.diff_in]
         results = [self.slots["result", j, i] for j in io.stage.results if j != 0]
@@ -585,30 +570,39 @@ class TrainPlanBuilder:
                 (stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ())
             )
         self.plan.output_slots = {"loss": loss_slot, "grads": grads, "aux": stacked}
-        self.plan.input_keys = [
-            (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
-        ]
         for key, slot in self.slots.named.items():
             if key[0] in ("res", "stash"):
                 self.plan.activation_slots[slot] = (self.rank[key[1]], key[1], key[2])
             elif key[0] == "edge" and self.remat:
                 e = self.g.edges[key[1]]
                 self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
-        keep = {loss_slot, *grads.values(), *stacked.values()}
-        self.compiler.prefetch([st[0] for st in self.steps if isinstance(st[0], CellSpec)])
-        self.steps = [
-            (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
-            for fn, ins, outs, frees in self.steps
-        ]
-        self.plan.steps = _free_after_last_use(self.steps, keep)
+        self._seal({loss_slot, *grads.values(), *stacked.values()})
         self.plan.forward_steps = self.forward_steps
-        self.plan.n_slots = self.slots.count
         self.plan.cells = {
             (s, kind): spec
             for s, exe in enumerate(self.exe)
             for kind, spec in exe.items()
             if isinstance(spec, CellSpec)
         }
+
+    def _seal(self, keep: set[int]) -> None:
+        """Compile every cell, record the input slots and their shardings, free slots after last use."""
+        self.plan.input_keys = [
+            (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
+        ]
+        self.plan.input_shardings = [
+            NamedSharding(
+                self.mesh.submesh(r), (self.param_specs.get(a) if kind == "param" else None) or REPLICATED
+            )
+            for _, (kind, a, r) in self.plan.input_keys
+        ]
+        self.compiler.prefetch([st[0] for st in self.steps if isinstance(st[0], CellSpec)])
+        steps = [
+            (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
+            for fn, ins, outs, frees in self.steps
+        ]
+        self.plan.steps = _free_after_last_use(steps, keep)
+        self.plan.n_slots = self.slots.count
 
 
 def _add(x, y):
@@ -676,34 +670,10 @@ class ForwardPlanBuilder(TrainPlanBuilder):
         self.cells = [StageCells(io, 1, False, self.input_specs(s)) for s, io in enumerate(self.ios)]
         self.edge_index = {e: k for k, e in enumerate(self.g.edges)}
         results = {}
-        for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
-            outs_sh = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
-            exe = self.compiler.compile(
-                (io.stage.fingerprint(), "fwd"),
-                cells.forward_only,
-                self.input_specs(s),
-                tuple(outs_sh + [self.named(s, None)] * len(io.stage.results)),
-                donate=self._donatable(s),
-            )
-            ins = (
-                self.input_slots(s)
-                + [self.idx_slot(s, 0)]
-                + [self.slots["edge", self.edge_index[e], 0] for e in io.stage.edge_inputs]
-            )
-            outs = [self.slots["out", s, j, 0] for j in range(len(io.stage.edge_outputs))]
-            res = [self.slots["result", j, 0] for j in io.stage.results]
-            results.update(zip(io.stage.results, res))
-            self.steps.append((exe, tuple(ins), tuple(outs + res), ()))
+        for s, io in enumerate(self.ios):
+            cell = self._forward_spec(s, keep_residuals=False, donate=self._donatable(s))
+            results.update(zip(io.stage.results, self._emit_forward(cell, s, 0, 0)))
             self.plan.log.append((self.rank[s], ("F", s, 0), "F"))
-            pairs = [
-                (outs[j], ("edge", self.edge_index[e], 0), self.edge_sharding(e), self.out_sharding(v, s))
-                for j, v in enumerate(io.stage.edge_outputs)
-                for e in self.g.edges
-                if e.var is v and e.src == s
-            ]
-            self._transfer(pairs)
         self.plan.output_slots = {"results": [results[j] for j in range(len(self.g.out_avals))]}
-        self.plan.input_keys = [(slot, key) for key, slot in self.slots.named.items() if key[0] == "fixed"]
-        self.plan.steps = _free_after_last_use(self.steps, set(results.values()))
-        self.plan.n_slots = self.slots.count
+        self._seal(set(results.values()))
         return self.plan
