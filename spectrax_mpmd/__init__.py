@@ -7,7 +7,7 @@ from ._api import sxgrad, sxjit, sxvalue_and_grad
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
-from .errors import MeshError, MpmdError, StageSplitError, TraceContextError
+from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
 
 __all__ = [
     "create_mesh",
@@ -20,6 +20,7 @@ __all__ = [
     "StagedOptState",
     "MpmdError",
     "MeshError",
+    "MarkerError",
     "StageSplitError",
     "TraceContextError",
 ]

@@ -8,28 +8,16 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
+from ._args import Signature, as_tuple, classify, signature
 from ._compile import Compiler
+from ._context import check_no_trace
 from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import ForwardPlanBuilder, Plan, TrainPlanBuilder
 from ._split import split, trace
-from .errors import MpmdError, TraceContextError
-
-
-def _as_tuple(argnums) -> tuple[int, ...]:
-    return (argnums,) if isinstance(argnums, int) else tuple(argnums)
-
-
-def _check_not_traced(name: str, leaves: Sequence[Any]) -> None:
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-        raise TraceContextError(
-            f"{name} was called inside an outer JAX transformation (jax.jit, jax.grad, vmap, ...): "
-            "an MPMD step compiles and runs one program per pipeline rank and cannot be traced "
-            "into another program. Call it from plain Python (it is already compiled)."
-        )
+from .errors import MpmdError
 
 
 def _check_mesh(name: str, mesh) -> MpmdMesh:
@@ -54,25 +42,6 @@ def _check_schedule(name: str, schedule, n: int) -> int:
     except ValueError as err:
         raise MpmdError(f"{name}: schedule {schedule!r} is not valid for {n} pipeline ranks: {err}") from err
     return schedule.virtual_stages
-
-
-def _dtype(x):
-    """The dtype of an array-like leaf (JAX/numpy array or Python scalar)."""
-    return x.dtype if hasattr(x, "dtype") else np.result_type(x)
-
-
-def _leaf_key(x) -> tuple:
-    return (np.shape(x), str(_dtype(x)))
-
-
-def _leaf_ranges(args: Sequence[Any]) -> list[range]:
-    """The flat-leaf indices of each positional argument."""
-    ranges, start = [], 0
-    for arg in args:
-        n = len(jax.tree.leaves(arg))
-        ranges.append(range(start, start + n))
-        start += n
-    return ranges
 
 
 class _Placer:
@@ -114,7 +83,7 @@ class _Entry:
     plan: Plan
     out_tree: Any
     donated: frozenset = frozenset()
-    grad_trees: tuple = ()  # per argnum: (treedef, per leaf a buffer slot or a zero array)
+    grad_trees: tuple = ()  # per argnum: (treedef, the buffer slot of each leaf's gradient)
 
     def __post_init__(self):
         self.input_leaves = [a for _, (_, a, _) in self.plan.input_keys]
@@ -130,24 +99,35 @@ class _Entry:
         return self.plan.run(self.place(placer, leaves))
 
 
+def _build_plan(compiler: Compiler, builder) -> Plan:
+    """Run a plan builder; the compiler keeps its compiled programs but no per-build lowerings."""
+    try:
+        return builder.build()
+    finally:
+        compiler.forget_lowerings()
+
+
 class _StepFunction:
     """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
 
-    def __init__(self, fn, argnums, mesh, schedule, has_aux, remat, rules, value: bool):
-        self.fn, self.argnums = fn, _as_tuple(argnums)
-        self.mesh = _check_mesh("sxvalue_and_grad", mesh)
+    def __init__(
+        self, fn, argnums, mesh, schedule, has_aux, remat, rules, value, batch_argnums, static_argnums, reduce
+    ):
+        self.name = "sxvalue_and_grad" if value else "sxgrad"
+        self.fn, self.argnums = fn, as_tuple(argnums)
+        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
+        self.static_argnums = as_tuple(static_argnums)
+        self.mesh = _check_mesh(self.name, mesh)
         if schedule is None:
+            raise MpmdError(f"{self.name}: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
+        if reduce not in ("mean", "sum"):
             raise MpmdError(
-                "sxvalue_and_grad: a schedule is required, e.g. schedule=Std1F1B(microbatches=8)."
+                f"{self.name}: reduce must be 'mean' (the loss and gradients are averaged over "
+                f"microbatches) or 'sum' (added up), got {reduce!r}."
             )
-        self.v = _check_schedule("sxvalue_and_grad", schedule, self.mesh.mpmd_dim)
-        self.schedule, self.has_aux, self.remat, self.rules, self.value = (
-            schedule,
-            has_aux,
-            remat,
-            rules,
-            value,
-        )
+        self.v = _check_schedule(self.name, schedule, self.mesh.mpmd_dim)
+        self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
+        self.value, self.reduce = value, reduce
         self.compiler = Compiler()
         self.placer = _Placer()
         self.cache: dict = {}
@@ -157,8 +137,8 @@ class _StepFunction:
     def n_stages(self) -> int:
         return self.mesh.mpmd_dim * self.v
 
-    def _traced_fn(self):
-        fn, has_aux = self.fn, self.has_aux
+    def _traced_fn(self, fn):
+        has_aux = self.has_aux
 
         def wrapped(*args):
             out = fn(*args)
@@ -170,91 +150,61 @@ class _StepFunction:
 
         return wrapped
 
-    def _build(self, args, leaves, in_tree) -> _Entry:
+    def _build(self, sig: Signature) -> _Entry:
         m = self.schedule.microbatches
-        for k in self.argnums:
-            if not 0 <= k < len(args):
-                raise MpmdError(
-                    f"argnums={self.argnums}: the function was called with {len(args)} positional arguments."
-                )
-        bounds = _leaf_ranges(args)
-        diff = [a for k in self.argnums for a in bounds[k]]
-        batch = [a for a in range(len(leaves)) if a not in set(diff)]
-        for a in diff:
-            if not jax.dtypes.issubdtype(_dtype(leaves[a]), np.inexact):
-                raise MpmdError(
-                    f"sxvalue_and_grad: differentiated argument leaf {a} has dtype "
-                    f"{_dtype(leaves[a])}; gradients need floating-point parameters. Move "
-                    "integer arrays out of the differentiated arguments (argnums)."
-                )
-        micro = list(leaves)
-        batch_avals = {}
-        for a in batch:
-            shape = np.shape(leaves[a])
-            if not shape or shape[0] % m:
-                raise MpmdError(
-                    f"batch argument leaf {a} has shape {shape}: its leading (batch) axis must be "
-                    f"divisible by schedule.microbatches={m}. Use a batch size that is a multiple of {m} "
-                    "or change the number of microbatches."
-                )
-            dtype = _dtype(leaves[a])
-            micro[a] = jax.ShapeDtypeStruct((shape[0] // m, *shape[1:]), dtype)
-            batch_avals[a] = jax.core.ShapedArray(shape, dtype)
-        for a in diff:
-            micro[a] = jax.ShapeDtypeStruct(np.shape(leaves[a]), _dtype(leaves[a]))
-        closed, _, out_tree = trace(self._traced_fn(), jax.tree.unflatten(in_tree, micro))
+        kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
+        micro = [sig.aval(a) for a in range(len(sig.leaves))]
+        for a in kinds.batch:
+            micro[a] = sig.aval(a, (kinds.batch_size // m, *sig.types[a][0][1:]))
+        closed, _, out_tree = trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro))
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
             raise MpmdError(
-                f"sxvalue_and_grad: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
+                f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
                 "reduce it (e.g. mean over the batch) before returning."
             )
         graph = split(closed, self.n_stages)
-        specs = self._param_specs(args, bounds)
+        dynamic = sig.in_tree.unflatten(sig.leaves)
+        ranges = dict(zip(sig.positions, sig.ranges()))
         builder = TrainPlanBuilder(
             graph,
             self.schedule,
             self.mesh,
-            diff_args=diff,
-            batch_args=batch,
-            batch_avals=batch_avals,
-            param_specs=specs,
+            diff_args=kinds.params,
+            batch_args=kinds.batch,
+            batch_avals={a: sig.aval(a) for a in kinds.batch},
+            param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
             remat=self.remat,
             compiler=self.compiler,
+            keys=kinds.keys,
+            reduce=self.reduce,
         )
-        plan = builder.build()
-        first = NamedSharding(self.mesh.submesh(0), PartitionSpec())
+        plan = _build_plan(self.compiler, builder)
         slots = plan.output_slots["grads"]
-
-        def source(a):  # the gradient's buffer slot, or a zero array for a leaf no stage reads
-            if a in slots:
-                return slots[a]
-            return jax.device_put(np.zeros(np.shape(leaves[a]), _dtype(leaves[a])), first)
-
         grad_trees = tuple(
-            (jax.tree.structure(args[k]), [source(a) for a in bounds[k]]) for k in self.argnums
+            (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
+            for k in kinds.argnums
         )
         self.last_graph = graph
         return _Entry(plan, out_tree, grad_trees=grad_trees)
 
-    def _param_specs(self, args, bounds) -> dict:
+    def _param_specs(self, dynamic, sig: Signature, argnums, ranges) -> dict:
         if self.rules is None:
             return {}
         specs = {}
-        for k in self.argnums:
-            tree = core_sharding.param_specs(args[k], self.rules, mesh=self.mesh.submesh(0))
-            leaves = jax.tree.structure(args[k]).flatten_up_to(tree)
-            specs.update(zip(bounds[k], leaves))
+        for k in argnums:
+            arg = dynamic[sig.positions.index(k)]
+            tree = core_sharding.param_specs(arg, self.rules, mesh=self.mesh.submesh(0))
+            specs.update(zip(ranges[k], jax.tree.structure(arg).flatten_up_to(tree)))
         return specs
 
     def _entry(self, args):
-        leaves, in_tree = jax.tree.flatten(args)
-        _check_not_traced("sxvalue_and_grad", leaves)
-        key = (in_tree, tuple(_leaf_key(x) for x in leaves))
-        entry = self.cache.get(key)
+        check_no_trace(self.name)
+        sig = signature(self.name, self.fn, args, self.static_argnums)
+        entry = self.cache.get(sig.key)
         if entry is None:
-            entry = self.cache[key] = self._build(args, leaves, in_tree)
-        return entry, leaves
+            entry = self.cache[sig.key] = self._build(sig)
+        return entry, sig.leaves
 
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
@@ -270,10 +220,7 @@ class _StepFunction:
         buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
         out = entry.plan.output_slots
-        trees = [
-            treedef.unflatten([buf[s] if isinstance(s, int) else s for s in sources])
-            for treedef, sources in entry.grad_trees
-        ]
+        trees = [treedef.unflatten([buf[s] for s in slots]) for treedef, slots in entry.grad_trees]
         grads = trees[0] if len(trees) == 1 else tuple(trees)
         loss = buf[out["loss"]]
         if self.has_aux:
@@ -301,18 +248,30 @@ def sxvalue_and_grad(
     has_aux: bool = False,
     remat: bool = False,
     rules=None,
+    batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    reduce: str = "mean",
 ) -> Callable:
-    """Pipelined `jax.value_and_grad`: `step(params, batch) -> (loss, grads)`.
+    """Pipelined `jax.value_and_grad`: `step(params, batch, ...) -> (loss, grads)`.
 
-    The leading axis of every non-differentiated argument is split into
-    `schedule.microbatches`; the loss is the mean of the microbatch losses and
-    the gradients are its exact gradients, each leaf on the submesh of the rank
-    that owns it (the first stage that reads it). `remat=True` recomputes each
-    stage's forward in its backward instead of keeping residuals. `rules` (a
-    `spectrax_core.sharding` rules object) shards each stage's parameters over
-    its submesh; default replicated.
+    Arguments are of four kinds. `argnums` are the parameters (differentiated,
+    never split). `batch_argnums` (default: every other non-static argument)
+    are split on their shared leading axis into `schedule.microbatches`. Every
+    other non-static argument is broadcast: the same value reaches every
+    microbatch, and a PRNG key among them reaches microbatch `i` as
+    `jax.random.fold_in(key, i)`. `static_argnums` are hashed into the cache key
+    and bound into the trace, as in `jax.jit`.
+
+    The loss is the mean (`reduce="mean"`) or the sum (`"sum"`) of the
+    microbatch losses, and the gradients are its exact gradients, each leaf on
+    the submesh of the rank that owns it (the first stage that reads it).
+    `remat=True` recomputes each stage's forward in its backward instead of
+    keeping residuals. `rules` (a `spectrax_core.sharding` rules object) shards
+    each stage's parameters over its submesh; default replicated.
     """
-    return _StepFunction(fn, argnums, mesh, schedule, has_aux, remat, rules, value=True)
+    return _StepFunction(
+        fn, argnums, mesh, schedule, has_aux, remat, rules, True, batch_argnums, static_argnums, reduce
+    )
 
 
 def sxgrad(
@@ -324,9 +283,14 @@ def sxgrad(
     has_aux: bool = False,
     remat: bool = False,
     rules=None,
+    batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    reduce: str = "mean",
 ) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
-    return _StepFunction(fn, argnums, mesh, schedule, has_aux, remat, rules, value=False)
+    return _StepFunction(
+        fn, argnums, mesh, schedule, has_aux, remat, rules, False, batch_argnums, static_argnums, reduce
+    )
 
 
 class _JitFunction:
@@ -337,52 +301,34 @@ class _JitFunction:
         self.mesh = _check_mesh("sxjit", mesh)
         self.v = _check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
         self.schedule = schedule
-        self.static_argnums = _as_tuple(static_argnums)
-        self.donate_argnums = _as_tuple(donate_argnums)
+        self.static_argnums = as_tuple(static_argnums)
+        self.donate_argnums = as_tuple(donate_argnums)
         self.compiler, self.placer, self.cache = Compiler(), _Placer(), {}
         functools.update_wrapper(self, fn)
 
-    def _build(self, static, dynamic, dynamic_positions, leaves, in_tree) -> _Entry:
-        statics = dict(static)
-
-        def bound(*dyn):
-            it = iter(dyn)
-            full = [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
-            return self.fn(*full)
-
-        avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in leaves]
-        closed, _, out_tree = trace(bound, jax.tree.unflatten(in_tree, avals))
+    def _build(self, sig: Signature) -> _Entry:
+        avals = [sig.aval(a) for a in range(len(sig.leaves))]
+        closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
+        n_args = len(sig.positions) + len(sig.statics)
+        donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
         donated = frozenset(
             a
-            for position, leaf_range in zip(dynamic_positions, _leaf_ranges(dynamic))
-            if position in self.donate_argnums
+            for position, leaf_range in zip(sig.positions, sig.ranges())
+            if position in donate
             for a in leaf_range
         )
         builder = ForwardPlanBuilder(graph, self.schedule, self.mesh, compiler=self.compiler, donated=donated)
         self.last_graph = graph
-        return _Entry(builder.build(), out_tree, donated=donated)
+        return _Entry(_build_plan(self.compiler, builder), out_tree, donated=donated)
 
     def __call__(self, *args):
-        for k in self.static_argnums:
-            if not 0 <= k < len(args):
-                raise MpmdError(
-                    f"sxjit: static_argnums={self.static_argnums} but the call has {len(args)} arguments."
-                )
-        static = tuple((k, args[k]) for k in self.static_argnums)
-        positions = [k for k in range(len(args)) if k not in self.static_argnums]
-        dynamic = tuple(args[k] for k in positions)
-        leaves, in_tree = jax.tree.flatten(dynamic)
-        _check_not_traced("sxjit", leaves)
-        try:
-            key = (static, in_tree, tuple(_leaf_key(x) for x in leaves))
-            hash(key)
-        except TypeError as err:
-            raise MpmdError(f"sxjit: static arguments must be hashable: {err}") from err
-        entry = self.cache.get(key)
+        check_no_trace("sxjit")
+        sig = signature("sxjit", self.fn, args, self.static_argnums)
+        entry = self.cache.get(sig.key)
         if entry is None:
-            entry = self.cache[key] = self._build(static, dynamic, positions, leaves, in_tree)
-        buf = entry.run(self.placer, leaves)
+            entry = self.cache[sig.key] = self._build(sig)
+        buf = entry.run(self.placer, sig.leaves)
         self.last_plan = entry.plan
         return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
 
@@ -404,8 +350,9 @@ def sxjit(
     `fn` is cut at its `sxstage_iter` markers into `mesh.mpmd_dim x v` stages
     (`v = schedule.virtual_stages`, 1 without a schedule); each stage runs on
     its rank's submesh and its outputs are sent to the stages that read them.
-    Traces once per signature: argument structure, shapes, dtypes and the
-    values of `static_argnums`. Usable as `@sxjit(mesh=...)`.
+    Traces once per signature: the argument structure, each leaf's shape, dtype
+    and weak type, the values (and types) of `static_argnums`, and JAX's
+    trace-affecting configuration. Usable as `@sxjit(mesh=...)`.
     """
     if fn is None:
         return functools.partial(

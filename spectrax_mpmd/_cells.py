@@ -4,7 +4,8 @@ Every cell is a plain function over flat lists of arrays, ready for `jax.jit`.
 A stage's inputs come in four groups, always in this order:
 
 * `P`  the differentiated parameter leaves it reads,
-* `X`  other whole-batch arguments it reads (not split, not differentiated),
+* `X`  broadcast arguments it reads (the same for every microbatch; a PRNG key
+       among them is folded with the microbatch index),
 * `Bf` whole batch leaves it reads (leading axis `microbatches x micro_batch`),
   followed by one int32 microbatch index `idx` (the cell slices its microbatch),
 * `A`  the activations it receives from earlier stages.
@@ -46,6 +47,7 @@ class StageIO:
     ct_edges: tuple[tuple[int, ...], ...]
     loss_result: int | None
     microbatches: int = 1
+    folded: tuple[bool, ...] = ()  # per `fixed` leaf: a PRNG key folded per microbatch
 
     @classmethod
     def build(
@@ -56,22 +58,25 @@ class StageIO:
         batch_args: set[int],
         loss: bool,
         microbatches: int = 1,
+        keys: frozenset = frozenset(),
     ):
         stage = graph.stages[s]
         args = stage.arg_inputs
         consumers = graph.consumers(s)
         diff_out = tuple(j for j, v in enumerate(stage.edge_outputs) if _is_float(v.aval))
         edge_pos = {e: k for k, e in enumerate(graph.edges)}
+        fixed = tuple(a for a in args if a not in diff_args and a not in batch_args)
         return cls(
             stage=stage,
             params=tuple(a for a in args if a in diff_args),
-            fixed=tuple(a for a in args if a not in diff_args and a not in batch_args),
+            fixed=fixed,
             batch=tuple(a for a in args if a in batch_args),
             diff_in=tuple(k for k, e in enumerate(stage.edge_inputs) if e.differentiable),
             diff_out=diff_out,
             ct_edges=tuple(tuple(edge_pos[e] for e in consumers[stage.edge_outputs[j]]) for j in diff_out),
             loss_result=0 if loss else None,
             microbatches=microbatches,
+            folded=tuple(a in keys for a in fixed),
         )
 
     @property
@@ -81,6 +86,7 @@ class StageIO:
     def apply(self, P, X, Bf, idx, A) -> tuple[list, list]:
         """Run the stage on microbatch `idx`: returns `(edge outputs, results)`."""
         B = [_microbatch(b, idx, self.microbatches) for b in Bf]
+        X = [_fold_key(x, idx) if fold else x for x, fold in zip(X, self.folded)]
         by_arg = dict(zip(self.params, P)) | dict(zip(self.fixed, X)) | dict(zip(self.batch, B))
         return self.stage.run([by_arg[a] for a in self.stage.arg_inputs], A)
 
@@ -117,8 +123,9 @@ class StageIO:
 class StageCells:
     """The cell functions of one stage (see the module docstring for argument order)."""
 
-    def __init__(self, io: StageIO, microbatches: int, remat: bool, in_avals: Sequence):
-        self.io, self.m, self.remat = io, microbatches, remat
+    def __init__(self, io: StageIO, microbatches: int, remat: bool, in_avals: Sequence, reduce: str = "mean"):
+        self.io, self.remat = io, remat
+        self.loss_divisor = microbatches if reduce == "mean" else 1
         self.in_avals = list(in_avals)
 
     def _vjp(self, flat):
@@ -262,8 +269,8 @@ class StageCells:
     def loss_step(self, *flat):
         """`(inputs, accumulators, loss accumulator) -> (accumulators, input cts, loss acc, other results)`.
 
-        Differentiates `loss / microbatches`, so accumulated gradients and the
-        accumulated loss are means over microbatches.
+        Differentiates `loss / microbatches` (`reduce="mean"`) or `loss` (`"sum"`), so
+        accumulated gradients and loss are the mean or the sum over microbatches.
         """
         n_in, n_p = self.io.n_in, len(self.io.params)
         inputs, acc, loss_acc = flat[:n_in], flat[n_in : n_in + n_p], flat[n_in + n_p]
@@ -274,18 +281,26 @@ class StageCells:
         def scaled_loss(P, A_diff):
             _, (_, R) = f(P, A_diff)
             loss = R[self.io.loss_result]
-            return loss / self.m, (loss, R)
+            return loss / self.loss_divisor, (loss, R)
 
         (_, (loss, R)), (gP, gA) = jax.value_and_grad(scaled_loss, argnums=(0, 1), has_aux=True)(P, A_diff)
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]
         acc_out = [a + g.astype(a.dtype) for a, g in zip(acc, gP)]
-        return (*acc_out, *gA, loss_acc + (loss / self.m).astype(loss_acc.dtype), *others)
+        return (*acc_out, *gA, loss_acc + (loss / self.loss_divisor).astype(loss_acc.dtype), *others)
 
 
 def _microbatch(batch, idx, microbatches: int):
     """Rows `[idx * mb, (idx + 1) * mb)` of a whole-batch leaf, `mb = len(batch) // microbatches`."""
     size = batch.shape[0] // microbatches
     return jax.lax.dynamic_slice_in_dim(batch, idx * size, size)
+
+
+def _fold_key(key, idx):
+    """Microbatch `idx`'s key: `jax.random.fold_in` of a typed key array (any shape) or a raw key."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.ndim == 0:
+        return jax.random.fold_in(key, idx)
+    folded = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key.reshape(-1), idx)
+    return folded.reshape(key.shape)
 
 
 def _grad_value(env, v, like):

@@ -2,29 +2,44 @@
 
 A `CellSpec` is a cell function with its input specs (shapes, dtypes and
 shardings), output shardings and donated inputs: everything `jax.jit` needs to
-lower it. `Compiler` compiles specs once per (program, devices) and can compile
-many at once.
+lower it. `Compiler` compiles each distinct program once and can compile many
+at once.
+
+Program identity: two specs share an executable only when they lower to the
+same StableHLO text (which holds every constant's value, every custom rule's
+effect and every static parameter) for the same devices, shardings and
+donations, under the same JAX configuration. Nothing is keyed on a printed
+summary or an object id, so a reused executable is provably the same program.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+from jax.sharding import NamedSharding
+
+from ._context import config_key
 
 
 def _sds(aval, sharding):
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(
+        aval.shape, aval.dtype, sharding=sharding, weak_type=getattr(aval, "weak_type", False)
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CellSpec:
-    """A cell function with its input specs, output shardings and donated inputs, not yet compiled."""
+    """A cell function with its input specs, output shardings and donated inputs, not yet compiled.
 
-    key: Any
+    Specs compare by identity: a builder reuses one spec object wherever the same
+    cell runs, and the compiler lowers each spec object once.
+    """
+
     fn: Callable
     in_specs: tuple
     out_shardings: tuple
@@ -39,7 +54,6 @@ class CellSpec:
             return (*first(*flat[:n]), *second(*flat[n:]))
 
         return CellSpec(
-            ("fused", self.key, other.key),
             fused,
             self.in_specs + other.in_specs,
             tuple(self.out_shardings) + tuple(other.out_shardings),
@@ -47,20 +61,39 @@ class CellSpec:
         )
 
 
+def _sharding_key(sharding) -> Any:
+    """Everything about a sharding that the executable depends on: devices in order, layout."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+        return (
+            "named",
+            tuple(mesh.axis_names),
+            mesh.devices.shape,
+            tuple(d.id for d in mesh.devices.flat),
+            tuple(sharding.spec),
+            sharding.memory_kind,
+        )
+    return (type(sharding).__name__, tuple(sorted(d.id for d in sharding.device_set)), repr(sharding))
+
+
 class Compiler:
-    """Compiles cell functions for a submesh, sharing programs that are the same."""
+    """Compiles cell specs, sharing one executable between specs that are the same program."""
 
     def __init__(self):
-        self.cache: dict = {}
+        self.cache: dict = {}  # program key -> compiled executable
+        self._lowered: dict = {}  # spec -> (program key, lowered), for the specs of the current build
+
+    def program_key(self, spec: CellSpec) -> tuple:
+        """The identity of `spec`'s program (see the module docstring)."""
+        return self._lower(spec)[0]
 
     def compile_spec(self, spec: CellSpec):
-        return self.compile(spec.key, spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
-
-    def compile(self, key, fn, in_specs, out_shardings, donate=()):
-        full_key = self._key(key, in_specs, out_shardings, donate)
-        if full_key not in self.cache:
-            self.cache[full_key] = self._lower(fn, in_specs, out_shardings, donate).compile()
-        return self.cache[full_key]
+        key, lowered = self._lower(spec)
+        if key not in self.cache:
+            self.cache[key] = lowered.compile()
+        return self.cache[key]
 
     def prefetch(self, specs) -> None:
         """Compile every spec not cached yet: lower one by one, then run XLA compiles in parallel.
@@ -70,9 +103,9 @@ class Compiler:
         """
         todo = {}
         for spec in specs:
-            key = self._key(spec.key, spec.in_specs, spec.out_shardings, spec.donate)
-            if key not in self.cache and key not in todo:
-                todo[key] = self._lower(spec.fn, list(spec.in_specs), spec.out_shardings, spec.donate)
+            key, lowered = self._lower(spec)
+            if key not in self.cache:
+                todo.setdefault(key, lowered)
         if len(todo) < 2:
             for key, lowered in todo.items():
                 self.cache[key] = lowered.compile()
@@ -81,15 +114,29 @@ class Compiler:
             for key, compiled in zip(todo, pool.map(lambda low: low.compile(), todo.values())):
                 self.cache[key] = compiled
 
-    @staticmethod
-    def _key(key, in_specs, out_shardings, donate):
-        dev_key = tuple((tuple(d.id for d in s.sharding.device_set), str(s.sharding.spec)) for s in in_specs)
-        outs = out_shardings if isinstance(out_shardings, tuple) else (out_shardings,)
-        out_key = tuple(None if o is None else (tuple(d.id for d in o.device_set), str(o.spec)) for o in outs)
-        return (key, dev_key, tuple((s.shape, str(s.dtype)) for s in in_specs), out_key, tuple(donate))
+    def forget_lowerings(self) -> None:
+        """Drop the lowered modules kept for the build that just finished (compiled programs stay)."""
+        self._lowered.clear()
 
-    @staticmethod
-    def _lower(fn, in_specs, out_shardings, donate):
-        in_shardings = tuple(s.sharding for s in in_specs)
-        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
-        return jitted.lower(*in_specs)
+    def _lower(self, spec: CellSpec) -> tuple[tuple, Any]:
+        hit = self._lowered.get(spec)
+        if hit is None:
+            in_shardings = tuple(s.sharding for s in spec.in_specs)
+            jitted = jax.jit(
+                spec.fn,
+                in_shardings=in_shardings,
+                out_shardings=spec.out_shardings,
+                donate_argnums=spec.donate,
+            )
+            lowered = jitted.lower(*spec.in_specs)
+            text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+            outs = spec.out_shardings if isinstance(spec.out_shardings, tuple) else (spec.out_shardings,)
+            key = (
+                text,
+                tuple(_sharding_key(s) for s in in_shardings),
+                tuple(_sharding_key(o) for o in outs),
+                tuple(spec.donate),
+                config_key(),
+            )
+            hit = self._lowered[spec] = (key, lowered)
+        return hit

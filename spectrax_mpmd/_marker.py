@@ -9,6 +9,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec
 
+from .errors import MarkerError
+
 sxstage_iter_p = Primitive("sxstage_iter")
 sxstage_iter_p.multiple_results = True
 sxstage_iter_p.def_impl(lambda *xs, **_: list(xs))
@@ -33,14 +35,25 @@ ad.primitive_transposes[sxstage_iter_p] = _transpose
 batching.primitive_batchers[sxstage_iter_p] = _batch
 
 
-def _per_leaf_shardings(sharding: Any, n_leaves: int, treedef) -> tuple[PartitionSpec | None, ...]:
+def _per_leaf_shardings(sharding: Any, n_leaves: int, treedef, stage: int | None) -> tuple:
+    """One `PartitionSpec` (or None) per leaf of the marked value."""
     if sharding is None or isinstance(sharding, PartitionSpec):
         return (sharding,) * n_leaves
-    leaves = treedef.flatten_up_to(sharding)
+    marker = "sxstage_iter" if stage is None else f"sxstage_iter(stage={stage})"
+    try:
+        leaves = treedef.flatten_up_to(sharding)
+    except (ValueError, TypeError) as err:
+        raise MarkerError(
+            f"{marker}: sharding= must be one PartitionSpec (or None) for every leaf, or a pytree "
+            f"with the structure of the marked value; the value is {treedef} but sharding= is "
+            f"{sharding!r} ({err}). Pass a single PartitionSpec, or mirror the value's structure "
+            "with a PartitionSpec or None at each leaf."
+        ) from None
     for s in leaves:
         if s is not None and not isinstance(s, PartitionSpec):
-            raise TypeError(
-                f"sxstage_iter: sharding leaves must be PartitionSpec or None, got {type(s).__name__}."
+            raise MarkerError(
+                f"{marker}: sharding leaves must be PartitionSpec or None, got {type(s).__name__} "
+                f"({s!r}). Use jax.sharding.PartitionSpec(...) for each leaf."
             )
     return tuple(leaves)
 
@@ -57,6 +70,6 @@ def sxstage_iter(x: Any, *, stage: int | None = None, sharding: Any = None) -> A
     leaves, treedef = jax.tree.flatten(x)
     if not leaves:
         return x
-    shardings = _per_leaf_shardings(sharding, len(leaves), treedef)
+    shardings = _per_leaf_shardings(sharding, len(leaves), treedef, stage)
     out = sxstage_iter_p.bind(*leaves, stage=stage, sharding=shardings)
     return jax.tree.unflatten(treedef, out)

@@ -7,6 +7,7 @@ decisions, compilation and dependency ordering happen here, once per signature.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -17,8 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._cells import StageCells, StageIO
 from ._compile import CellSpec, Compiler, _sds
-from ._order import order_actions
 from ._mesh import MpmdMesh
+from ._order import order_actions
 from ._split import StageGraph
 from .errors import StageSplitError
 
@@ -169,6 +170,8 @@ class TrainPlanBuilder:
         param_specs: dict,
         remat: bool,
         compiler: Compiler,
+        keys: frozenset = frozenset(),
+        reduce: str = "mean",
         require_loss: bool = True,
     ):
         self.g, self.schedule, self.mesh = graph, schedule, mesh
@@ -176,16 +179,24 @@ class TrainPlanBuilder:
         self.m = schedule.microbatches
         self.diff_args, self.batch_args = tuple(diff_args), tuple(batch_args)
         self.batch_avals, self.param_specs = batch_avals, param_specs
-        self.remat, self.compiler = remat, compiler
+        self.remat, self.compiler, self.reduce = remat, compiler, reduce
         self.last = len(graph.stages) - 1
         self.rank = tuple(schedule.rank_of(s, self.n) for s in range(len(graph.stages)))
         self.slots = _Slots()
         self.steps: list = []
+        self._forward_specs: dict = {}
+        self._fused: dict = {}
         self.forward_steps: dict = {}
         self.plan = Plan(stage_ranks=self.rank)
         self.ios = [
             StageIO.build(
-                graph, s, set(diff_args), set(batch_args), loss=(s == self.last), microbatches=self.m
+                graph,
+                s,
+                set(diff_args),
+                set(batch_args),
+                loss=(s == self.last),
+                microbatches=self.m,
+                keys=keys,
             )
             for s in range(len(graph.stages))
         ]
@@ -254,7 +265,8 @@ class TrainPlanBuilder:
     # -- build ---------------------------------------------------------------------------
     def build(self) -> Plan:
         self.cells = [
-            StageCells(io, self.m, self.remat, self.input_specs(s)) for s, io in enumerate(self.ios)
+            StageCells(io, self.m, self.remat, self.input_specs(s), self.reduce)
+            for s, io in enumerate(self.ios)
         ]
         self.edge_index = {e: k for k, e in enumerate(self.g.edges)}
         self._compile_cells()
@@ -274,20 +286,19 @@ class TrainPlanBuilder:
     def _compile_cells(self) -> None:
         # programs that need no other program's output info compile together first
         independent = [self._forward_spec(s) for s in range(self.last)]
-        independent += [spec for spec, _ in self._accumulator_cells()]
+        independent += [spec for spec, _ in self._accumulator_cells]
         if not all(self._free_sharding(s) is not None for s in range(len(self.ios))):
-            self.compiler.prefetch(independent + self._loss_specs())
+            self.compiler.prefetch([*independent, self._loss_spec])
         self.exe: list[dict] = []
         for s, (io, cells) in enumerate(zip(self.ios, self.cells)):
             specs = self.input_specs(s)
-            fp = io.stage.fingerprint()
             acc_sh = [self.param_sharding(a, s) for a in io.params]
             acc_specs = [_sds(self.acc_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
             ct_in_sh = [self.edge_sharding(io.stage.edge_inputs[k]) for k in io.diff_in]
             results_sh = [self.named(s, None)] * len(io.stage.results)
             exe = {}
             if s == self.last:
-                exe["FB"] = self._loss_specs()[0]
+                exe["FB"] = self._loss_spec
                 self.exe.append(exe)
                 continue
             n_fwd_out = len(io.stage.edge_outputs) + len(results_sh)
@@ -308,7 +319,6 @@ class TrainPlanBuilder:
             ]
             exe["n_res"] = len(res_specs)
             exe["B"] = CellSpec(
-                (fp, "B", self.remat),
                 cells.backward,
                 tuple(res_specs + ct_specs + acc_specs),
                 (*acc_sh, *ct_in_sh),
@@ -317,9 +327,7 @@ class TrainPlanBuilder:
             if self.splits:
                 i_fn, w_fn, n_stash = cells.split_backward()
                 free = self._free_sharding(s)
-                exe["I"] = CellSpec(
-                    (fp, "I", self.remat), i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * n_stash)
-                )
+                exe["I"] = CellSpec(i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * n_stash))
                 if free is not None:
                     shapes = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
                     stash_specs = [_sds(a, free) for a in shapes]
@@ -330,7 +338,6 @@ class TrainPlanBuilder:
                     ]
                 n_w_in = len(res_specs) + len(ct_specs) + n_stash
                 exe["W"] = CellSpec(
-                    (fp, "W", self.remat),
                     w_fn,
                     tuple(res_specs + ct_specs + stash_specs + acc_specs),
                     tuple(acc_sh),
@@ -341,6 +348,12 @@ class TrainPlanBuilder:
 
     def _forward_spec(self, s: int, *, keep_residuals: bool = True, donate: tuple = ()) -> CellSpec:
         """Stage `s`'s forward: edge outputs, results, and (unless remat) the saved residuals."""
+        key = (s, keep_residuals, donate)
+        if key not in self._forward_specs:
+            self._forward_specs[key] = self._new_forward_spec(s, keep_residuals, donate)
+        return self._forward_specs[key]
+
+    def _new_forward_spec(self, s: int, keep_residuals: bool, donate: tuple) -> CellSpec:
         io, cells = self.ios[s], self.cells[s]
         residuals = keep_residuals and not self.remat
         outs = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
@@ -348,7 +361,6 @@ class TrainPlanBuilder:
         if residuals:
             outs += [self._free_sharding(s)] * len(cells.residual_avals)
         return CellSpec(
-            (io.stage.fingerprint(), "F" if residuals else "fwd", donate),
             cells.forward if residuals else cells.forward_only,
             tuple(self.input_specs(s)),
             tuple(outs),
@@ -364,7 +376,8 @@ class TrainPlanBuilder:
         """
         return self.named(s, None) if self.unsharded or self.sub(s).size == 1 else None
 
-    def _loss_specs(self) -> list[CellSpec]:
+    @functools.cached_property
+    def _loss_spec(self) -> CellSpec:
         """The last stage's fused value-and-grad cell."""
         s, io = self.last, self.ios[self.last]
         specs = self.input_specs(s)
@@ -374,15 +387,12 @@ class TrainPlanBuilder:
         results_sh = [self.named(s, None)] * (len(io.stage.results) - 1)
         loss_spec = _sds(self.acc_aval("loss"), self.named(s, None))
         n_in = len(specs)
-        return [
-            CellSpec(
-                (io.stage.fingerprint(), "FB", self.remat, self.m),
-                self.cells[s].loss_step,
-                tuple(specs + acc_specs + [loss_spec]),
-                (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh),
-                tuple(range(n_in, n_in + len(acc_specs) + 1)),
-            )
-        ]
+        return CellSpec(
+            self.cells[s].loss_step,
+            tuple(specs + acc_specs + [loss_spec]),
+            (*acc_sh, *ct_in_sh, self.named(s, None), *results_sh),
+            tuple(range(n_in, n_in + len(acc_specs) + 1)),
+        )
 
     def _fuse_cells(self, start: int) -> None:
         """Merge the cell steps emitted since `start` into one executable; transfers follow it."""
@@ -390,11 +400,15 @@ class TrainPlanBuilder:
         cells = [st for st in new if isinstance(st[0], CellSpec)]
         if len(cells) < 2:
             return
-        spec, ins, outs = cells[0][0], list(cells[0][1]), list(cells[0][2])
-        for other in cells[1:]:
-            spec = spec.fuse(other[0])
-            ins += other[1]
-            outs += other[2]
+        parts = tuple(st[0] for st in cells)
+        if parts not in self._fused:  # one fused spec per combination of cells, reused per microbatch
+            spec = parts[0]
+            for other in parts[1:]:
+                spec = spec.fuse(other)
+            self._fused[parts] = spec
+        spec = self._fused[parts]
+        ins = [i for st in cells for i in st[1]]
+        outs = [o for st in cells for o in st[2]]
         rest = [st for st in new if not isinstance(st[0], CellSpec)]
         self.steps[start:] = [(spec, tuple(ins), tuple(outs), ())] + rest
 
@@ -411,13 +425,25 @@ class TrainPlanBuilder:
         if acc.dtype == aval.dtype:
             return slot
         out = self.slots.new()
-        cast = CellSpec(("cast", str(aval.dtype)), _caster(aval.dtype), (_sds(acc, sharding),), (sharding,))
+        cast = CellSpec(_caster(aval.dtype), (_sds(acc, sharding),), (sharding,))
         self.steps.append((cast, (slot,), (out,), ()))
         return out
 
+    @functools.cached_property
     def _accumulator_cells(self) -> list[tuple[CellSpec, tuple[int, ...]]]:
-        """One program per rank creating the zero gradient (and loss) accumulators of its stages."""
+        """One program per rank creating the zero gradient (and loss) accumulators of its stages.
+
+        A parameter leaf that no stage reads gets its zero gradient here too, on the
+        first stage's rank: a fresh array every call, so donating it is safe.
+        """
         per_rank: dict[int, tuple[list, list, list]] = {}
+        read = {a for io in self.ios for a in io.params}
+        unused = [a for a in self.diff_args if a not in read]
+        if unused:
+            shardings, avals, outs = per_rank.setdefault(self.rank[0], ([], [], []))
+            shardings += [self.param_sharding(a, 0) for a in unused]
+            avals += [self.g.in_avals[a] for a in unused]
+            outs += [self.slots["zero_grad", a] for a in unused]
         for s, io in enumerate(self.ios):
             shardings, avals, outs = per_rank.setdefault(self.rank[s], ([], [], []))
             shardings += [self.param_sharding(a, s) for a in io.params]
@@ -435,12 +461,11 @@ class TrainPlanBuilder:
             def zeros(avals=tuple(avals)):
                 return tuple(jnp.zeros(v.shape, v.dtype) for v in avals)
 
-            key = ("zeros", tuple((v.shape, str(v.dtype)) for v in avals))
-            cells.append((CellSpec(key, zeros, (), tuple(shardings)), tuple(outs)))
+            cells.append((CellSpec(zeros, (), tuple(shardings)), tuple(outs)))
         return cells
 
     def _init_accumulators(self) -> None:
-        for spec, outs in self._accumulator_cells():
+        for spec, outs in self._accumulator_cells:
             self.steps.append((spec, (), outs, ()))
 
     def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
@@ -538,7 +563,7 @@ class TrainPlanBuilder:
         for s, io in enumerate(self.ios):
             for a in io.params:
                 users.setdefault(a, []).append(s)
-        grads = {}
+        grads = {a: self.slots["zero_grad", a] for a in self.diff_args if a not in users}
         for a, stages in users.items():
             owner = stages[0]
             slot = self.slots["acc", owner, a]
@@ -550,7 +575,7 @@ class TrainPlanBuilder:
                 else:
                     moved = self.slots["acc", s, a]
                 total = self.slots.new()
-                add = CellSpec(("add", a), _add, (_sds(self.acc_aval(a), sh),) * 2, (sh,), (0,))
+                add = CellSpec(_add, (_sds(self.acc_aval(a), sh),) * 2, (sh,), (0,))
                 self.steps.append((add, (slot, moved), (total,), ()))
                 slot = total
             grads[a] = self._cast_back(
@@ -564,7 +589,7 @@ class TrainPlanBuilder:
             s = self.g.result_stage[j]
             aval = self.g.out_avals[j]
             sh = self.named(s, None)
-            stack = CellSpec(("stack", j, self.m), _stack, (_sds(aval, sh),) * self.m, (sh,))
+            stack = CellSpec(_stack, (_sds(aval, sh),) * self.m, (sh,))
             stacked[j] = self.slots.new()
             self.steps.append(
                 (stack, tuple(self.slots["result", j, i] for i in range(self.m)), (stacked[j],), ())

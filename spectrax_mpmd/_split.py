@@ -83,27 +83,6 @@ class Stage:
         eval_eqns(self.eqns, env)
         return [env[v] for v in self.edge_outputs], [read(env, self.outvars[j]) for j in self.results]
 
-    def fingerprint(self) -> str:
-        """Text identifying the stage's program up to variable names (for sharing compiles)."""
-        names: dict = {}
-
-        def name(v):
-            if isinstance(v, Literal):
-                return repr(v.val)
-            return names.setdefault(v, f"v{len(names)}:{v.aval.str_short()}")
-
-        for i in self.arg_inputs:
-            name(self.invars[i])
-        for e in self.edge_inputs:
-            name(e.var)
-        body = [
-            f"{[name(o) for o in q.outvars]}={q.primitive.name}{sorted(map(str, q.params.items()))}"
-            f"({[name(v) for v in q.invars]})"
-            for q in self.eqns
-        ]
-        outs = [name(v) for v in self.edge_outputs] + [name(self.outvars[j]) for j in self.results]
-        return "|".join(body) + "->" + str(outs) + str([id(v) for v in self.consts.values()])
-
     def __repr__(self) -> str:
         return (
             f"Stage({self.index}: {len(self.eqns)} eqns, args={list(self.arg_inputs)}, "

@@ -15,3 +15,7 @@ class MeshError(MpmdError):
 
 class TraceContextError(MpmdError):
     """An MPMD entry point was called inside an outer JAX transformation."""
+
+
+class MarkerError(MpmdError, TypeError):
+    """A stage marker (`sxstage_iter`) was given arguments it cannot use."""

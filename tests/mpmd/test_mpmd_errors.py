@@ -131,7 +131,7 @@ def test_has_aux_needs_a_pair(mesh2):
 
 def test_batch_must_divide_into_microbatches(mesh2):
     step = mp.sxvalue_and_grad(two_stage_loss, mesh=mesh2, schedule=S.GPipe(microbatches=4))
-    with pytest.raises(mp.MpmdError, match=r"shape \(6, 4\).*divisible by schedule\.microbatches=4.*multiple of 4"):
+    with pytest.raises(mp.MpmdError, match=r"batch size 6 \(leading axis of argument 1.*\) is not divisible by schedule\.microbatches=4.*multiple of 4"):
         step(_params(), _batch(6))
     _assert_no_device_work(step)
 
@@ -141,7 +141,7 @@ def test_scalar_batch_leaf_has_no_axis_to_split(mesh2):
         return two_stage_loss(p, x) * scale
 
     step = mp.sxvalue_and_grad(loss, mesh=mesh2, schedule=S.GPipe(microbatches=2))
-    with pytest.raises(mp.MpmdError, match=r"shape \(\): its leading \(batch\) axis must be divisible"):
+    with pytest.raises(mp.MpmdError, match=r"argument 2 \('scale'\) is a batch argument but has shape \(\).*batch_argnums="):
         step(_params(), _batch(), np.float32(2.0))
 
 
@@ -156,7 +156,7 @@ def test_differentiated_leaves_must_be_floating_point(mesh2):
 
 def test_argnums_must_name_an_argument(mesh2):
     step = mp.sxvalue_and_grad(two_stage_loss, argnums=3, mesh=mesh2, schedule=S.GPipe(microbatches=2))
-    with pytest.raises(mp.MpmdError, match=r"argnums=\(3,\): the function was called with 2 positional arguments"):
+    with pytest.raises(mp.MpmdError, match=r"argnums=\(3,\), but the call has 2 positional argument\(s\)"):
         step(_params(), _batch())
 
 
@@ -167,7 +167,7 @@ def test_stage_sharding_leaves_must_be_partition_specs():
 
 def test_sxjit_static_argnums_must_exist_and_be_hashable(mesh2):
     f = mp.sxjit(lambda x, k: mp.sxstage_iter(x * 2) + 1, mesh=mesh2, static_argnums=(1, 2))
-    with pytest.raises(mp.MpmdError, match=r"static_argnums=\(1, 2\) but the call has 2 arguments"):
+    with pytest.raises(mp.MpmdError, match=r"static_argnums=\(1, 2\), but the call has 2 positional argument\(s\)"):
         f(jnp.ones(2), 3)
     g = mp.sxjit(lambda x, k: mp.sxstage_iter(x * len(k)) + 1, mesh=mesh2, static_argnums=1)
     with pytest.raises(mp.MpmdError, match=r"static arguments must be hashable"):
@@ -238,7 +238,7 @@ def test_submesh_rank_out_of_range(mesh2):
 
 def test_step_under_outer_jit_is_rejected(mesh2):
     step = mp.sxvalue_and_grad(two_stage_loss, mesh=mesh2, schedule=S.GPipe(microbatches=2))
-    with pytest.raises(mp.TraceContextError, match=r"sxvalue_and_grad was called inside an outer JAX transformation"):
+    with pytest.raises(mp.TraceContextError, match=r"sxvalue_and_grad was called inside a JAX transformation"):
         jax.jit(step)(_params(), _batch())
     with pytest.raises(mp.TraceContextError, match=r"cannot be traced into another program"):
         jax.grad(lambda p: step(p, _batch())[0])(_params())
@@ -247,5 +247,5 @@ def test_step_under_outer_jit_is_rejected(mesh2):
 
 def test_sxjit_under_outer_jit_is_rejected(mesh2):
     f = mp.sxjit(lambda x: mp.sxstage_iter(x * 2) + 1, mesh=mesh2)
-    with pytest.raises(mp.TraceContextError, match=r"sxjit was called inside an outer JAX transformation"):
+    with pytest.raises(mp.TraceContextError, match=r"sxjit was called inside a JAX transformation"):
         jax.jit(f)(jnp.ones(3))

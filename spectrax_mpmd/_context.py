@@ -1,0 +1,75 @@
+"""JAX's trace context as the runtime sees it: what changes a trace, and whether one is active.
+
+Both questions have an exact answer in JAX's private `jax._src` modules; each
+is used only when present, with a public fallback that is never less safe:
+
+* `config_key()`: the configuration values that change what tracing produces
+  (x64, rank promotion, default matmul precision, ...). Privately JAX's own
+  `trace_context()`; publicly every `jax.config` value (a superset: it can only
+  cause extra retraces, never a stale plan).
+* `active_trace()`: whether a JAX transformation is tracing right now.
+  Privately `trace_state_clean()`; publicly a probe primitive is bound, which
+  returns a tracer under any jaxpr-building transformation (jit, scan,
+  checkpoint, make_jaxpr). Under grad / vmap with only concrete inputs the
+  probe cannot see the trace; the call then computes on concrete values, which
+  is correct and leaves no tracer in any cache.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+
+from ._marker import sxstage_iter_p
+from .errors import TraceContextError
+
+
+def _private(module: str, name: str) -> Callable | None:
+    """`jax._src.<module>.<name>` if this JAX version has it (feature detection), else None."""
+    try:
+        mod = __import__(f"jax._src.{module}", fromlist=[name])
+    except ImportError:
+        return None
+    fn = getattr(mod, name, None)
+    return fn if callable(fn) else None
+
+
+def public_config_key() -> tuple:
+    """Every `jax.config` value as currently in force (context managers included)."""
+    return tuple((name, getattr(jax.config, name, None)) for name in sorted(jax.config.values))
+
+
+def public_active_trace() -> bool:
+    """Whether binding a probe primitive yields a tracer (a jaxpr-building trace is active)."""
+    (out,) = sxstage_iter_p.bind(np.int32(0), stage=None, sharding=(None,))
+    return isinstance(out, jax.core.Tracer)
+
+
+_trace_context = _private("config", "trace_context")
+_trace_state_clean = _private("core", "trace_state_clean")
+
+
+
+def config_key() -> tuple:
+    """The JAX configuration in force that changes what tracing produces (hashable)."""
+    return _trace_context() if _trace_context is not None else public_config_key()
+
+
+def active_trace() -> bool:
+    """Whether any JAX transformation is active in the calling thread."""
+    if _trace_state_clean is not None:
+        return not _trace_state_clean()
+    return public_active_trace()
+
+
+def check_no_trace(name: str) -> None:
+    """Raise `TraceContextError` if `name` is called under an active JAX transformation."""
+    if active_trace():
+        raise TraceContextError(
+            f"{name} was called inside a JAX transformation (jax.jit, jax.grad, jax.vmap, lax.scan, "
+            "jax.checkpoint, ...): an MPMD step compiles and runs one program per pipeline rank and "
+            "cannot be traced into another program. Call it from plain Python; it is compiled already. "
+            "To differentiate, use sxvalue_and_grad / sxgrad instead of wrapping the step in jax.grad."
+        )
