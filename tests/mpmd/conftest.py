@@ -1,7 +1,6 @@
 """Fixtures of the MPMD tests (the pieces themselves live in `mpmd_cases`)."""
 
 import pytest
-
 from mpmd_cases import run_case as _run_case
 
 

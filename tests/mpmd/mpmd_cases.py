@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import spectrax_mpmd as mp
-from spectrax_core import apply, schedules as S
+from spectrax_core import apply
+from spectrax_core import schedules as S
 from spectrax_core.losses import softmax_cross_entropy
 from spectrax_core.models import TransformerLM, lm_embed, lm_head
 

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from mpmd_cases import assert_close, make_schedule, pipeline_mesh, unaligned_copy
 
 import spectrax_mpmd as mp
-from mpmd_cases import assert_close, make_schedule, pipeline_mesh, unaligned_copy
 
 M = 4  # microbatches
 

@@ -11,6 +11,7 @@ import math
 import jax
 import pytest
 from mpmd_cases import ALL, config_of
+
 from spectrax_mpmd._jaxpr import sub_jaxprs
 
 

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
+from mpmd_cases import make_schedule, pipeline_mesh
 
 import spectrax_mpmd as mp
-from mpmd_cases import make_schedule, pipeline_mesh
 from spectrax_core import schedules as S
 
 

@@ -5,10 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-
-import spectrax_mpmd as mp
 from mpmd_cases import ATOL, RTOL, assert_close, make_schedule, pipeline_mesh, unaligned_copy
 
+import spectrax_mpmd as mp
 
 # --- the marker -------------------------------------------------------------------------------
 

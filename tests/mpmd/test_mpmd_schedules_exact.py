@@ -6,7 +6,6 @@ full-batch mean up to fp32 summation order (rtol 1e-5 / atol 1e-6).
 """
 
 import pytest
-
 from mpmd_cases import ALL, VIRTUAL, assert_close, config_of
 
 

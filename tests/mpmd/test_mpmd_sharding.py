@@ -3,10 +3,11 @@
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from mpmd_cases import assert_close, config_of, lm_batch, make_schedule, pipelined_lm_loss, tiny_lm
 
 import spectrax_mpmd as mp
-from mpmd_cases import assert_close, config_of, lm_batch, make_schedule, pipelined_lm_loss, tiny_lm
 from spectrax_core import sharding as core_sharding
 
 

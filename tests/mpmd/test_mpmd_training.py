@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import optax
 import pytest
+from mpmd_cases import assert_close, lm_batch, make_schedule, pipeline_mesh, pipelined_lm_loss, tiny_lm
 
 import spectrax_mpmd as mp
-from mpmd_cases import assert_close, lm_batch, make_schedule, pipeline_mesh, pipelined_lm_loss, tiny_lm
 
 STEPS, LR, CLIP = 20, 3e-3, 0.5
 loss_fn = pipelined_lm_loss((0, 1, 1, 0))
