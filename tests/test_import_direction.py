@@ -1,4 +1,4 @@
-"""Imports flow one way: spectrax_core <- spectrax_mpmd <- spectrax_eager (DESIGN.md §1).
+"""Imports flow one way: spectrax_core <- spectrax_mpmd <- spectrax_eager.
 
 Every module file of the three packages is parsed with `ast`; every import
 statement counts, wherever it sits (module level, inside functions, under
@@ -142,6 +142,6 @@ def test_import_direction(package):
     n_files, found = violations(package)
     assert n_files > 0, f"no module files found under {ROOT / package}"
     assert not found, (
-        f"{package} must not import {sorted(FORBIDDEN[package])} (DESIGN.md §1):\n"
+        f"{package} must not import {sorted(FORBIDDEN[package])}:\n"
         + "\n".join(found)
     )

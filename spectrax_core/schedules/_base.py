@@ -4,7 +4,7 @@ A concrete schedule is a frozen dataclass subclass that sets `layout` and
 implements `_rows(n)` (one list of cells per rank). Everything else —
 memoised `actions`, `stage_of` / `rank_of` / `stages_of`, `validate`, and the
 figures `bubble_ratio` / `total_steps` / `peak_activations` (defined on the
-simulation at default costs, DESIGN §2) — lives here.
+simulation at default costs) — lives here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Execute a schedule table on a cost model: `Cost`, `Timeline`, `simulate`, `validate`.
 
-Semantics (DESIGN §2): every rank runs its cells in table order, one at a
+Semantics: every rank runs its cells in table order, one at a
 time; a cell starts when its rank is free and all its inputs exist. F of stage
 s needs F of s−1 (same microbatch); B/I of s needs its own F and the B/I of
 s+1; W needs its own I. An input produced on another rank arrives `comm` later.
@@ -20,7 +20,7 @@ class Cost:
     """Duration of each action kind and of one cross-rank transfer.
 
     `FB` is the duration of a fused forward+full-backward cell (default: F + B,
-    no overlap gain). Defaults are DESIGN's unit costs: T_F = T_I = T_W = 1,
+    no overlap gain). Defaults are the unit costs: T_F = T_I = T_W = 1,
     T_B = T_I + T_W = 2, no transfer latency.
     """
 

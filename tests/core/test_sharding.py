@@ -413,7 +413,7 @@ def test_every_real_layer_declares_one_axis_per_array_axis(mesh):
             sharding.shard_shape(array.shape)  # raises if an axis does not divide evenly
 
 
-# ---------------------------------------------------------------- issue 2: the sharded LM train step
+# ---------------------------------------------------------------- the sharded LM train step
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -176,6 +176,7 @@ def test_donating_gradients_with_an_unused_leaf():
 # --- configuration and weak types key the plan -------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64")
 def test_x64_toggled_between_calls():
     def f(x):
         return mp.sxstage_iter(x.astype(jnp.float_)) + jnp.arange(4)
@@ -230,6 +231,7 @@ def test_rank_promotion_and_matmul_precision_key_the_plan():
     assert len(h.cache) == 2
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64")
 def test_public_config_key_gives_the_same_plans(monkeypatch):
     """JAX's private trace context and the public fallback (every jax.config value) both see a
     configuration change, and the runtime gives the same results with either."""
