@@ -7,9 +7,20 @@ from ._api import sxgrad, sxjit, sxvalue_and_grad
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
+from ._run import Runner, gather, run, runner, sxcall
+from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
 
 __all__ = [
+    "run",
+    "runner",
+    "Runner",
+    "sxcall",
+    "gather",
+    "StagedStack",
+    "stage_blocks",
+    "unstage_blocks",
+    "stage_sizes",
     "create_mesh",
     "MpmdMesh",
     "sxstage_iter",

@@ -15,7 +15,8 @@ from ._args import Signature, as_tuple, classify, signature
 from ._compile import Compiler
 from ._context import check_no_trace
 from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._plan import ForwardPlanBuilder, Plan, TrainPlanBuilder
+from ._plan import Plan, TrainPlanBuilder
+from ._plan_forward import ForwardPlanBuilder
 from ._split import split, trace
 from .errors import MpmdError
 
@@ -296,11 +297,17 @@ def sxgrad(
 class _JitFunction:
     """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
 
-    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums):
+    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums):
         self.fn = fn
         self.mesh = _check_mesh("sxjit", mesh)
         self.v = _check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
         self.schedule = schedule
+        if batch_argnums is not None and schedule is None:
+            raise MpmdError(
+                "sxjit: batch_argnums splits the batch into the schedule's microbatches; pass a "
+                "schedule too, e.g. schedule=GPipe(microbatches=4)."
+            )
+        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
         self.static_argnums = as_tuple(static_argnums)
         self.donate_argnums = as_tuple(donate_argnums)
         self.compiler, self.placer, self.cache = Compiler(), _Placer(), {}
@@ -308,6 +315,15 @@ class _JitFunction:
 
     def _build(self, sig: Signature) -> _Entry:
         avals = [sig.aval(a) for a in range(len(sig.leaves))]
+        split_batch = {}
+        if self.batch_argnums is not None:
+            m = self.schedule.microbatches
+            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, m)
+            for a in kinds.batch:
+                avals[a] = sig.aval(a, (kinds.batch_size // m, *sig.types[a][0][1:]))
+            split_batch = dict(
+                batch_args=kinds.batch, batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
+            )
         closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
         n_args = len(sig.positions) + len(sig.statics)
@@ -318,7 +334,9 @@ class _JitFunction:
             if position in donate
             for a in leaf_range
         )
-        builder = ForwardPlanBuilder(graph, self.schedule, self.mesh, compiler=self.compiler, donated=donated)
+        builder = ForwardPlanBuilder(
+            graph, self.schedule, self.mesh, compiler=self.compiler, donated=donated, **split_batch
+        )
         self.last_graph = graph
         return _Entry(_build_plan(self.compiler, builder), out_tree, donated=donated)
 
@@ -344,6 +362,7 @@ def sxjit(
     schedule=None,
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
+    batch_argnums: int | Sequence[int] | None = None,
 ):
     """Compile `fn` into one program per pipeline stage and run its forward.
 
@@ -353,9 +372,21 @@ def sxjit(
     Traces once per signature: the argument structure, each leaf's shape, dtype
     and weak type, the values (and types) of `static_argnums`, and JAX's
     trace-affecting configuration. Usable as `@sxjit(mesh=...)`.
+
+    Pipelined inference: with `batch_argnums` (and a schedule), those arguments
+    are split on their leading axis into `schedule.microbatches`, the
+    microbatches flow through the stages in the schedule's forward order, and
+    every output (which must have a leading batch axis) comes back concatenated
+    in batch order. Other arguments are broadcast to every microbatch, a PRNG
+    key folded with the microbatch index, as in `sxvalue_and_grad`.
     """
     if fn is None:
         return functools.partial(
-            sxjit, mesh=mesh, schedule=schedule, static_argnums=static_argnums, donate_argnums=donate_argnums
+            sxjit,
+            mesh=mesh,
+            schedule=schedule,
+            static_argnums=static_argnums,
+            donate_argnums=donate_argnums,
+            batch_argnums=batch_argnums,
         )
-    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums)
+    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums)

@@ -86,7 +86,7 @@ class StageIO:
     def apply(self, P, X, Bf, idx, A) -> tuple[list, list]:
         """Run the stage on microbatch `idx`: returns `(edge outputs, results)`."""
         B = [_microbatch(b, idx, self.microbatches) for b in Bf]
-        X = [_fold_key(x, idx) if fold else x for x, fold in zip(X, self.folded)]
+        X = [fold_key(x, idx) if fold else x for x, fold in zip(X, self.folded)]
         by_arg = dict(zip(self.params, P)) | dict(zip(self.fixed, X)) | dict(zip(self.batch, B))
         return self.stage.run([by_arg[a] for a in self.stage.arg_inputs], A)
 
@@ -295,7 +295,7 @@ def _microbatch(batch, idx, microbatches: int):
     return jax.lax.dynamic_slice_in_dim(batch, idx * size, size)
 
 
-def _fold_key(key, idx):
+def fold_key(key, idx):
     """Microbatch `idx`'s key: `jax.random.fold_in` of a typed key array (any shape) or a raw key."""
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.ndim == 0:
         return jax.random.fold_in(key, idx)

@@ -51,7 +51,6 @@ _trace_context = _private("config", "trace_context")
 _trace_state_clean = _private("core", "trace_state_clean")
 
 
-
 def config_key() -> tuple:
     """The JAX configuration in force that changes what tracing produces (hashable)."""
     return _trace_context() if _trace_context is not None else public_config_key()

@@ -1,0 +1,360 @@
+"""One entry point for a model on any mesh: `run`, `runner`, `sxcall`, and `gather`.
+
+A run is a forward function `forward(params, extra, inputs) -> outputs` plus
+what to do with it: train (`loss_fn(outputs, targets)`, returns the loss and
+the gradients of `params`) or forward (returns the outputs in batch order).
+On a mesh with a pipeline axis the forward's stage markers cut it into
+per-rank programs (`sxvalue_and_grad` / `sxjit`); on a mesh without one it is
+one `jax.jit` over the mesh, microbatches accumulated by `lax.scan`. Both
+paths compute the same numbers: the loss is the mean over microbatches of the
+mean loss, and a PRNG key in `extra` reaches microbatch `i` as
+`jax.random.fold_in(key, i)` on both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from spectrax_core import apply
+from spectrax_core import sharding as core_sharding
+from spectrax_core.schedules import GPipe
+
+from ._api import sxjit, sxvalue_and_grad
+from ._args import is_prng_key
+from ._cells import fold_key
+from ._marker import sxstage_iter
+from ._mesh import MpmdMesh, as_mpmd_mesh
+from ._stages import stage_blocks
+from .errors import MpmdError
+
+MODES = ("train", "forward")
+DATA_AXES = ("dp", "fsdp")
+
+
+def call_with(fn: Callable, first: Any, inputs: Any) -> Any:
+    """`fn(first, inputs)` for an array, `fn(first, *inputs)` for a tuple, `fn(first, **inputs)` for a dict."""
+    if isinstance(inputs, tuple):
+        return fn(first, *inputs)
+    if isinstance(inputs, dict):
+        return fn(first, **inputs)
+    return fn(first, inputs)
+
+
+def _is_mpmd(mesh) -> bool:
+    if isinstance(mesh, MpmdMesh):
+        return mesh.is_mpmd
+    if isinstance(mesh, Mesh):
+        return "pp" in mesh.axis_names
+    raise MpmdError(f"run: mesh must be an MpmdMesh or a jax.sharding.Mesh, got {type(mesh).__name__}.")
+
+
+def fold_keys(extra: Any, i) -> Any:
+    """Every PRNG key leaf of `extra` folded with microbatch index `i`."""
+
+    def fold(x):
+        dtype = getattr(x, "dtype", None)
+        return fold_key(x, i) if dtype is not None and is_prng_key(jnp.shape(x), dtype) else x
+
+    return jax.tree.map(fold, extra)
+
+
+class Runner:
+    """A run configuration, compiled on first use per argument signature.
+
+    `runner(params, extra, inputs, targets=None)`: `mode="train"` returns
+    `(loss, grads)` (`((loss, aux), grads)` with `has_aux`), `grads` shaped
+    like `params`; `mode="forward"` returns the outputs, concatenated over
+    microbatches in batch order.
+    """
+
+    def __init__(
+        self,
+        forward: Callable,
+        *,
+        mesh,
+        mode: str = "train",
+        loss_fn: Callable | None = None,
+        microbatches: int = 1,
+        schedule=None,
+        has_aux: bool = False,
+        rules=None,
+        name: str = "run",
+    ):
+        if mode not in MODES:
+            raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
+        if mode == "train" and loss_fn is None:
+            raise MpmdError(
+                f"{name}: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss "
+                "(e.g. spectrax_core.losses.softmax_cross_entropy); use mode='forward' for outputs."
+            )
+        if schedule is not None and microbatches not in (1, schedule.microbatches):
+            raise MpmdError(
+                f"{name}: microbatches={microbatches} but the schedule has "
+                f"microbatches={schedule.microbatches}; give one of them."
+            )
+        self.forward, self.mode, self.loss_fn, self.has_aux, self.rules, self.name = (
+            forward,
+            mode,
+            loss_fn,
+            has_aux,
+            rules,
+            name,
+        )
+        self.mpmd = _is_mpmd(mesh)
+        self.mesh = (
+            as_mpmd_mesh(mesh) if self.mpmd else (mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh)
+        )
+        self.microbatches = schedule.microbatches if schedule is not None else microbatches
+        if self.mpmd:
+            schedule = schedule if schedule is not None else GPipe(microbatches=self.microbatches)
+            if mode == "train":
+                self.step = sxvalue_and_grad(
+                    self._loss,
+                    mesh=self.mesh,
+                    schedule=schedule,
+                    has_aux=has_aux,
+                    batch_argnums=(2, 3),
+                    rules=rules,
+                )
+            else:
+                self.step = sxjit(self._forward_only, mesh=self.mesh, schedule=schedule, batch_argnums=2)
+        else:
+            self.step = jax.jit(self._spmd_train if mode == "train" else self._spmd_forward)
+        self.schedule = schedule
+
+    # -- the traced functions ------------------------------------------------------------
+    def _loss(self, params, extra, inputs, targets):
+        out = self.forward(params, extra, inputs)
+        return self.loss_fn(out, targets) if targets is not None else self.loss_fn(out)
+
+    def _forward_only(self, params, extra, inputs):
+        return self.forward(params, extra, inputs)
+
+    def _microbatch(self, tree, i):
+        m = self.microbatches
+        return jax.tree.map(
+            lambda x: jax.lax.dynamic_slice_in_dim(x, i * (x.shape[0] // m), x.shape[0] // m), tree
+        )
+
+    def _spmd_train(self, params, extra, inputs, targets):
+        m = self.microbatches
+        grad_fn = jax.value_and_grad(self._loss, has_aux=self.has_aux)
+
+        def one(i):
+            return grad_fn(
+                params, fold_keys(extra, i), self._microbatch(inputs, i), self._microbatch(targets, i)
+            )
+
+        if m == 1:
+            return one(0)
+
+        def body(carry, i):
+            value, grads = one(i)
+            loss, aux = value if self.has_aux else (value, None)
+            total = jax.tree.map(lambda a, b: a + b / m, carry, (loss, grads))
+            return total, aux
+
+        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: one(0)))
+        zero = (zero[0][0], zero[1]) if self.has_aux else zero
+        (loss, grads), aux = jax.lax.scan(body, zero, jnp.arange(m))
+        return ((loss, aux) if self.has_aux else loss), grads
+
+    def _spmd_forward(self, params, extra, inputs):
+        m = self.microbatches
+        if m == 1:
+            return self.forward(params, fold_keys(extra, 0), inputs)
+        outs = jax.lax.map(
+            lambda i: self.forward(params, fold_keys(extra, i), self._microbatch(inputs, i)), jnp.arange(m)
+        )
+        return jax.tree.map(lambda y: y.reshape(y.shape[0] * y.shape[1], *y.shape[2:]), outs)
+
+    # -- calling ---------------------------------------------------------------------------
+    def _check_batch(self, inputs, targets) -> None:
+        sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in jax.tree.leaves(inputs)}
+        if None in sizes or len(sizes) != 1:
+            raise MpmdError(
+                f"{self.name}: every input leaf needs the same leading batch size, got {sorted(map(str, sizes))}."
+            )
+        (batch,) = sizes
+        if batch % self.microbatches:
+            raise MpmdError(
+                f"{self.name}: the batch size {batch} is not divisible by microbatches={self.microbatches}; "
+                f"use a batch that is a multiple of {self.microbatches}."
+            )
+        target_sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in jax.tree.leaves(targets)}
+        if target_sizes and target_sizes != {batch}:
+            raise MpmdError(
+                f"{self.name}: targets have batch size {sorted(map(str, target_sizes))} but inputs have "
+                f"{batch}; give one target row per input row."
+            )
+
+    def __call__(self, params, extra, inputs, targets=None):
+        self._check_batch(inputs, targets)
+        if self.mode == "forward" and targets is not None:
+            raise MpmdError(f"{self.name}: mode='forward' takes no targets.")
+        args = (params, extra, inputs) + ((targets,) if self.mode == "train" else ())
+        if self.mpmd:
+            return self.step(*args)
+        with jax.set_mesh(self.mesh):
+            return self.step(*self._spmd_place(args))
+
+    def _spmd_place(self, args):
+        """Parameters by `rules` (replicated without), batch leaves split over the data axes."""
+        mesh = self.mesh
+        params, extra, *batch = args
+        if self.rules is not None:
+            specs = core_sharding.param_specs(params, self.rules, mesh=mesh)
+            params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+        else:
+            params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+        extra = jax.device_put(extra, NamedSharding(mesh, PartitionSpec()))
+        axes = tuple(a for a in DATA_AXES if a in mesh.shape and mesh.shape[a] > 1)
+        ways = 1
+        for a in axes:
+            ways *= mesh.shape[a]
+
+        def place(x):
+            ok = axes and jnp.ndim(x) and jnp.shape(x)[0] % (ways * self.microbatches) == 0
+            return jax.device_put(x, NamedSharding(mesh, PartitionSpec(axes if ok else None)))
+
+        return (params, extra, *jax.tree.map(place, batch))
+
+
+def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None) -> Callable:
+    """The forward of a core model whose `blocks` are cut into `n_stages` by a `StagedStack`."""
+
+    def forward(model, _extra, inputs):
+        if n_stages > 1:
+            model = stage_blocks(model, n_stages, sizes)
+        return call_with(apply_fn, model, inputs)
+
+    return forward
+
+
+def runner(
+    *,
+    mesh,
+    mode: str = "train",
+    loss_fn: Callable | None = None,
+    microbatches: int = 1,
+    schedule=None,
+    has_aux: bool = False,
+    stage_sizes: Sequence[int] | None = None,
+    apply_fn: Callable = apply,
+    rules=None,
+) -> Callable:
+    """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
+
+    Use this in a training loop; `run` builds (and compiles) a new step on every call.
+    """
+    n_stages = 1
+    if _is_mpmd(mesh):
+        n_stages = as_mpmd_mesh(mesh).mpmd_dim * (schedule.virtual_stages if schedule is not None else 1)
+    inner = Runner(
+        core_forward(apply_fn, n_stages, stage_sizes),
+        mesh=mesh,
+        mode=mode,
+        loss_fn=loss_fn,
+        microbatches=microbatches,
+        schedule=schedule,
+        has_aux=has_aux,
+        rules=rules,
+    )
+
+    @functools.wraps(inner.__call__)
+    def step(model, inputs, targets=None):
+        return inner(model, None, inputs, targets)
+
+    step.runner = inner
+    return step
+
+
+def run(
+    model,
+    *,
+    inputs,
+    targets=None,
+    mesh,
+    mode: str = "train",
+    loss_fn: Callable | None = None,
+    microbatches: int = 1,
+    schedule=None,
+    has_aux: bool = False,
+    stage_sizes: Sequence[int] | None = None,
+    apply_fn: Callable = apply,
+    rules=None,
+):
+    """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
+
+    `apply_fn(model, inputs)` is the forward (`spectrax_core.apply` by default;
+    a tuple of inputs is passed as `*inputs`, a dict as `**inputs`). On an MPMD
+    mesh, the model's `blocks` (a `BlockStack`, or a `StagedStack` from
+    `stage_blocks`) are cut into `mesh.mpmd_dim x virtual_stages` stages — evenly
+    or by `stage_sizes` — through the model's own forward: what runs before the
+    blocks is on the first stage, what runs after on the last.
+
+    `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
+    targets)` over `microbatches` and its gradients, shaped like `model`.
+    `mode="forward"`: returns the outputs in batch order. Each call compiles;
+    in a loop use `runner(...)` once and call the step it returns.
+    """
+    step = runner(
+        mesh=mesh,
+        mode=mode,
+        loss_fn=loss_fn,
+        microbatches=microbatches,
+        schedule=schedule,
+        has_aux=has_aux,
+        stage_sizes=stage_sizes,
+        apply_fn=apply_fn,
+        rules=rules,
+    )
+    return step(model, inputs, targets)
+
+
+def sxcall(
+    stages: Sequence[tuple[Callable, Any]],
+    batch,
+    *,
+    mesh,
+    schedule=None,
+    loss_fn: Callable | None = None,
+    mode: str = "train",
+):
+    """Run a list of `(apply_fn, params)` stages as a pipeline, stage `k` on its own rank.
+
+    `mode="train"`: `batch` is `(inputs, targets)`; returns `(loss, grads)` with
+    one gradient tree per stage. `mode="forward"`: `batch` is the inputs;
+    returns the last stage's outputs in batch order.
+    """
+    if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[0]) for s in stages):
+        raise MpmdError("sxcall: stages must be a non-empty list of (apply_fn, params) pairs.")
+    fns = tuple(fn for fn, _ in stages)
+
+    def forward(params, _extra, inputs):
+        x = inputs
+        for k, (fn, p) in enumerate(zip(fns, params)):
+            x = fn(p, x)
+            if k < len(fns) - 1:
+                x = sxstage_iter(x)
+        return x
+
+    step = Runner(forward, mesh=mesh, mode=mode, loss_fn=loss_fn, schedule=schedule, name="sxcall")
+    params = [p for _, p in stages]
+    if mode == "train":
+        if not (isinstance(batch, tuple) and len(batch) == 2):
+            raise MpmdError("sxcall: with mode='train', batch must be a pair (inputs, targets).")
+        return step(params, None, *batch)
+    return step(params, None, batch)
+
+
+def gather(tree, device: jax.Device | None = None):
+    """Every leaf of `tree` copied to one device (default: the first), e.g. parameters spread over ranks."""
+    device = device if device is not None else jax.devices()[0]
+    return jax.device_put(tree, device)
