@@ -13,6 +13,7 @@ from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
 from ._module import Module
 from ._optimizer import Optimizer, OptState
+from ._run import run
 from ._rngs import RngCount, RngKey, Rngs, RngStream
 from ._selector import Selector, as_selector, of_type, path_contains, path_endswith, path_startswith, select
 from ._state import (
@@ -79,6 +80,7 @@ __all__ = [
     "path_startswith",
     "remat",
     "remat_scan",
+    "run",
     "scan",
     "select",
     "summary",

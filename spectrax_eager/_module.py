@@ -19,6 +19,7 @@ from ._variable import Variable, _new_like
 
 _PRIVATE = "_spx_"
 _call_hooks: list[Callable[[Any, Any], None]] = []
+_output_transforms: list[Callable[[Any, Any], Any]] = []  # (module, output) -> output, e.g. stage markers
 
 
 class Plan:
@@ -198,11 +199,14 @@ class Module:
 
 
 def _hooked(fn: Callable) -> Callable:
-    """Wrap a `__call__` so inspection hooks (spx.summary) see every module's output."""
+    """Wrap a `__call__` so output transforms (stage markers) and inspection hooks (spx.summary)
+    see every module's output."""
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
         out = fn(self, *args, **kwargs)
+        for transform in _output_transforms:
+            out = transform(self, out)
         for hook in _call_hooks:
             hook(self, out)
         return out

@@ -29,4 +29,4 @@ __all__ = [
     "ZeroBubbleH1",
 ]
 
-MPMD_NAMES = ("sxstage_iter", "create_mesh")
+MPMD_NAMES = ("sxstage_iter", "create_mesh", "gather", "stage_sizes")

@@ -4,16 +4,19 @@ Imports `spectrax_core`; never `spectrax_eager`.
 """
 
 from ._api import sxgrad, sxjit, sxvalue_and_grad
+from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
-from ._run import Runner, gather, run, runner, sxcall
+from ._run import Runner, gather, pipeline_stages, run, runner, sxcall
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
 
 __all__ = [
     "run",
+    "PipelineDecoder",
     "runner",
+    "pipeline_stages",
     "Runner",
     "sxcall",
     "gather",

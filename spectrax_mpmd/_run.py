@@ -54,6 +54,13 @@ def _is_mpmd(mesh) -> bool:
     raise MpmdError(f"run: mesh must be an MpmdMesh or a jax.sharding.Mesh, got {type(mesh).__name__}.")
 
 
+def pipeline_stages(mesh, schedule=None) -> int:
+    """How many stages a run on `mesh` cuts the model into: ranks x virtual stages (1 without a pipeline axis)."""
+    if not _is_mpmd(mesh):
+        return 1
+    return as_mpmd_mesh(mesh).mpmd_dim * (schedule.virtual_stages if schedule is not None else 1)
+
+
 def fold_keys(extra: Any, i) -> Any:
     """Every PRNG key leaf of `extra` folded with microbatch index `i`."""
 
@@ -253,11 +260,8 @@ def runner(
 
     Use this in a training loop; `run` builds (and compiles) a new step on every call.
     """
-    n_stages = 1
-    if _is_mpmd(mesh):
-        n_stages = as_mpmd_mesh(mesh).mpmd_dim * (schedule.virtual_stages if schedule is not None else 1)
     inner = Runner(
-        core_forward(apply_fn, n_stages, stage_sizes),
+        core_forward(apply_fn, pipeline_stages(mesh, schedule), stage_sizes),
         mesh=mesh,
         mode=mode,
         loss_fn=loss_fn,

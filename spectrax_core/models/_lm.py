@@ -8,6 +8,9 @@ between blocks: `lm_embed` (tokens → residual stream), the blocks
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -133,6 +136,46 @@ def apply_lm(
 def init_cache(lm: TransformerLM, batch: int, max_len: int, *, dtype=None) -> KVCache:
     """Empty stacked KV caches for decoding up to `max_len` positions."""
     return lm.blocks.init_cache(batch, max_len, dtype=dtype)
+
+
+@jax.jit
+def _decode_step(lm: TransformerLM, tokens: Array, cache: KVCache) -> tuple[Array, KVCache]:
+    return apply(lm, tokens, cache=cache)
+
+
+def greedy_decode(
+    lm: TransformerLM,
+    prompt: Array,
+    steps: int,
+    *,
+    max_len: int | None = None,
+    step: Callable | None = None,
+) -> Array:
+    """The `steps` greedy next tokens `(batch, steps)` after `prompt` `(batch, length)`.
+
+    One prefill call feeds the prompt into a fresh KV cache of `max_len`
+    positions (default: prompt length + steps); then one call per token.
+    `step(tokens, cache) -> (logits, cache)` runs the model (default: this
+    model under `jax.jit`); a pipeline passes its own.
+    """
+    _check_tokens("greedy_decode", prompt)
+    batch, length = prompt.shape
+    max_len = length + steps if max_len is None else max_len
+    if steps < 1 or length + steps > max_len:
+        raise ValueError(
+            f"greedy_decode: a prompt of {length} tokens plus {steps} new ones needs a cache of "
+            f"{length + steps} positions, but max_len is {max_len}; raise max_len or shorten the prompt."
+        )
+    step = step if step is not None else functools.partial(_decode_step, lm)
+    cache = init_cache(lm, batch, max_len)
+    logits, cache = step(prompt, cache)
+    token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)[:, None]
+    tokens = [token]
+    for _ in range(steps - 1):
+        logits, cache = step(token, cache)
+        token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)[:, None]
+        tokens.append(token)
+    return jnp.concatenate(tokens, axis=1)
 
 
 def lm_loss(lm: TransformerLM, tokens: Array, targets: Array, mask: Array | None = None) -> Array:
