@@ -18,6 +18,7 @@ from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
 from ._split import split, trace
+from ._timeline import Timeline, measured_timeline
 from .errors import MpmdError
 
 
@@ -211,6 +212,18 @@ class _StepFunction:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
         entry, leaves = self._entry(args)
         return entry.plan.peak_activations(entry.place(self.placer, leaves))
+
+    def measure_timeline(self, *args) -> Timeline:
+        """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.
+
+        Each action is one event on its rank (its cell plus the sends after it);
+        `spectrax_core.schedules.chrome_trace(timeline, us_per_unit=1)` turns it
+        into a Chrome trace (one track per rank, slices named like `2F5`).
+        """
+        entry, leaves = self._entry(args)
+        return measured_timeline(
+            entry.plan.timeline(entry.place(self.placer, leaves)), self.mesh.mpmd_dim, repr(self.schedule)
+        )
 
     def plan_for(self, *args) -> Plan:
         """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""

@@ -8,6 +8,7 @@ decisions, compilation and dependency ordering happen here, once per signature.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -41,6 +42,7 @@ class Plan:
     cells: dict = field(default_factory=dict)
     activation_slots: dict = field(default_factory=dict)
     forward_steps: dict = field(default_factory=dict)
+    action_steps: list = field(default_factory=list)  # (rank, action, first step, end step)
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -60,6 +62,27 @@ class Plan:
             for f in frees:
                 buf[f] = None
         return buf
+
+    def timeline(self, placed_inputs: Sequence) -> list[tuple[int, object, float, float]]:
+        """Run once, each step alone (waiting for its results), and return per action
+        `(rank, action, start, end)` in seconds from the first step: the cell and the
+        sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+        buf = jax.block_until_ready(self._buffers(placed_inputs))
+        owner = {k: j for j, (_, _, a, b) in enumerate(self.action_steps) for k in range(a, b)}
+        spans: dict[int, list[float]] = {}
+        t0 = time.perf_counter()
+        for k, (fn, ins, outs, frees) in enumerate(self.steps):
+            start = time.perf_counter()
+            results = jax.block_until_ready(fn(*[buf[i] for i in ins]))
+            end = time.perf_counter()
+            for o, r in zip(outs, results):
+                buf[o] = r
+            for f in frees:
+                buf[f] = None
+            if k in owner:
+                span = spans.setdefault(owner[k], [start - t0, end - t0])
+                span[1] = end - t0
+        return [(*self.action_steps[j][:2], *spans[j]) for j in sorted(spans)]
 
     def peak_activations(self, placed_inputs: Sequence) -> list[int]:
         """Run once, counting per rank the `(stage, microbatch)` pairs whose activation buffers
@@ -280,6 +303,7 @@ class TrainPlanBuilder:
             if forwards:
                 self.forward_steps[start] = forwards
             self.plan.log.append((rank, action, "&".join(n for n in names if n != "-") or "-"))
+            self.plan.action_steps.append((rank, action, start, len(self.steps)))
         self._finish()
         return self.plan
 

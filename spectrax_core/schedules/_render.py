@@ -62,8 +62,8 @@ def render_grid(
 def chrome_trace(timeline: Timeline, us_per_unit: float = 1000.0) -> dict:
     """The timeline as a Chrome-trace dict (open the saved JSON in Perfetto / chrome://tracing).
 
-    One thread per rank; one complete event (`"ph": "X"`) per cell, named like
-    the grid label, with the stage(s) and microbatch(es) in `args`. One cost
+    One thread per rank; one complete event (`"ph": "X"`) per cell, named by
+    stage, kind and microbatch (`2F5`), with the stage(s) and microbatch(es) in `args`. One cost
     unit lasts `us_per_unit` microseconds on the trace's clock.
     """
     if not isinstance(timeline, Timeline):
@@ -83,7 +83,7 @@ def chrome_trace(timeline: Timeline, us_per_unit: float = 1000.0) -> dict:
             parts = e.cell.parts
             events.append(
                 {
-                    "name": str(e.cell),
+                    "name": repr(e.cell),
                     "cat": e.cell.kind,
                     "ph": "X",
                     "pid": 0,

@@ -53,7 +53,7 @@ def test_chrome_trace(tmp_path):
     assert names == {"rank 0", "rank 1"}
     first = t.events[1][0]
     (record,) = [e for e in cells if e["tid"] == 1 and e["ts"] == first.start * 10.0]
-    assert record["name"] == "F0" and record["dur"] == (first.end - first.start) * 10.0
+    assert record["name"] == repr(first.cell) == f"{first.cell.stage}F0" and record["dur"] == (first.end - first.start) * 10.0
     fused = next(e for e in cells if e["cat"] == "F&B")
     assert len(fused["args"]["actions"]) == 2 and "&" in fused["name"]
     path = save_chrome_trace(t, tmp_path / "trace.json", us_per_unit=10.0)
