@@ -15,6 +15,7 @@ microbatch) activations / v, in units of one rank's activations.
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import re
@@ -92,16 +93,19 @@ def _table(name: str, results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> dict:
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(OUT), help="where to write the JSON report")
+    out = pathlib.Path(parser.parse_args(argv).out)
     report = {}
     for name, cost in COSTS.items():
         results = {(n, m): measure(cost, n, m) for n in RANKS for m in MICROBATCHES}
         print(_table(name, results))
         rows = [{"n": n, "m": m, **r} for (n, m), rs in results.items() for r in rs]
         report[name] = {"cost": cost, "rows": rows}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=1))
-    print(f"wrote {OUT}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
     return report
 
 

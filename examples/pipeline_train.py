@@ -9,6 +9,7 @@ are checked once against the unsplit `jax.value_and_grad` on one device.
 Run: python examples/pipeline_train.py
 """
 
+import argparse
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -57,7 +58,10 @@ def make_batch(key):
     return tokens, labels
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60, help="training steps after the exactness check")
+    steps = parser.parse_args(argv).steps
     mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")  # 4 ranks x 2 devices
     params = init(jax.random.key(0))
     step = mp.sxvalue_and_grad(loss_fn, mesh=mesh, schedule=Std1F1B(microbatches=8))
@@ -73,11 +77,11 @@ def main():
     print("stages per rank:", [sorted({s for s, r in enumerate(step.plan_for(params, batch).stage_ranks) if r == rank}) for rank in range(4)])
 
     state = opt.init(params, grads)
-    for it in range(60):
+    for it in range(steps):
         batch = make_batch(jax.random.key(100 + it))
         loss, grads = step(params, batch)
         params, state = opt.update(grads, state, params)
-        if it % 10 == 0 or it == 59:
+        if it % 10 == 0 or it == steps - 1:
             print(f"step {it:3d}  loss {float(loss):.4f}")
 
 
