@@ -1,0 +1,152 @@
+"""The cost of the one entry point, and pipelined decoding, side by side in one process.
+
+Rows:
+  train   `spx.run` MPMD train step of an eager model (embed -> 4 residual tanh
+          blocks -> head, D=256, B=64, m=8, 4 ranks, Std1F1B) against the same
+          step written by hand with `sxvalue_and_grad` over plain arrays with the
+          same weights and markers (target: spx.run / hand <= 1.05).
+  decode  greedy tokens/s of the main job's LM (byte vocabulary, d_model 128,
+          4 blocks) through `PipelineDecoder` on 4 ranks, against the unsplit
+          `greedy_decode` on one device (report: the pipelined per-token cost is
+          one cell per rank plus the transfers between them).
+
+Rounds interleave the two sides; each reports min, median and spread (max/min)
+of wall time, and the issuing thread's CPU time (`time.thread_time`) next to it.
+
+    python benchmarks/run.py [--rounds 7] [--out benchmarks/results/run.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import spectrax_eager as spx  # noqa: E402
+import spectrax_mpmd as mp  # noqa: E402
+from spectrax_core.models import TransformerLM, greedy_decode  # noqa: E402
+from spectrax_core.schedules import Std1F1B  # noqa: E402
+
+D, B, M, RANKS, BLOCKS = 256, 64, 8, 4, 4
+
+
+class Net(spx.Module):
+    def __init__(self, rngs):
+        self.embed = spx.nn.Linear(D, D, rngs=rngs)
+        self.blocks = spx.nn.ModuleList([spx.nn.Linear(D, D, rngs=rngs) for _ in range(BLOCKS)])
+        self.head = spx.nn.Linear(D, D, rngs=rngs)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + jnp.tanh(block(h))
+        return self.head(h)
+
+
+def mse(out, y):
+    return jnp.mean((out - y) ** 2)
+
+
+def hand_loss(p, x, y):
+    """The same network over a list of (weight, bias) pairs, markers after blocks 0, 1, 2."""
+    h = x @ p[0][0] + p[0][1]
+    for k in range(BLOCKS):
+        w, b = p[1 + k]
+        h = h + jnp.tanh(h @ w + b)
+        if k < BLOCKS - 1:
+            h = mp.sxstage_iter(h)
+    return mse(h @ p[-1][0] + p[-1][1], y)
+
+
+def measure(fns: dict, rounds: int, calls: int) -> dict:
+    """Interleaved rounds: per name, per-call wall and issuing-thread CPU seconds of each round."""
+    samples = {name: {"wall": [], "cpu": []} for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            jax.block_until_ready(fn())
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(calls):
+                jax.block_until_ready(fn())
+            samples[name]["wall"].append((time.perf_counter() - w0) / calls)
+            samples[name]["cpu"].append((time.thread_time() - c0) / calls)
+    return samples
+
+
+def summary(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "spread": max(values) / min(values)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "run.json"))
+    args = parser.parse_args(argv)
+    devices = jax.devices()[:RANKS]
+    mesh = mp.create_mesh((RANKS, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices)
+    schedule = Std1F1B(microbatches=M)
+
+    model = Net(spx.Rngs(0))
+    x, y = jax.random.normal(jax.random.key(1), (B, D)), jax.random.normal(jax.random.key(2), (B, D))
+    params = spx.tree_state(model)["parameters"]
+    layers = ["embed", *[f"blocks.{k}" for k in range(BLOCKS)], "head"]
+    p = [(params[f"{name}.weight"], params[f"{name}.bias"]) for name in layers]
+    hand = mp.sxvalue_and_grad(hand_loss, mesh=mesh, schedule=schedule)
+
+    def via_run():
+        return spx.run(model, inputs=x, targets=y, mesh=mesh, loss_fn=mse, schedule=schedule)
+
+    run_loss, hand_loss_value = float(via_run()[0]), float(hand(p, x, y)[0])
+    assert np.isclose(run_loss, hand_loss_value, rtol=1e-5), (run_loss, hand_loss_value)
+
+    lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    prompt = jnp.asarray([list(b"Alice was beginning to ")], jnp.int32)
+    steps = 32
+    decoder = mp.PipelineDecoder(lm, mesh=mesh)
+    assert np.array_equal(np.asarray(decoder.generate(prompt, steps)), np.asarray(greedy_decode(lm, prompt, steps)))
+
+    train = measure({"spx.run": via_run, "hand": lambda: hand(p, x, y)}, args.rounds, 10)
+    decode = measure(
+        {"pipelined": lambda: decoder.generate(prompt, steps), "unsplit": lambda: greedy_decode(lm, prompt, steps)},
+        args.rounds,
+        2,
+    )
+    report = {
+        "train": {k: {m: summary(v[m]) for m in v} for k, v in train.items()},
+        "decode": {k: {m: summary(v[m]) for m in v} for k, v in decode.items()},
+        "decode_tokens": steps,
+        "rounds": args.rounds,
+    }
+    rt, ht = report["train"]["spx.run"]["wall"], report["train"]["hand"]["wall"]
+    pd, ud = report["decode"]["pipelined"]["wall"], report["decode"]["unsplit"]["wall"]
+    print(f"{'row':8s} {'side':10s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s}")
+    for row, sides in (("train", train), ("decode", decode)):
+        for side, s in sides.items():
+            w, c = summary(s["wall"]), summary(s["cpu"])
+            print(f"{row:8s} {side:10s} {w['min'] * 1e3:11.2f} {w['median'] * 1e3:8.2f} {w['spread']:7.2f} "
+                  f"{c['median'] * 1e3:13.2f}")
+    print(f"spx.run / hand (median wall): {rt['median'] / ht['median']:.3f}  (min: {rt['min'] / ht['min']:.3f})")
+    print(f"decode tokens/s: pipelined {steps / pd['median']:.0f}, unsplit {steps / ud['median']:.0f}")
+    report["ratios"] = {
+        "run_vs_hand_median": rt["median"] / ht["median"],
+        "run_vs_hand_min": rt["min"] / ht["min"],
+        "decode_tokens_per_s": {"pipelined": steps / pd["median"], "unsplit": steps / ud["median"]},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
