@@ -5,6 +5,7 @@ core's functions, and transforms turn calls on modules into pure JAX.
 """
 
 from . import nn
+from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._control import cond, eval_shape, fori_loop, remat, remat_scan, scan, switch, vmap, while_loop
 from ._errors import IllegalMutationError, StructureChangeError
@@ -13,8 +14,11 @@ from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
 from ._module import Module
 from ._optimizer import Optimizer, OptState
-from ._run import run
+from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
+from ._reexports import MPMD_NAMES as _MPMD_NAMES
+from ._reexports import __all__ as _pipeline_names
 from ._rngs import RngCount, RngKey, Rngs, RngStream
+from ._run import run
 from ._selector import Selector, as_selector, of_type, path_contains, path_endswith, path_startswith, select
 from ._state import (
     State,
@@ -29,9 +33,6 @@ from ._state import (
     update,
 )
 from ._variable import Buffer, Parameter, Variable
-from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
-from ._reexports import MPMD_NAMES as _MPMD_NAMES
-from ._reexports import __all__ as _pipeline_names
 
 
 def __getattr__(name: str):
@@ -59,6 +60,7 @@ __all__ = [
     "StructureChangeError",
     "Variable",
     "as_selector",
+    "assign_stage",
     "bind",
     "clone",
     "cond",

@@ -9,7 +9,7 @@ import jax
 from . import _module
 from ._lift import Split
 from ._module import Module, _walk, plan_of
-from ._rngs import RngStream, Rngs
+from ._rngs import Rngs, RngStream
 from ._selector import mask
 
 

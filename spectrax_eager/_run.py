@@ -1,119 +1,41 @@
 """`spx.run`: train or run an eager model on any mesh, pipelined through its own `forward`.
 
 On a mesh with a pipeline axis the model is cut into stages without
-re-chaining its children: a `PipelineSequential` is used as given (one stage
-per child); otherwise the model's `blocks` `ModuleList` is divided into
-consecutive groups (evenly, or by `stage_sizes`) and the model's own forward
-runs with a stage marker on the output of each group's last block. What the
-forward does before the first block runs on the first stage, what it does
-after the last block on the last stage. Each block must run exactly once per
-forward, in list order; anything else is an error, so a split can never drop
-or repeat a layer.
+re-chaining its children (`_stage.py` says how: a `PipelineSequential`, a
+`blocks` `ModuleList`, or `assign_stage` stamps); on a mesh without one the
+same computation is one SPMD `jax.jit`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _module
 from ._module import Module, build, plan_of
+from ._stage import StagePlan, call, run_marked, stage_plan
 from ._state import State, trainable
-from .nn._containers import ModuleList, PipelineSequential
 
 # Compiled runs per loss function (weakly held, as jax.jit holds functions), then per configuration.
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _no_loss: dict = {}
 
 
-def _stage_groups(model: Module, n_stages: int, sizes: Sequence[int] | None) -> tuple[list[Module], tuple]:
-    import spectrax_mpmd as mp
-
-    if isinstance(model, PipelineSequential):
-        stages = model.stages
-        if sizes is not None or len(stages) != n_stages:
-            raise mp.StageSplitError(
-                f"spx.run: the PipelineSequential has {len(stages)} stages and is used as given, but the "
-                f"mesh and schedule need {n_stages} (pipeline ranks x virtual stages); regroup its "
-                "children or change the mesh / schedule (stage_sizes does not apply to it)."
-            )
-        return stages, (1,) * n_stages
-    blocks = model.__dict__.get("blocks")
-    if not isinstance(blocks, ModuleList):
-        raise mp.StageSplitError(
-            f"spx.run: {type(model).__name__} cannot be cut into pipeline stages: it is neither a "
-            "PipelineSequential nor holds a `blocks` ModuleList. Keep the repeated layers in "
-            "`self.blocks = spx.nn.ModuleList([...])` and call them in forward, wrap the stages in "
-            "spx.nn.PipelineSequential, or mark boundaries yourself with spx.sxstage_iter and use "
-            "spectrax_mpmd.sxvalue_and_grad."
-        )
-    return list(blocks), mp.stage_sizes(len(blocks), n_stages, sizes)
-
-
-@contextlib.contextmanager
-def _stage_marks(blocks: list[Module], sizes: Sequence[int]):
-    """While active, the output of each stage's last block passes through a stage marker.
-
-    Yields the list of block indices in the order the forward called them.
-    """
-    import spectrax_mpmd as mp
-
-    ends, total = set(), 0
-    for size in sizes[:-1]:
-        total += size
-        ends.add(total - 1)
-    calls: list[int] = []
-
-    def transform(module: Any, out: Any) -> Any:
-        for k, block in enumerate(blocks):
-            if block is module:
-                calls.append(k)
-                return mp.sxstage_iter(out) if k in ends else out
-        return out
-
-    _module._output_transforms.append(transform)
-    try:
-        yield calls
-    finally:
-        _module._output_transforms.remove(transform)
-
-
-def _check_calls(model: Module, calls: list[int], n_blocks: int) -> None:
-    if calls != list(range(n_blocks)):
-        import spectrax_mpmd as mp
-
-        raise mp.StageSplitError(
-            f"spx.run: {type(model).__name__}.forward called its blocks in the order {calls}; pipeline "
-            f"stages need each of the {n_blocks} blocks called exactly once, in list order, so that "
-            "no layer is dropped or run twice. Call self.blocks in order in forward (or mark stages "
-            "yourself with spx.sxstage_iter)."
-        )
-
-
-def _call(model: Module, inputs: Any) -> Any:
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    return model(inputs)
-
-
-def _forward(graphdef, selected: tuple[bool, ...], n_stages: int, sizes) -> Callable:
+def _forward(graphdef, selected: tuple[bool, ...], plan: StagePlan | None) -> Callable:
     def forward(diff_values: list, rest_values: list, inputs: Any) -> Any:
         diff, rest = iter(diff_values), iter(rest_values)
         values = [next(diff) if s else next(rest) for s in selected]
         model = build(graphdef, values)[0][0]
-        if n_stages == 1:
-            return _call(model, inputs)
-        blocks, group_sizes = _stage_groups(model, n_stages, sizes)
-        with _stage_marks(blocks, group_sizes) as calls:
-            out = _call(model, inputs)
-        _check_calls(model, calls, len(blocks))
-        return out
+        return call(model, inputs) if plan is None else run_marked(model, plan, inputs)
 
     return forward
+
+
+def _plan_stages(model: Module, mesh, schedule, sizes, inputs) -> StagePlan | None:
+    import spectrax_mpmd as mp
+
+    n_stages = mp.pipeline_stages(mesh, schedule)
+    return None if n_stages == 1 else stage_plan(model, n_stages, sizes, inputs)
 
 
 def run(
@@ -152,7 +74,7 @@ def run(
     runner = cache.get(key)
     if runner is None:
         runner = cache[key] = mp.Runner(
-            _forward(plan.graphdef, selected, mp.pipeline_stages(mesh, schedule), sizes),
+            _forward(plan.graphdef, selected, _plan_stages(model, mesh, schedule, sizes, inputs)),
             mesh=mesh,
             mode=mode,
             loss_fn=loss_fn,

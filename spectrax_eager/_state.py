@@ -14,7 +14,7 @@ import jax
 
 from . import _graph
 from ._graph import GraphDef, VarInfo
-from ._module import Module, Plan, build, plan_of, _walk
+from ._module import Module, Plan, _walk, build, plan_of
 from ._selector import as_selector, info_variable, mask
 from ._variable import Variable, set_value
 

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from . import _graph
+from ._assign import stamp
 
 
 def _new_like(cls: type, value: Any, kind: str, metadata: dict) -> Variable:
@@ -61,7 +62,7 @@ class Variable:
             value = value.value
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "kind", kind if kind is not None else type(self).default_kind)
-        object.__setattr__(self, "metadata", dict(metadata))
+        object.__setattr__(self, "metadata", stamp(dict(metadata)))
         if not isinstance(self.kind, str):
             raise TypeError(f"{type(self).__name__}: kind must be a str, received {self.kind!r}.")
 

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 import jax
+
 import spectrax_core as sc
 
 from .._module import Module

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
 import spectrax_core as sc
 
 from .._rngs import Rngs
