@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -30,7 +31,9 @@ class Optimizer(Module):
     """Holds an optax transformation and its state for the `wrt` variables of a model.
 
     `opt.update(model, grads)` applies one step: `grads` is the `State` returned
-    by `spx.grad(..., wrt=wrt)`. Under `spx.jit`, let the step write both the
+    by `spx.grad(..., wrt=wrt)` or `spx.run`; gradient leaves held elsewhere (on
+    the pipeline ranks that computed them) are moved to their parameters' devices
+    first. Under `spx.jit`, let the step write both the
     model and the optimizer: `mutable=("parameters", "opt_state")`.
     """
 
@@ -55,6 +58,18 @@ class Optimizer(Module):
                 f"(spx.grad(..., wrt={self.wrt!r})); expected paths {[i.path for i in params._infos][:6]}..., "
                 f"received {[i.path for i in grads._infos][:6] if isinstance(grads, State) else type(grads).__name__}."
             )
+        grads = jax.tree.map(_follow, grads, params)
         updates, self.state.value = self.tx.update(grads, self.state.value, params)
         update(model, optax.apply_updates(params, updates))
         self.step.value = self.step.value + 1
+
+
+def _follow(grad: Any, param: Any) -> Any:
+    """`grad` moved to `param`'s placement (gradients from a pipeline live on the ranks that made them)."""
+    if (
+        not isinstance(param, jax.Array)
+        or not isinstance(grad, jax.Array)
+        or isinstance(param, jax.core.Tracer)
+    ):
+        return grad
+    return grad if grad.sharding == param.sharding else jax.device_put(grad, param.sharding)

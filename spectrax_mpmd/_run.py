@@ -158,10 +158,7 @@ class Runner:
                 params, fold_keys(extra, i), self._microbatch(inputs, i), self._microbatch(targets, i)
             )
 
-        if m == 1:
-            return one(0)
-
-        def body(carry, i):
+        def body(carry, i):  # also for m == 1, so aux is stacked per microbatch on both paths
             value, grads = one(i)
             loss, aux = value if self.has_aux else (value, None)
             total = jax.tree.map(lambda a, b: a + b / m, carry, (loss, grads))
