@@ -18,7 +18,7 @@ from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core
 from ._reexports import MPMD_NAMES as _MPMD_NAMES
 from ._reexports import __all__ as _pipeline_names
 from ._rngs import RngCount, RngKey, Rngs, RngStream
-from ._run import run
+from ._run import run, sxcall
 from ._selector import Selector, as_selector, of_type, path_contains, path_endswith, path_startswith, select
 from ._state import (
     State,
@@ -87,6 +87,7 @@ __all__ = [
     "select",
     "summary",
     "switch",
+    "sxcall",
     "tree_state",
     "unfreeze",
     "update",

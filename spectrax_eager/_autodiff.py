@@ -25,13 +25,19 @@ class _Diff:
     def __init__(self, args: tuple, kwargs: dict, argnums: tuple[int, ...], wrt: Any, where: str):
         for k in argnums:
             if k >= len(args):
-                raise ValueError(f"{where}: argnums={argnums} but only {len(args)} positional arguments were given.")
+                raise ValueError(
+                    f"{where}: argnums={argnums} but only {len(args)} positional arguments were given."
+                )
         self.argnums = argnums
         self.diff_arrays = {k: args[k] for k in argnums if not isinstance(args[k], Module)}
         for k, a in self.diff_arrays.items():
-            if any(isinstance(l, Module) for l in jax.tree.leaves(a, is_leaf=lambda y: isinstance(y, Module))):
-                raise TypeError(f"{where}: argument {k} contains modules inside a container; pass the module "
-                                "itself as a positional argument to differentiate it.")
+            if any(
+                isinstance(l, Module) for l in jax.tree.leaves(a, is_leaf=lambda y: isinstance(y, Module))
+            ):
+                raise TypeError(
+                    f"{where}: argument {k} contains modules inside a container; pass the module "
+                    "itself as a positional argument to differentiate it."
+                )
         stripped = tuple(None if k in self.diff_arrays else a for k, a in enumerate(args))
         self.split = Split(stripped, kwargs)
         plan = self.split.plan
@@ -114,8 +120,9 @@ def value_and_grad(
         def pure(diff_vals, diff_arrays, rest_vals, leaves):
             values = d.merge(diff_vals, rest_vals)
             call_args, call_kwargs, roots, new_vars = rebuild(static, values, leaves)
-            call_args = tuple(diff_arrays[array_nums.index(k)] if k in array_nums else a
-                              for k, a in enumerate(call_args))
+            call_args = tuple(
+                diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
+            )
             out = fn(*call_args, **call_kwargs)
             loss, aux = out if has_aux else (out, None)
             return loss, (aux, changes(static, roots, new_vars, values, ok, where, mutable))
@@ -161,8 +168,10 @@ def grad(
 def _module_tangents(d: _Diff, k: int, t: Any, where: str) -> dict[int, Any]:
     rp, joint, sel = d.root_maps[k]
     if not isinstance(t, State):
-        raise TypeError(f"{where}: the tangent/cotangent for module argument {k} must be a spx.State "
-                        f"like spx.tree_state(model).filter(wrt); received {type(t).__name__}.")
+        raise TypeError(
+            f"{where}: the tangent/cotangent for module argument {k} must be a spx.State "
+            f"like spx.tree_state(model).filter(wrt); received {type(t).__name__}."
+        )
     flat = t.flat()
     out = {}
     for j, s, info in zip(joint, sel, rp.infos):
@@ -174,7 +183,9 @@ def _module_tangents(d: _Diff, k: int, t: Any, where: str) -> dict[int, Any]:
     return out
 
 
-def jvp(fn: Callable, primals: tuple, tangents: tuple, *, wrt: Any = "parameters", mutable: Any = None) -> tuple:
+def jvp(
+    fn: Callable, primals: tuple, tangents: tuple, *, wrt: Any = "parameters", mutable: Any = None
+) -> tuple:
     """Like `jax.jvp`; a module primal's tangent is a `State` of its `wrt` variables.
 
     Returns `(fn(*primals), tangent_out)`.
@@ -191,13 +202,17 @@ def jvp(fn: Callable, primals: tuple, tangents: tuple, *, wrt: Any = "parameters
     for k in d.roots:
         mod_t.update(_module_tangents(d, k, tangents[k], where))
     diff_idx = [i for i, s in enumerate(d.diff) if s]
-    t_vals = [mod_t[j] if j in mod_t else jax.tree.map(jax.numpy.zeros_like, split.values[j]) for j in diff_idx]
+    t_vals = [
+        mod_t[j] if j in mod_t else jax.tree.map(jax.numpy.zeros_like, split.values[j]) for j in diff_idx
+    ]
     t_arrays = tuple(tangents[k] for k in array_nums)
 
     def pure(diff_vals, diff_arrays, rest_vals, leaves):
         values = d.merge(diff_vals, rest_vals)
         call_args, _, roots, new_vars = rebuild(static, values, leaves)
-        call_args = tuple(diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args))
+        call_args = tuple(
+            diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
+        )
         out = fn(*call_args)
         return out, changes(static, roots, new_vars, values, ok, where, mutable)
 
@@ -211,7 +226,9 @@ def jvp(fn: Callable, primals: tuple, tangents: tuple, *, wrt: Any = "parameters
     return out, t_out
 
 
-def vjp(fn: Callable, *primals: Any, wrt: Any = "parameters", has_aux: bool = False, mutable: Any = None) -> tuple:
+def vjp(
+    fn: Callable, *primals: Any, wrt: Any = "parameters", has_aux: bool = False, mutable: Any = None
+) -> tuple:
     """Like `jax.vjp`; the pullback returns one cotangent per primal, a `State` for a module.
 
     Returns `(out, pullback)` (or `(out, pullback, aux)` with `has_aux=True`).
@@ -225,7 +242,9 @@ def vjp(fn: Callable, *primals: Any, wrt: Any = "parameters", has_aux: bool = Fa
     def pure(diff_vals, diff_arrays, rest_vals, leaves):
         values = d.merge(diff_vals, rest_vals)
         call_args, _, roots, new_vars = rebuild(static, values, leaves)
-        call_args = tuple(diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args))
+        call_args = tuple(
+            diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
+        )
         out = fn(*call_args)
         out, aux = out if has_aux else (out, None)
         return out, (aux, changes(static, roots, new_vars, values, ok, where, mutable))

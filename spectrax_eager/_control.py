@@ -32,8 +32,9 @@ class _Carry:
 
     def __init__(self, tree: Any, mutable: Any):
         self.split = Split((tree,), {})
-        self.ok = allowed(self.split.plan, mutable) if mutable is not False else \
-            (False,) * len(self.split.values)
+        self.ok = (
+            allowed(self.split.plan, mutable) if mutable is not False else (False,) * len(self.split.values)
+        )
         self.mutable = mutable
 
     def pure_in(self) -> tuple[list, list]:
@@ -48,12 +49,15 @@ class _Carry:
         changes(self.split.static, roots, new_vars, vals, self.ok, where, self.mutable)
         out = Split((tree,), {})
         if out.static != self.split.static:
-            raise ValueError(f"{where}: the carry returned by the body has a different structure "
-                             "(module graph, pytree or module positions) than the one it received.")
+            raise ValueError(
+                f"{where}: the carry returned by the body has a different structure "
+                "(module graph, pytree or module positions) than the one it received."
+            )
         new_vals = out.values
         bad = [i for i, (a, b) in enumerate(zip(new_vals, vals)) if a is not b and not self.ok[i]]
         if bad:
             from ._errors import IllegalMutationError
+
             raise IllegalMutationError(
                 f"{where}: the body returned new values for {[self.split.plan.infos[i].path for i in bad]}, "
                 f"which mutable={self.mutable!r} does not allow."
@@ -99,12 +103,16 @@ def scan(
         c_tree, c_roots, c_vars, c_vals = carry.unpack(c)
         x_tree, x_roots, x_vars, x_vals = xsc.unpack(x)
         new_c, y = f(c_tree, x_tree)
-        changes(xsc.split.static, x_roots, x_vars, x_vals, xsc.ok, where + " (xs modules are read-only)", None)
+        changes(
+            xsc.split.static, x_roots, x_vars, x_vals, xsc.ok, where + " (xs modules are read-only)", None
+        )
         return carry.pack(new_c, c_roots, c_vars, c_vals, where), y
 
     if _checkpoint is not None:
         body = _checkpoint(body)
-    final, ys = jax.lax.scan(body, carry.pure_in(), xsc.pure_in(), length=length, reverse=reverse, unroll=unroll)
+    final, ys = jax.lax.scan(
+        body, carry.pure_in(), xsc.pure_in(), length=length, reverse=reverse, unroll=unroll
+    )
     return carry.finish(final), ys
 
 
@@ -135,7 +143,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *, mutable
     def cond(c):
         tree, roots, new_vars, vals = carry.unpack(c)
         out = cond_fun(tree)
-        changes(carry.split.static, roots, new_vars, vals, reader.ok, f"spx.while_loop({_name(cond_fun)})", None)
+        changes(
+            carry.split.static, roots, new_vars, vals, reader.ok, f"spx.while_loop({_name(cond_fun)})", None
+        )
         return out
 
     def body(c):
@@ -145,8 +155,15 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *, mutable
     return carry.finish(jax.lax.while_loop(cond, body, carry.pure_in()))
 
 
-def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *, mutable: Any = None,
-              unroll: int | bool | None = None) -> Any:
+def fori_loop(
+    lower: int,
+    upper: int,
+    body_fun: Callable,
+    init_val: Any,
+    *,
+    mutable: Any = None,
+    unroll: int | bool | None = None,
+) -> Any:
     """`jax.lax.fori_loop` where `init_val` may contain modules (carried)."""
     where = f"spx.fori_loop({_name(body_fun)})"
     carry = _Carry(init_val, mutable)
@@ -161,8 +178,9 @@ def fori_loop(lower: int, upper: int, body_fun: Callable, init_val: Any, *, muta
 # ------------------------------------------------------- functions of modules
 
 
-def _pure_call(fn: Callable, split: Split, ok: tuple[bool, ...], where: str, mutable: Any,
-               fixed: bool) -> Callable:
+def _pure_call(
+    fn: Callable, split: Split, ok: tuple[bool, ...], where: str, mutable: Any, fixed: bool
+) -> Callable:
     """`pure(values, leaves) -> (out, updates)`; `fixed` returns every writable value (branches, vmap)."""
     static = split.static
 
@@ -179,7 +197,9 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: Any, mut
     """`jax.lax.cond` where the operands may contain modules; writes allowed by `mutable` come back."""
     split = Split(operands, {})
     ok = allowed(split.plan, mutable)
-    branches = [_pure_call(b, split, ok, f"spx.cond({_name(b)})", mutable, True) for b in (false_fun, true_fun)]
+    branches = [
+        _pure_call(b, split, ok, f"spx.cond({_name(b)})", mutable, True) for b in (false_fun, true_fun)
+    ]
     out, new = jax.lax.cond(pred, branches[1], branches[0], split.values, split.leaves)
     write_allowed(split, ok, new)
     return out
@@ -195,8 +215,13 @@ def switch(index: Any, branches: Sequence[Callable], *operands: Any, mutable: An
     return out
 
 
-def remat(fn: Callable | None = None, *, policy: Callable | None = None, prevent_cse: bool = True,
-          mutable: Any = None) -> Callable:
+def remat(
+    fn: Callable | None = None,
+    *,
+    policy: Callable | None = None,
+    prevent_cse: bool = True,
+    mutable: Any = None,
+) -> Callable:
     """`jax.checkpoint` for functions that take modules: recompute `fn` in the backward pass."""
     if fn is None:
         return functools.partial(remat, policy=policy, prevent_cse=prevent_cse, mutable=mutable)
@@ -241,15 +266,24 @@ def vmap(
     by `mutable` come back with the module's axis.
     """
     if fn is None:
-        return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
-                                 axis_size=axis_size, spmd_axis_name=spmd_axis_name, mutable=mutable)
+        return functools.partial(
+            vmap,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            axis_name=axis_name,
+            axis_size=axis_size,
+            spmd_axis_name=spmd_axis_name,
+            mutable=mutable,
+        )
     where = f"spx.vmap({_name(fn)})"
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         per_arg = tuple(in_axes) if isinstance(in_axes, list | tuple) else (in_axes,) * len(args)
         if len(per_arg) != len(args):
-            raise ValueError(f"{where}: in_axes has {len(per_arg)} entries for {len(args)} positional arguments.")
+            raise ValueError(
+                f"{where}: in_axes has {len(per_arg)} entries for {len(args)} positional arguments."
+            )
         holes = tuple(_hole_out(a) for a in args)
         khole = {k: _hole_out(v) for k, v in kwargs.items()}
         split = Split(args, kwargs)
@@ -273,8 +307,14 @@ def vmap(
             return out, all_allowed_values(new_vars, ok)
 
         wr_axes = [ax for ax, k in zip(var_axes, ok) if k]
-        mapped = jax.vmap(pure, in_axes=(var_axes, *arg_axes), out_axes=(out_axes, wr_axes),
-                          axis_name=axis_name, axis_size=axis_size, spmd_axis_name=spmd_axis_name)
+        mapped = jax.vmap(
+            pure,
+            in_axes=(var_axes, *arg_axes),
+            out_axes=(out_axes, wr_axes),
+            axis_name=axis_name,
+            axis_size=axis_size,
+            spmd_axis_name=spmd_axis_name,
+        )
         out, new = mapped(split.values, *holes, **khole)
         write_allowed(split, ok, new)
         return out
@@ -292,8 +332,9 @@ jax.tree_util.register_pytree_node(_Hole, lambda h: ((), None), lambda aux, ch: 
 
 
 def _hole_out(tree: Any) -> Any:
-    return jax.tree.map(lambda x: _Hole() if isinstance(x, Module) else x, tree,
-                        is_leaf=lambda x: isinstance(x, Module))
+    return jax.tree.map(
+        lambda x: _Hole() if isinstance(x, Module) else x, tree, is_leaf=lambda x: isinstance(x, Module)
+    )
 
 
 def _roots(static: tuple, values: list) -> tuple[list, list]:
@@ -304,5 +345,6 @@ def _roots(static: tuple, values: list) -> tuple[list, list]:
 
 def _fill_holes(tree: Any, roots: list) -> Any:
     it = iter(roots)
-    return jax.tree.map(lambda x: next(it) if isinstance(x, _Hole) else x, tree,
-                        is_leaf=lambda x: isinstance(x, _Hole))
+    return jax.tree.map(
+        lambda x: next(it) if isinstance(x, _Hole) else x, tree, is_leaf=lambda x: isinstance(x, _Hole)
+    )

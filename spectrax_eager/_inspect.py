@@ -45,9 +45,14 @@ def summary(model: Module, *example_args: Any, **example_kwargs: Any) -> str:
         def hook(mod, out):
             if isinstance(mod, Rngs | RngStream):  # key draws, not layers
                 return
-            shapes = ", ".join(f"{l.dtype}[{','.join(map(str, l.shape))}]" for l in jax.tree.leaves(out)
-                               if hasattr(l, "shape"))
-            rows.append((paths.get(id(mod), "?") or "(root)", type(mod).__name__, shapes, counts.get(id(mod), 0)))
+            shapes = ", ".join(
+                f"{l.dtype}[{','.join(map(str, l.shape))}]"
+                for l in jax.tree.leaves(out)
+                if hasattr(l, "shape")
+            )
+            rows.append(
+                (paths.get(id(mod), "?") or "(root)", type(mod).__name__, shapes, counts.get(id(mod), 0))
+            )
 
         _module._call_hooks.append(hook)
         try:

@@ -65,30 +65,60 @@ def jit(
     """
     if fn is None:
         return functools.partial(
-            jit, mutable=mutable, mesh=mesh, schedule=schedule, static_argnums=static_argnums,
-            static_argnames=static_argnames, donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames, in_shardings=in_shardings,
-            out_shardings=out_shardings, **jax_kwargs,
+            jit,
+            mutable=mutable,
+            mesh=mesh,
+            schedule=schedule,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            **jax_kwargs,
         )
     if schedule is not None and not getattr(mesh, "is_mpmd", False):
         raise ValueError("spx.jit: schedule= needs an MPMD mesh (mesh=spx.create_mesh(..., mpmd_axis=...)).")
-    if getattr(mesh, "is_mpmd", False) and (in_shardings is not None or out_shardings is not None or jax_kwargs):
+    if getattr(mesh, "is_mpmd", False) and (
+        in_shardings is not None or out_shardings is not None or jax_kwargs
+    ):
         raise ValueError(
             "spx.jit: with an MPMD mesh only mutable=, schedule=, static_argnums/argnames and donate_argnums/"
             f"argnames apply; received in_shardings/out_shardings/{sorted(jax_kwargs)}. Stage shardings come "
             "from each rank's submesh and sxstage_iter(sharding=...)."
         )
     return Jitted(
-        fn, mutable, mesh, schedule, _as_tuple(static_argnums), _as_tuple(static_argnames),
-        _as_tuple(donate_argnums), _as_tuple(donate_argnames), in_shardings, out_shardings, jax_kwargs,
+        fn,
+        mutable,
+        mesh,
+        schedule,
+        _as_tuple(static_argnums),
+        _as_tuple(static_argnames),
+        _as_tuple(donate_argnums),
+        _as_tuple(donate_argnames),
+        in_shardings,
+        out_shardings,
+        jax_kwargs,
     )
 
 
 class Jitted:
     """The callable returned by `spx.jit`."""
 
-    def __init__(self, fn, mutable, mesh, schedule, static_argnums, static_argnames,
-                 donate_argnums, donate_argnames, in_shardings, out_shardings, jax_kwargs):
+    def __init__(
+        self,
+        fn,
+        mutable,
+        mesh,
+        schedule,
+        static_argnums,
+        static_argnames,
+        donate_argnums,
+        donate_argnames,
+        in_shardings,
+        out_shardings,
+        jax_kwargs,
+    ):
         self.fn = fn
         self.mutable = mutable
         self.mesh = mesh
@@ -174,14 +204,18 @@ class Jitted:
         if getattr(self.mesh, "is_mpmd", False):
             import spectrax_mpmd
 
-            return spectrax_mpmd.sxjit(pure, mesh=self.mesh, schedule=self.schedule,
-                                       donate_argnums=kw.get("donate_argnums", ()))
+            return spectrax_mpmd.sxjit(
+                pure, mesh=self.mesh, schedule=self.schedule, donate_argnums=kw.get("donate_argnums", ())
+            )
         return jax.jit(pure, **kw)
 
     def _arg_leaf_ranges(self, args: tuple, kwargs: dict) -> tuple[list[range], dict[str, range]]:
         """Which non-module leaves belong to each positional / keyword argument."""
+
         def count(x: Any) -> int:
-            return sum(not isinstance(l, Module) for l in jax.tree.leaves(x, is_leaf=lambda y: isinstance(y, Module)))
+            return sum(
+                not isinstance(l, Module) for l in jax.tree.leaves(x, is_leaf=lambda y: isinstance(y, Module))
+            )
 
         ranges, start = [], 0
         for a in args:
@@ -228,14 +262,18 @@ class Jitted:
                 for j in rng:
                     leaves[j] = sh
         if len(module_shardings) > 1:
-            raise ValueError("spx.jit: in_shardings gives different shardings to module arguments; "
-                             "place module values with jax.device_put beforehand instead.")
+            raise ValueError(
+                "spx.jit: in_shardings gives different shardings to module arguments; "
+                "place module values with jax.device_put beforehand instead."
+            )
         values_sharding = module_shardings.pop() if module_shardings else None
         if values_sharding is None:
             values_sharding = [getattr(v, "sharding", None) for v in split.values]
         if any(s is None for s in leaves):
-            raise ValueError("spx.jit: in_shardings=None entries need their arguments to be jax.Arrays "
-                             "(their current sharding is used).")
+            raise ValueError(
+                "spx.jit: in_shardings=None entries need their arguments to be jax.Arrays "
+                "(their current sharding is used)."
+            )
         return (values_sharding, *leaves)
 
 

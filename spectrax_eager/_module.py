@@ -248,7 +248,9 @@ def _flatten(mod: Module):
 
 def _flatten_with_keys(mod: Module):
     plan = plan_of(mod)
-    return [(jax.tree_util.GetAttrKey(i.path), v._value) for i, v in zip(plan.infos, plan.vars)], plan.graphdef
+    return [
+        (jax.tree_util.GetAttrKey(i.path), v._value) for i, v in zip(plan.infos, plan.vars)
+    ], plan.graphdef
 
 
 def _unflatten(graphdef: GraphDef, values) -> Module:

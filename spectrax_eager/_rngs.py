@@ -65,7 +65,9 @@ class Rngs(Module):
             raise AttributeError(name)
         default = self.__dict__.get("default")
         if default is None:
-            raise AttributeError(f"Rngs has no stream {name!r} and no default stream; pass Rngs(seed) or Rngs({name}=seed).")
+            raise AttributeError(
+                f"Rngs has no stream {name!r} and no default stream; pass Rngs(seed) or Rngs({name}=seed)."
+            )
         return default
 
     def __call__(self) -> jax.Array:

@@ -15,6 +15,7 @@ from typing import Any
 from ._module import Module, build, plan_of
 from ._stage import StagePlan, call, run_marked, stage_plan
 from ._state import State, trainable
+from .nn._containers import PipelineSequential
 
 # Compiled runs per loss function (weakly held, as jax.jit holds functions), then per configuration.
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -91,3 +92,23 @@ def run(
     value, grads = result
     infos = tuple(info for info, s in zip(plan.infos, selected) if s)
     return value, State(infos, list(grads))
+
+
+def sxcall(
+    stages, batch, *, mesh, schedule=None, loss_fn: Callable | None = None, mode: str = "train"
+) -> Any:
+    """`spectrax_mpmd.sxcall` that also takes a `PipelineSequential` (run with `spx.run`, one stage per child).
+
+    Train mode: `batch` is `(inputs, targets)`; returns `(loss, grads)`, `grads` a `State` for a
+    `PipelineSequential`. Forward mode: `batch` is the inputs.
+    """
+    import spectrax_mpmd as mp
+
+    if not isinstance(stages, PipelineSequential):
+        return mp.sxcall(stages, batch, mesh=mesh, schedule=schedule, loss_fn=loss_fn, mode=mode)
+    if mode == "train" and not (isinstance(batch, tuple) and len(batch) == 2):
+        raise mp.MpmdError("spx.sxcall: with mode='train', batch must be a pair (inputs, targets).")
+    inputs, targets = batch if mode == "train" else (batch, None)
+    return run(
+        stages, inputs=inputs, targets=targets, mesh=mesh, mode=mode, loss_fn=loss_fn, schedule=schedule
+    )

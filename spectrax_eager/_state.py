@@ -56,9 +56,7 @@ class State(Mapping):
     def filter(self, selector: Any) -> State:
         """The sub-State of the entries `selector` matches."""
         sel = as_selector(selector)
-        keep = [
-            (i, v) for i, v in zip(self._infos, self._values) if sel.match(i, info_variable(i, v))
-        ]
+        keep = [(i, v) for i, v in zip(self._infos, self._values) if sel.match(i, info_variable(i, v))]
         return State(tuple(i for i, _ in keep), [v for _, v in keep])
 
     def __repr__(self) -> str:
@@ -74,7 +72,10 @@ def _short(value: Any) -> str:
 
 jax.tree_util.register_pytree_with_keys(
     State,
-    lambda s: ([(jax.tree_util.GetAttrKey(f"{i.kind}/{i.path}"), v) for i, v in zip(s._infos, s._values)], s._infos),
+    lambda s: (
+        [(jax.tree_util.GetAttrKey(f"{i.kind}/{i.path}"), v) for i, v in zip(s._infos, s._values)],
+        s._infos,
+    ),
     lambda infos, values: State(infos, values),
     lambda s: (s._values, s._infos),
 )
@@ -85,7 +86,9 @@ def state_of(plan: Plan, selected: tuple[bool, ...] | None = None, values: list 
     vals = [v._value for v in plan.vars] if values is None else values
     if selected is None:
         return State(plan.infos, vals)
-    return State(tuple(i for i, s in zip(plan.infos, selected) if s), [v for v, s in zip(vals, selected) if s])
+    return State(
+        tuple(i for i, s in zip(plan.infos, selected) if s), [v for v, s in zip(vals, selected) if s]
+    )
 
 
 def _require_module(obj: Any, fn: str) -> Module:
@@ -124,7 +127,9 @@ def bind(graphdef: GraphDef, *states: State) -> Module:
         for key, value in state.flat().items():
             j = index.get(key)
             if j is None:
-                raise ValueError(f"bind: the State has {key[0]}/{key[1]}, which the GraphDef does not contain.")
+                raise ValueError(
+                    f"bind: the State has {key[0]}/{key[1]}, which the GraphDef does not contain."
+                )
             values[j] = value
     missing = [f"{i.kind}/{i.path}" for i, v in zip(plan.infos, values) if v is _MISSING]
     if missing:

@@ -335,7 +335,10 @@ def sxcall(
     returns the last stage's outputs in batch order.
     """
     if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[0]) for s in stages):
-        raise MpmdError("sxcall: stages must be a non-empty list of (apply_fn, params) pairs.")
+        raise MpmdError(
+            "sxcall: stages must be a non-empty list of (apply_fn, params) pairs; for an eager "
+            "PipelineSequential use spectrax_eager.sxcall (or spx.run)."
+        )
     fns = tuple(fn for fn, _ in stages)
 
     def forward(params, _extra, inputs):

@@ -21,7 +21,9 @@ class ModuleList(Module):
     def append(self, module: Module) -> None:
         """Add `module` at the end (a structural change)."""
         if not isinstance(module, Module):
-            raise TypeError(f"{type(self).__name__}.append: expected an spx.Module, received {type(module).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__}.append: expected an spx.Module, received {type(module).__name__}."
+            )
         setattr(self, str(len(self)), module)
 
     def __len__(self) -> int:
@@ -86,7 +88,9 @@ class ModuleDict(Module):
 
     def __setitem__(self, key: str, module: Module) -> None:
         if not isinstance(key, str) or not key.isidentifier():
-            raise ValueError(f"ModuleDict: keys must be identifier strings (they become paths), received {key!r}.")
+            raise ValueError(
+                f"ModuleDict: keys must be identifier strings (they become paths), received {key!r}."
+            )
         if not isinstance(module, Module):
             raise TypeError(f"ModuleDict[{key!r}]: expected an spx.Module, received {type(module).__name__}.")
         setattr(self, key, module)

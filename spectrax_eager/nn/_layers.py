@@ -22,19 +22,43 @@ class Linear(CoreLayer):
 
     core_cls = sc.nn.Linear
 
-    def __init__(self, d_in: int | None, d_out: int, *, use_bias: bool = True, dtype=jnp.float32,
-                 axes: tuple = ("EMBED", "MLP"), rngs: Rngs | None = None):
+    def __init__(
+        self,
+        d_in: int | None,
+        d_out: int,
+        *,
+        use_bias: bool = True,
+        dtype=jnp.float32,
+        axes: tuple = ("EMBED", "MLP"),
+        rngs: Rngs | None = None,
+    ):
         if d_in is None:
-            self.d_out, self.use_bias, self.dtype, self.axes, self.rngs = d_out, use_bias, dtype, tuple(axes), rngs
+            self.d_out, self.use_bias, self.dtype, self.axes, self.rngs = (
+                d_out,
+                use_bias,
+                dtype,
+                tuple(axes),
+                rngs,
+            )
             self.d_in = None
             key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
-        self._adopt(sc.nn.Linear.init(key_from(rngs, "Linear"), d_in, d_out, use_bias=use_bias, dtype=dtype, axes=axes))
+        self._adopt(
+            sc.nn.Linear.init(
+                key_from(rngs, "Linear"), d_in, d_out, use_bias=use_bias, dtype=dtype, axes=axes
+            )
+        )
 
     def forward(self, x: jax.Array) -> jax.Array:
         if self.d_in is None:
-            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, use_bias=self.use_bias,
-                                       dtype=self.dtype, axes=self.axes)
+            params = sc.nn.Linear.init(
+                self.rngs.params(),
+                x.shape[-1],
+                self.d_out,
+                use_bias=self.use_bias,
+                dtype=self.dtype,
+                axes=self.axes,
+            )
             for name in ("use_bias", "dtype", "rngs"):
                 delattr(self, name)
             self._adopt(params)
@@ -86,8 +110,10 @@ class Dropout(CoreLayer):
         if det or self.rate == 0.0:
             return x
         if self.rngs is None:
-            raise ValueError("Dropout: training mode needs rngs=spx.Rngs(...) at construction "
-                             "(or call model.eval() / pass deterministic=True).")
+            raise ValueError(
+                "Dropout: training mode needs rngs=spx.Rngs(...) at construction "
+                "(or call model.eval() / pass deterministic=True)."
+            )
         return sc.apply(self.core_params(), x, key=self.rngs.dropout(), deterministic=False)
 
 
@@ -96,10 +122,21 @@ class MLP(CoreLayer):
 
     core_cls = sc.nn.MLP
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", use_bias: bool = True,
-                 dtype=jnp.float32, rngs: Rngs | None = None):
-        self._adopt(sc.nn.MLP.init(key_from(rngs, "MLP"), d_model, d_ff, activation=activation,
-                                   use_bias=use_bias, dtype=dtype))
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "gelu",
+        use_bias: bool = True,
+        dtype=jnp.float32,
+        rngs: Rngs | None = None,
+    ):
+        self._adopt(
+            sc.nn.MLP.init(
+                key_from(rngs, "MLP"), d_model, d_ff, activation=activation, use_bias=use_bias, dtype=dtype
+            )
+        )
 
 
 class GatedMLP(CoreLayer):
@@ -107,10 +144,26 @@ class GatedMLP(CoreLayer):
 
     core_cls = sc.nn.GatedMLP
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", use_bias: bool = False,
-                 dtype=jnp.float32, rngs: Rngs | None = None):
-        self._adopt(sc.nn.GatedMLP.init(key_from(rngs, "GatedMLP"), d_model, d_ff, activation=activation,
-                                        use_bias=use_bias, dtype=dtype))
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "silu",
+        use_bias: bool = False,
+        dtype=jnp.float32,
+        rngs: Rngs | None = None,
+    ):
+        self._adopt(
+            sc.nn.GatedMLP.init(
+                key_from(rngs, "GatedMLP"),
+                d_model,
+                d_ff,
+                activation=activation,
+                use_bias=use_bias,
+                dtype=dtype,
+            )
+        )
 
 
 class Attention(CoreLayer):
@@ -144,8 +197,9 @@ class Conv1d(CoreLayer):
 
     core_cls = sc.nn.Conv1d
 
-    def __init__(self, c_in: int, c_out: int, kernel_size: int | tuple[int], *, rngs: Rngs | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self, c_in: int, c_out: int, kernel_size: int | tuple[int], *, rngs: Rngs | None = None, **kwargs: Any
+    ):
         self._adopt(sc.nn.Conv1d.init(key_from(rngs, "Conv1d"), c_in, c_out, kernel_size, **kwargs))
 
 
@@ -154,6 +208,13 @@ class Conv2d(CoreLayer):
 
     core_cls = sc.nn.Conv2d
 
-    def __init__(self, c_in: int, c_out: int, kernel_size: int | tuple[int, int], *, rngs: Rngs | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel_size: int | tuple[int, int],
+        *,
+        rngs: Rngs | None = None,
+        **kwargs: Any,
+    ):
         self._adopt(sc.nn.Conv2d.init(key_from(rngs, "Conv2d"), c_in, c_out, kernel_size, **kwargs))

@@ -1,4 +1,4 @@
-"""`spx.assign_stage`: variables carry their stage, and `spx.run` cuts the model where its forward
+"""`spx.assign_stage` and `spx.sxcall`: variables carry their stage, and `spx.run` cuts the model where its forward
 moves from one stage's modules to the next."""
 
 from __future__ import annotations
@@ -105,3 +105,20 @@ def test_assign_stage_rejects_bad_numbers(current, total):
     with pytest.raises(ValueError, match=r"0 <= current < total"):
         with spx.assign_stage(total=total, current=current):
             pass
+
+
+def test_sxcall_over_a_pipeline_sequential():
+    rngs = spx.Rngs(3)
+    pipe = spx.nn.PipelineSequential(
+        spx.nn.Sequential(spx.nn.Linear(8, 16, rngs=rngs)),
+        spx.nn.Sequential(spx.nn.Linear(16, 3, rngs=rngs)),
+    )
+    ref_loss, ref_grads = spx.value_and_grad(lambda m: mse(m(X), Y))(pipe)
+    loss, grads = spx.sxcall(pipe, (X, Y), mesh=mesh2(), schedule=S.GPipe(microbatches=4), loss_fn=mse)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    out = spx.sxcall(pipe, X, mesh=mesh2(), schedule=S.GPipe(microbatches=4), mode="forward")
+    np.testing.assert_allclose(out, pipe(X), rtol=1e-5, atol=1e-6)
+    with pytest.raises(mp.MpmdError, match=r"spectrax_eager\.sxcall"):
+        mp.sxcall(pipe, (X, Y), mesh=mesh2(), loss_fn=mse)
