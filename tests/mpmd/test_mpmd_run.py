@@ -589,3 +589,26 @@ def test_greedy_decode_rejects_prompt_longer_than_max_len():
         greedy_decode(lm, prompt(2), 2, max_len=4)
     with pytest.raises(ValueError, match=r"max_len is 4"):
         decoder(2).generate(prompt(2), 2, max_len=4)
+
+
+@pytest.mark.parametrize(
+    "kind, kwargs", [("pp2", {"schedule": S.GPipe(microbatches=2)}), ("spmd", {"microbatches": 2})]
+)
+def test_run_shards_parameters_by_the_rules(kind, kwargs):
+    """With `rules`, both paths shard each parameter as the rules say (FSDP over `fsdp` here) and the
+    numbers still equal the unsplit reference."""
+    lm, tokens, targets = lm_and_batch()
+    rules = sc.sharding.Rules.default()
+    loss, grads = mp.run(
+        lm,
+        inputs=tokens,
+        targets=targets,
+        mesh=mesh_of(kind),
+        loss_fn=softmax_cross_entropy,
+        rules=rules,
+        **kwargs,
+    )
+    ref_loss, ref_grads = reference()
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
+    assert grads.embed.table.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
