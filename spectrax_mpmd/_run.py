@@ -105,14 +105,8 @@ class Runner:
                 f"{name}: microbatches={microbatches} but the schedule has "
                 f"microbatches={schedule.microbatches}; give one of them."
             )
-        self.forward, self.mode, self.loss_fn, self.has_aux, self.rules, self.name = (
-            forward,
-            mode,
-            loss_fn,
-            has_aux,
-            rules,
-            name,
-        )
+        self.forward, self.mode, self.loss_fn = forward, mode, loss_fn
+        self.has_aux, self.rules, self.name = has_aux, rules, name
         self.mpmd = _is_mpmd(mesh)
         self.mesh = (
             as_mpmd_mesh(mesh) if self.mpmd else (mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh)
