@@ -124,12 +124,11 @@ def stage_plan(model: Module, n_stages: int, sizes: Sequence[int] | None, inputs
     return _ordered([f"blocks.{k}" for k in range(len(blocks))], stages)
 
 
-def _call(model: Module, inputs: Any) -> Any:
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    return model(inputs)
+def call(model: Module, inputs: Any) -> Any:
+    """`model(inputs)`, `model(*inputs)` for a tuple or `model(**inputs)` for a dict."""
+    import spectrax_mpmd as mp
+
+    return mp.call_with(lambda m, *args, **kwargs: m(*args, **kwargs), model, inputs)
 
 
 @contextlib.contextmanager
@@ -157,14 +156,14 @@ def probe(model: Module, paths: Sequence[str], inputs: Any) -> list[int]:
     """The order in which `model`'s forward calls the modules at `paths` (abstract run, no compile)."""
     watched = [_resolve(model, p) for p in paths]
     with _watching(watched, frozenset()) as calls:
-        jax.eval_shape(lambda x: _call(model, x), inputs)
+        jax.eval_shape(lambda x: call(model, x), inputs)
     return calls
 
 
 def run_marked(model: Module, plan: StagePlan, inputs: Any) -> Any:
     """`model(inputs)` with stage markers per `plan`, checking the calls match it."""
     with _watching([_resolve(model, p) for p in plan.paths], plan.marks) as calls:
-        out = _call(model, inputs)
+        out = call(model, inputs)
     if tuple(calls) != plan.sequence:
         raise _error(
             f"{type(model).__name__}.forward called its stage modules in the order {calls}, but the "
@@ -172,8 +171,3 @@ def run_marked(model: Module, plan: StagePlan, inputs: Any) -> Any:
             "(stage-stamped modules in stage order), so that no layer is dropped or run twice."
         )
     return out
-
-
-def call(model: Module, inputs: Any) -> Any:
-    """`model(inputs)`, `model(*inputs)` or `model(**inputs)`."""
-    return _call(model, inputs)

@@ -8,7 +8,7 @@ from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
-from ._run import Runner, gather, pipeline_stages, run, runner, sxcall
+from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
 
@@ -17,6 +17,7 @@ __all__ = [
     "PipelineDecoder",
     "runner",
     "pipeline_stages",
+    "call_with",
     "Runner",
     "sxcall",
     "gather",
