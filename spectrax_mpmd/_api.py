@@ -11,7 +11,7 @@ import numpy as np
 
 from spectrax_core import sharding as core_sharding
 
-from ._args import Signature, as_tuple, classify, signature
+from ._args import Signature, as_tuple, classify, signature, traced_avals
 from ._compile import Compiler
 from ._context import check_no_trace
 from ._mesh import MpmdMesh, as_mpmd_mesh
@@ -101,6 +101,19 @@ class _Entry:
         return self.plan.run(self.place(placer, leaves))
 
 
+def _cached_entry(owner, args) -> tuple[_Entry, list]:
+    """`owner`'s entry for this call's signature (built on a miss) and the call's leaves.
+
+    Refuses calls under a JAX transformation before any cache is read or written.
+    """
+    check_no_trace(owner.name)
+    sig = signature(owner.name, owner.fn, args, owner.static_argnums)
+    entry = owner.cache.get(sig.key)
+    if entry is None:
+        entry = owner.cache[sig.key] = owner._build(sig)
+    return entry, sig.leaves
+
+
 def _build_plan(compiler: Compiler, builder) -> Plan:
     """Run a plan builder; the compiler keeps its compiled programs but no per-build lowerings."""
     try:
@@ -155,9 +168,7 @@ class _StepFunction:
     def _build(self, sig: Signature) -> _Entry:
         m = self.schedule.microbatches
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
-        micro = [sig.aval(a) for a in range(len(sig.leaves))]
-        for a in kinds.batch:
-            micro[a] = sig.aval(a, (kinds.batch_size // m, *sig.types[a][0][1:]))
+        micro = traced_avals(sig, kinds, m)
         closed, _, out_tree = trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro))
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
@@ -201,12 +212,7 @@ class _StepFunction:
         return specs
 
     def _entry(self, args):
-        check_no_trace(self.name)
-        sig = signature(self.name, self.fn, args, self.static_argnums)
-        entry = self.cache.get(sig.key)
-        if entry is None:
-            entry = self.cache[sig.key] = self._build(sig)
-        return entry, sig.leaves
+        return _cached_entry(self, args)
 
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
@@ -311,7 +317,7 @@ class _JitFunction:
     """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
 
     def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums):
-        self.fn = fn
+        self.fn, self.name = fn, "sxjit"
         self.mesh = _check_mesh("sxjit", mesh)
         self.v = _check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
         self.schedule = schedule
@@ -327,16 +333,13 @@ class _JitFunction:
         functools.update_wrapper(self, fn)
 
     def _build(self, sig: Signature) -> _Entry:
-        avals = [sig.aval(a) for a in range(len(sig.leaves))]
-        split_batch = {}
+        kinds, split_batch = None, {}
         if self.batch_argnums is not None:
-            m = self.schedule.microbatches
-            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, m)
-            for a in kinds.batch:
-                avals[a] = sig.aval(a, (kinds.batch_size // m, *sig.types[a][0][1:]))
+            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, self.schedule.microbatches)
             split_batch = dict(
                 batch_args=kinds.batch, batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
+        avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
         closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
         graph = split(closed, self.mesh.mpmd_dim * self.v)
         n_args = len(sig.positions) + len(sig.statics)
@@ -354,12 +357,8 @@ class _JitFunction:
         return _Entry(_build_plan(self.compiler, builder), out_tree, donated=donated)
 
     def __call__(self, *args):
-        check_no_trace("sxjit")
-        sig = signature("sxjit", self.fn, args, self.static_argnums)
-        entry = self.cache.get(sig.key)
-        if entry is None:
-            entry = self.cache[sig.key] = self._build(sig)
-        buf = entry.run(self.placer, sig.leaves)
+        entry, leaves = _cached_entry(self, args)
+        buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
         return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
 

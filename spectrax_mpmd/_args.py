@@ -221,3 +221,11 @@ def classify(
         )
     keys = frozenset(a for a in broadcast if is_prng_key(*sig.types[a][:2]))
     return ArgumentKinds(argnums, params, batch, broadcast, keys, batch_size)
+
+
+def traced_avals(sig: Signature, kinds: ArgumentKinds | None, microbatches: int) -> list:
+    """Every leaf's abstract value for tracing; batch leaves at microbatch size."""
+    avals = [sig.aval(a) for a in range(len(sig.leaves))]
+    for a in kinds.batch if kinds is not None else ():
+        avals[a] = sig.aval(a, (kinds.batch_size // microbatches, *sig.types[a][0][1:]))
+    return avals
