@@ -4,6 +4,8 @@ Imports `spectrax_core`; never `spectrax_eager`.
 """
 
 from ._api import sxgrad, sxjit, sxvalue_and_grad
+from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
+from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
@@ -38,4 +40,10 @@ __all__ = [
     "MarkerError",
     "StageSplitError",
     "TraceContextError",
+    "CheckpointManager",
+    "CheckpointError",
+    "Restored",
+    "save_checkpoint",
+    "restore_checkpoint",
+    "owner_shardings",
 ]

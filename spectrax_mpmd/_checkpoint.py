@@ -1,0 +1,293 @@
+"""Checkpoints through orbax-checkpoint: each rank's arrays written where they live, restored into any layout.
+
+`CheckpointManager` wraps `orbax.checkpoint.CheckpointManager` (numbered
+steps, `max_to_keep`, asynchronous saves, atomic commits); `save_checkpoint`
+and `restore_checkpoint` are the one-call forms. A checkpoint holds three
+items: `params` and `opt_state` (arrays under layout-independent names, see
+`_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype, and the
+caller's `extra`). Orbax writes each array shard from the device that holds
+it and reads each straight onto the devices of the target sharding, so a
+checkpoint written by a 4-rank pipeline restores into 2 or 8 ranks, another
+schedule, or one device, with nothing converted offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spectrax_core import sharding as core_sharding
+
+from ._checkpoint_layout import CheckpointError, save_arrays, staged_opt_target, tree_target
+
+FORMAT = 1
+ITEMS = ("params", "opt_state", "meta")
+
+
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as err:
+        raise CheckpointError(
+            "checkpoints need orbax-checkpoint, which is not installed; install the checkpoint extra: "
+            "pip install 'spectrax-mpmd[checkpoint]' (or pip install orbax-checkpoint)."
+        ) from err
+    return ocp
+
+
+class Restored(NamedTuple):
+    """What a restore returns: the step, the parameters, the optimizer state (or None) and `extra`."""
+
+    step: int
+    params: Any
+    opt_state: Any
+    extra: Any
+
+
+class CheckpointManager:
+    """Numbered checkpoints in `directory`, saved and restored through orbax.
+
+    Args:
+      directory: where step folders (`<directory>/<step>`) are written.
+      max_to_keep: keep only the newest this many steps (None: all).
+      save_interval_steps: `save` writes only steps that are multiples of this
+        (pass `force=True` to write any step).
+      async_save: write in the background; `save` returns once the arrays are
+        copied off the devices, so training may go on and change them. Call
+        `wait_until_finished` (or `close`) before reading the files.
+      create: create `directory` if missing (restoring never creates it).
+
+    A step becomes visible only when orbax has committed it: a save that is
+    interrupted leaves a temporary folder that `all_steps`, `latest_step` and
+    `restore` ignore.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_to_keep: int | None = None,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+        create: bool = True,
+    ):
+        ocp = _orbax()
+        self.directory = Path(directory).absolute()
+        if not create and not self.directory.is_dir():
+            raise CheckpointError(
+                f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
+                "run saved to (--checkpoint-dir / CheckpointManager(directory))."
+            )
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=async_save,
+            create=create,
+        )
+        self._ocp = ocp
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    # -- steps ---------------------------------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """The committed steps, oldest first."""
+        return sorted(self._manager.all_steps(read=True))
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def wait_until_finished(self) -> None:
+        """Block until every asynchronous save has been committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release orbax's resources."""
+        self._manager.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- saving --------------------------------------------------------------------------
+    def save(self, step: int, *, params, opt_state=None, extra: Any = None, force: bool = False) -> bool:
+        """Save `params` (any pytree of arrays), `opt_state` and JSON `extra` as `step`.
+
+        `opt_state` is a `StagedOptState` (saved per parameter, so it restores
+        into another pipeline layout) or any pytree of arrays (restored into the
+        same structure). Every array is handed to orbax on the devices that hold
+        it. Returns whether the step was saved (see `save_interval_steps`).
+        """
+        step = _check_step(step)
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(
+                f"save: extra must be JSON-serializable (numbers, strings, lists, dicts), got "
+                f"{type(extra).__name__}: {err}. Save arrays as params or opt_state instead."
+            ) from err
+        arrays_p, arrays_o, desc = save_arrays(params, opt_state)
+        meta = {"format": FORMAT, **desc, "extra": extra}
+        ocp = self._ocp
+        items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
+        if arrays_o:
+            items["opt_state"] = ocp.args.StandardSave(arrays_o)
+        return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+    # -- restoring -----------------------------------------------------------------------
+    def restore(
+        self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None
+    ) -> Restored:
+        """Read `step` (default: the latest) into parameters shaped and placed like `like`.
+
+        Args:
+          like: the target parameters: a pytree of arrays or `jax.ShapeDtypeStruct`s
+            in the target layout (e.g. `mp.stage_blocks(model, n)` for n
+            stages, the unstaged model for one device). Each leaf is read onto
+            its own sharding (a leaf without one: the default device).
+          shardings: optional shardings with the structure of `like`, used instead
+            of its leaves' own (e.g. `owner_shardings(step, params, *batch)`).
+          optimizer: a `StagedOptimizer`, to restore a saved `StagedOptState` for
+            the target parameters (its groups follow their placement).
+          opt_like: or a pytree shaped like a saved non-staged optimizer state.
+
+        Returns `Restored(step, params, opt_state, extra)`. Raises
+        `CheckpointError` naming the first leaf whose path, shape or dtype does
+        not match, or listing the steps there are when `step` is missing.
+        """
+        step = self._resolve(step)
+        ocp = self._ocp
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        p_target, p_rebuild = tree_target(like, shardings)
+        p_target.check(meta["params"], "params")
+        items = {"params": ocp.args.StandardRestore(p_target.want)}
+        o_rebuild = None
+        if optimizer is not None or opt_like is not None:
+            o_target, o_rebuild = self._opt_target(meta, like, shardings, optimizer, opt_like)
+            o_target.check(meta["opt_state"], "opt_state")
+            items["opt_state"] = ocp.args.StandardRestore(o_target.want)
+        got = self._manager.restore(step, args=ocp.args.Composite(**items))
+        params = p_rebuild(dict(got["params"]))
+        opt_state = o_rebuild(dict(got["opt_state"])) if o_rebuild is not None else None
+        return Restored(step, params, opt_state, meta.get("extra"))
+
+    def _opt_target(self, meta, like, shardings, optimizer, opt_like):
+        kind = meta.get("opt_kind")
+        if kind is None:
+            raise CheckpointError(
+                "restore: this checkpoint holds no optimizer state; drop optimizer= / opt_like= and "
+                "initialise the optimizer afresh."
+            )
+        if optimizer is not None and opt_like is not None:
+            raise CheckpointError("restore: give optimizer= (a StagedOptimizer) or opt_like=, not both.")
+        if kind == "staged":
+            if optimizer is None or not hasattr(optimizer, "tx"):
+                raise CheckpointError(
+                    "restore: the checkpoint holds a StagedOptState; pass optimizer=<the StagedOptimizer> so "
+                    "that it is rebuilt for the target parameters' placement."
+                )
+            return staged_opt_target(optimizer, like, shardings)
+        if opt_like is None:
+            raise CheckpointError(
+                "restore: the checkpoint holds an optimizer state pytree (not a StagedOptState); pass "
+                "opt_like= shaped like it."
+            )
+        return tree_target(opt_like)
+
+    def _resolve(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(
+                f"restore: {self.directory} holds no committed checkpoint; save one first "
+                "(an interrupted save is never read)."
+            )
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(
+                f"restore: step {step} is not in {self.directory}; it holds steps {steps}. Give one "
+                "of them, or step=None for the latest."
+            )
+        return step
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
+
+
+def _check_step(step) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"save: step must be a non-negative int, got {step!r}.")
+    return step
+
+
+def save_checkpoint(
+    directory: str | os.PathLike, step: int, *, params, opt_state=None, extra: Any = None
+) -> Path:
+    """Save one step synchronously (see `CheckpointManager.save`); returns the step's folder."""
+    with CheckpointManager(directory, async_save=False) as manager:
+        manager.save(step, params=params, opt_state=opt_state, extra=extra, force=True)
+    return manager.directory / str(step)
+
+
+def restore_checkpoint(
+    directory: str | os.PathLike,
+    step: int | None = None,
+    *,
+    like,
+    shardings=None,
+    optimizer=None,
+    opt_like=None,
+) -> Restored:
+    """Restore one step (default: the latest); see `CheckpointManager.restore`."""
+    with CheckpointManager(directory, create=False) as manager:
+        return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
+
+
+def owner_shardings(step, params, *args):
+    """Where a training step keeps each parameter leaf: the sharding its gradient comes back with.
+
+    `step` is an `mp.runner(...)` step (called as `step(params, *args)`) or an
+    `mp.sxvalue_and_grad` function (`step(params, *args)`, parameters first).
+    The leaves of `params` may be arrays or `jax.ShapeDtypeStruct`s. On a
+    pipeline mesh this builds (and compiles) the step's plan for these
+    arguments, which the first real call then reuses; without a pipeline axis
+    it is the mesh-wide placement the step gives parameters. Pass the result as
+    `shardings=` to `restore` so each leaf is read straight onto its owner.
+    """
+    inner = getattr(step, "runner", None)
+    if inner is not None and not inner.mpmd:
+        mesh = inner.mesh
+        if inner.rules is None:
+            return jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params)
+        specs = core_sharding.param_specs(params, inner.rules, mesh=mesh)
+        return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    fn, call = (inner.step, (params, None, *args)) if inner is not None else (step, (params, *args))
+    if not hasattr(fn, "plan_for"):
+        raise CheckpointError(
+            f"owner_shardings: step must be an mp.runner(...) step or an mp.sxvalue_and_grad function, "
+            f"got {type(step).__name__}."
+        )
+    plan = fn.plan_for(*call)
+    produced = {slot: value.sharding for slot, value in plan.const_slots.items()}
+    for fn_, _, outs, _ in plan.steps:
+        shardings = getattr(fn_, "output_shardings", None) or getattr(fn_, "targets", None)
+        if shardings is not None:
+            produced.update(zip(outs, shardings))
+    readers: dict[int, Any] = {}
+    for (_, (kind, a, _)), sharding in zip(plan.input_keys, plan.input_shardings):
+        if kind == "param":
+            readers.setdefault(a, sharding)
+    grads = plan.output_slots["grads"]
+    leaves, treedef = jax.tree.flatten(params)
+    out = []
+    for a in range(len(leaves)):
+        sharding = produced.get(grads.get(a), readers.get(a))
+        out.append(sharding if sharding is not None else NamedSharding(fn.mesh.submesh(0), PartitionSpec()))
+    return treedef.unflatten(out)

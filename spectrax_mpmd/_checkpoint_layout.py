@@ -1,0 +1,361 @@
+"""Layout-independent names for the arrays of a checkpoint.
+
+A pipeline run holds a model's blocks as a `StagedStack` (one `BlockStack`
+per stage, each on its rank); a single-device or SPMD run holds one
+`BlockStack`. A checkpoint names every array independently of that layout: a
+leaf of stacked blocks is saved as one array per layer, named by the layer's
+index in the whole model (`blocks.layers.attn.q.weight[3]`), every other leaf
+by its path (`embed.table`). A layer's array is a slice taken on the devices
+that hold its stage, so saving gathers nothing; restoring reads the layers a
+target stage needs straight onto that stage's devices and stacks them there.
+
+A `StagedOptState` (one optax state per device group, each built over the
+group's list of parameter leaves) is named the same way: a per-parameter
+entry as `<path in the optax state>/<parameter's name>` (split per layer like
+its parameter), a shared entry (a step count) as `<path in the optax state>`,
+taken from the first group and copied to every group on restore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.tree_util import keystr, tree_flatten_with_path
+
+from spectrax_core.nn import BlockStack
+
+from ._stages import StagedStack
+from .errors import MpmdError
+
+
+class CheckpointError(MpmdError):
+    """A checkpoint cannot be written or read as asked (missing, or not matching the target)."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One leaf of a tree: its path there, its checkpoint names, whether it holds stacked layers."""
+
+    path: str
+    names: tuple[str, ...]
+    stacked: bool
+
+
+def _is_stack(x) -> bool:
+    return isinstance(x, (BlockStack, StagedStack))
+
+
+def leaves_of(tree, prefix: str = "") -> list[Leaf]:
+    """The checkpoint names of `tree`'s leaves, in `jax.tree.leaves` order."""
+    out = []
+    for path, node in tree_flatten_with_path(tree, is_leaf=_is_stack)[0]:
+        where = prefix + keystr(path)
+        if not _is_stack(node):
+            out.append(Leaf(where, (where.lstrip("."),), False))
+            continue
+        parts = [(".layers", node.layers)] if isinstance(node, BlockStack) else None
+        if parts is None:
+            parts = [(f".parts[{k}].layers", p.layers) for k, p in enumerate(node.parts)]
+        start = 0
+        for sub, layers in parts:
+            flat = tree_flatten_with_path(layers)[0]
+            for lpath, x in flat:
+                base = f"{where}.layers{keystr(lpath)}".lstrip(".")
+                names = tuple(f"{base}[{start + i}]" for i in range(x.shape[0]))
+                out.append(Leaf(f"{where}{sub}{keystr(lpath)}", names, True))
+            start += flat[0][1].shape[0] if flat else 0
+    return out
+
+
+@jax.jit
+def _unstack(x):
+    return tuple(x)
+
+
+@jax.jit
+def _stack(*xs):
+    return jnp.stack(xs)
+
+
+def _pieces(leaf: Leaf, x) -> list:
+    """The arrays saved for one leaf: itself, or one per layer (sliced where it lives)."""
+    if not leaf.stacked:
+        return [x]
+    return list(_unstack(x))
+
+
+def _is_param_list(n: int) -> Callable[[Any], bool]:
+    return lambda x: isinstance(x, list) and len(x) == n
+
+
+def _opt_entries(idx: tuple[int, ...], state, params: list[Leaf], shapes: list[tuple]):
+    """`(name, leaf, per_layer, param index)` for every array of one group's optax state.
+
+    `per_layer` says the entry follows a stacked parameter layer by layer.
+    Shared entries (not inside the per-parameter lists) have param index None.
+    """
+    out = []
+    for path, node in tree_flatten_with_path(state, is_leaf=_is_param_list(len(idx)))[0]:
+        where = keystr(path)
+        if not _is_param_list(len(idx))(node):
+            out.append((where, node, False, None))
+            continue
+        for i, elem in enumerate(node):
+            k = idx[i]
+            for sub, x in tree_flatten_with_path(elem)[0]:
+                stacked = params[k].stacked and tuple(x.shape) == tuple(shapes[k])
+                if params[k].stacked and not stacked:
+                    raise CheckpointError(
+                        f"optimizer state {where}{keystr(sub)} of parameter {params[k].path} has shape "
+                        f"{tuple(x.shape)}, not its stacked parameter's {tuple(shapes[k])}; such states "
+                        "cannot be split per layer. Save the model with its blocks unstaged "
+                        "(mp.unstage_blocks) or use an element-wise optax transformation."
+                    )
+                names = tuple(f"{where}{keystr(sub)}/{n}" for n in params[k].names)
+                out.append((names, x, stacked, k))
+    return out
+
+
+def save_arrays(params, opt_state=None) -> tuple[dict, dict, dict]:
+    """The arrays to write, by name: `(params, opt_state, description)`.
+
+    Each array is a leaf of the caller's trees or a slice of one taken on its
+    own devices. The description records every name's shape and dtype (and
+    the kind of optimizer state) for checks before a restore.
+    """
+    p_leaves = jax.tree.leaves(params)
+    p_names = leaves_of(params)
+    out_p = {}
+    for leaf, x in zip(p_names, p_leaves):
+        out_p.update(zip(leaf.names, _pieces(leaf, _as_array(x, leaf.path))))
+    out_o, kind = {}, None
+    if opt_state is not None and _is_staged(opt_state):
+        kind = "staged"
+        shapes = [tuple(jnp.shape(x)) for x in p_leaves]
+        for g, (idx, state) in enumerate(zip(opt_state.groups, opt_state.states)):
+            for names, x, stacked, k in _opt_entries(idx, state, p_names, shapes):
+                if k is None:
+                    if g == 0:
+                        out_o[names] = x
+                elif stacked:
+                    out_o.update(zip(names, _unstack(x)))
+                else:
+                    out_o[names[0]] = x
+    elif opt_state is not None:
+        kind = "tree"
+        for leaf, x in zip(leaves_of(opt_state), jax.tree.leaves(opt_state)):
+            out_o.update(zip(leaf.names, _pieces(leaf, _as_array(x, leaf.path))))
+    desc = {
+        "params": {k: _describe(v) for k, v in out_p.items()},
+        "opt_state": {k: _describe(v) for k, v in out_o.items()},
+        "opt_kind": kind,
+    }
+    return out_p, out_o, desc
+
+
+def _is_staged(state) -> bool:
+    from ._optim import StagedOptState
+
+    return isinstance(state, StagedOptState)
+
+
+def _as_array(x, path: str):
+    if isinstance(x, jax.Array):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jnp.asarray(x)
+    raise CheckpointError(
+        f"checkpoint: leaf {path or '(root)'} is a {type(x).__name__}, not an array; only arrays are "
+        "saved. Put plain Python values in extra= (JSON) instead."
+    )
+
+
+def _describe(x) -> list:
+    return [list(x.shape), jnp.dtype(x.dtype).name]
+
+
+# -- restoring ---------------------------------------------------------------------------
+
+
+def sharding_of(x, path: str):
+    """Where a target leaf goes: its sharding, or the default device for one without."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        return SingleDeviceSharding(jax.devices()[0])
+    return sharding
+
+
+def _layer_sharding(sharding, path: str):
+    """The sharding of one layer of a stacked leaf placed with `sharding` (the layer axis dropped)."""
+    if isinstance(sharding, SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec)
+        if spec and spec[0] is not None:
+            raise CheckpointError(
+                f"restore: {path} is sharded over its layer axis ({sharding.spec}); stacked block leaves "
+                "must keep that axis unsharded. Shard another axis instead."
+            )
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]), memory_kind=sharding.memory_kind)
+    raise CheckpointError(
+        f"restore: {path} has a {type(sharding).__name__}; stacked block leaves need a NamedSharding "
+        "or a single device."
+    )
+
+
+def _replicated(sharding):
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec(), memory_kind=sharding.memory_kind)
+    return SingleDeviceSharding(next(iter(sorted(sharding.device_set, key=lambda d: d.id))))
+
+
+class Target:
+    """What a restore reads (`want`: name -> abstract array with its sharding) and how it rebuilds trees."""
+
+    def __init__(self):
+        self.want: dict[str, jax.ShapeDtypeStruct] = {}
+        self.where: dict[str, str] = {}  # name -> the target leaf's path, for messages
+
+    def add(self, name: str, shape, dtype, sharding, path: str) -> None:
+        self.want[name] = jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+        self.where[name] = path
+
+    def add_leaf(self, leaf: Leaf, x, sharding) -> None:
+        if leaf.stacked:
+            layer = _layer_sharding(sharding, leaf.path)
+            for n in leaf.names:
+                self.add(n, x.shape[1:], x.dtype, layer, leaf.path)
+        else:
+            self.add(leaf.names[0], x.shape, x.dtype, sharding, leaf.path)
+
+    def check(self, saved: dict, what: str) -> None:
+        """Raise naming the first target leaf whose name, shape or dtype the checkpoint does not hold."""
+        for name, sds in self.want.items():
+            path = self.where[name] or "(root)"
+            if name not in saved:
+                raise CheckpointError(
+                    f"restore: the target's {what} leaf {path} (saved name {name!r}) is not in the "
+                    f"checkpoint; it holds {what} {_preview(saved)}. Restore into a tree of the "
+                    "structure that was saved."
+                )
+            shape, dtype = saved[name]
+            if tuple(shape) != tuple(sds.shape) or dtype != jnp.dtype(sds.dtype).name:
+                raise CheckpointError(
+                    f"restore: the target's {what} leaf {path} (saved name {name!r}) is "
+                    f"{jnp.dtype(sds.dtype).name}{list(sds.shape)} but the checkpoint holds "
+                    f"{dtype}{list(shape)}. Build the target with the saved model's sizes and dtypes."
+                )
+        extra = [n for n in saved if n not in self.want]
+        if extra:
+            raise CheckpointError(
+                f"restore: the checkpoint's {what} leaf {extra[0]!r} has no place in the target "
+                f"({len(extra)} such leaves). Restore into a tree of the structure that was saved."
+            )
+
+
+def _preview(names) -> str:
+    names = list(names)
+    return repr(names[:6])[:-1] + (", ...]" if len(names) > 6 else "]")
+
+
+def _place_leaf(leaf: Leaf, got: dict, sharding):
+    if not leaf.stacked:
+        return got[leaf.names[0]]
+    return jax.device_put(_stack(*[got[n] for n in leaf.names]), sharding)
+
+
+def tree_target(like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
+    """The arrays a restore of a tree shaped like `like` reads, and the function that rebuilds the tree."""
+    leaves, treedef = jax.tree.flatten(like)
+    names = leaves_of(like)
+    places = (
+        [sharding_of(x, leaf.path) for leaf, x in zip(names, leaves)]
+        if shardings is None
+        else _shardings_for(like, shardings)
+    )
+    target = Target()
+    for leaf, x, sh in zip(names, leaves, places):
+        target.add_leaf(leaf, x, sh)
+
+    def rebuild(got: dict):
+        return treedef.unflatten([_place_leaf(leaf, got, sh) for leaf, sh in zip(names, places)])
+
+    return target, rebuild
+
+
+def _shardings_for(like, shardings) -> list:
+    try:
+        return jax.tree.structure(like).flatten_up_to(shardings)
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(
+            "restore: shardings= must have the structure of like= (one sharding per leaf), e.g. "
+            f"mp.owner_shardings(step, params, *batch): {err}"
+        ) from err
+
+
+def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
+    """The arrays of a `StagedOptState` for parameters placed as `like`, and its rebuild function.
+
+    Groups follow the parameters' devices (as `StagedOptimizer.init` groups
+    them); each group's state structure is `optimizer.tx.init` evaluated
+    abstractly, so nothing is allocated before the restore.
+    """
+    from ._optim import StagedOptState
+
+    leaves = jax.tree.leaves(like)
+    p_names = leaves_of(like)
+    places = (
+        [sharding_of(x, leaf.path) for leaf, x in zip(p_names, leaves)]
+        if shardings is None
+        else _shardings_for(like, shardings)
+    )
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, sh in enumerate(places):
+        groups.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
+    groups_t = tuple(tuple(v) for v in groups.values())
+    shapes = [tuple(x.shape) for x in leaves]
+    target = Target()
+    plans = []
+    for idx in groups_t:
+        abstract = jax.eval_shape(
+            optimizer.tx.init, [jax.ShapeDtypeStruct(leaves[k].shape, leaves[k].dtype) for k in idx]
+        )
+        home = _replicated(places[idx[0]])
+        entries = []
+        for names, x, stacked, k in _opt_entries(idx, abstract, p_names, shapes):
+            if k is None:
+                target.add(names, x.shape, x.dtype, _replicated(places[0]), names)
+                entries.append((names, home, False, None))
+                continue
+            same = tuple(x.shape) == shapes[k]
+            sh = places[k] if same else _replicated(places[k])
+            path = f"optimizer state {names[0].split('/', 1)[0]} of {p_names[k].path}"
+            if stacked:
+                layer = _layer_sharding(sh, p_names[k].path)
+                for n in names:
+                    target.add(n, x.shape[1:], x.dtype, layer, path)
+            else:
+                target.add(names[0], x.shape, x.dtype, sh, path)
+            entries.append((names, sh, stacked, k))
+        plans.append((jax.tree.structure(abstract), entries))
+
+    def rebuild(got: dict):
+        states = []
+        for treedef, entries in plans:
+            values = []
+            for names, sh, stacked, k in entries:
+                if k is None:
+                    values.append(jax.device_put(got[names], sh))
+                elif stacked:
+                    values.append(jax.device_put(_stack(*[got[n] for n in names]), sh))
+                else:
+                    values.append(got[names[0]])
+            states.append(treedef.unflatten(values))
+        return StagedOptState(groups_t, tuple(states))
+
+    return target, rebuild
