@@ -89,9 +89,12 @@ class Attention(eqx.Module):
         rope_theta: float = 10000.0,
         use_bias: bool = False,
         dtype=jnp.float32,
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
     ) -> "Attention":
-        """Lecun-normal projections. `n_kv_heads` defaults to `n_heads` (plain multi-head),
-        `head_dim` to `d_model // n_heads`."""
+        """Lecun-normal projections (or `w_init` / `b_init`; `compute_dtype` goes to each).
+        `n_kv_heads` defaults to `n_heads` (plain multi-head), `head_dim` to `d_model // n_heads`."""
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if head_dim is None:
             if d_model % n_heads:
@@ -109,11 +112,12 @@ class Attention(eqx.Module):
             raise ValueError(f"Attention: rope=True needs an even head_dim, received head_dim={head_dim}.")
         kq, kk, kv, ko = jax.random.split(key, 4)
         q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
         return cls(
-            q=Linear.init(kq, d_model, q_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "HEAD")),
-            k=Linear.init(kk, d_model, kv_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "KV_HEAD")),
-            v=Linear.init(kv, d_model, kv_dim, use_bias=use_bias, dtype=dtype, axes=("EMBED", "KV_HEAD")),
-            o=Linear.init(ko, q_dim, d_model, use_bias=use_bias, dtype=dtype, axes=("HEAD", "EMBED")),
+            q=Linear.init(kq, d_model, q_dim, **kw, axes=("EMBED", "HEAD")),
+            k=Linear.init(kk, d_model, kv_dim, **kw, axes=("EMBED", "KV_HEAD")),
+            v=Linear.init(kv, d_model, kv_dim, **kw, axes=("EMBED", "KV_HEAD")),
+            o=Linear.init(ko, q_dim, d_model, **kw, axes=("HEAD", "EMBED")),
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,

@@ -49,16 +49,23 @@ class Block(eqx.Module):
         activation: str | None = None,
         use_bias: bool = False,
         dtype=jnp.float32,
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
     ) -> "Block":
         """Build the block's layers. `norm` is "layer" or "rms"; `gated` picks `GatedMLP`
-        over `MLP`; `activation`/`eps` default to the chosen layer's own default."""
+        over `MLP`; `activation`/`eps` default to the chosen layer's own default. `w_init` /
+        `b_init` initialise every projection; `compute_dtype` goes to every layer."""
         if norm not in _NORMS:
             raise ValueError(f"Block: norm must be one of {sorted(_NORMS)}, received {norm!r}.")
         k_attn, k_mlp = jax.random.split(key)
         norm_cls = _NORMS[norm]
-        norm_kw = {"dtype": dtype} if eps is None else {"dtype": dtype, "eps": eps}
+        norm_kw = {"dtype": dtype, "compute_dtype": compute_dtype}
+        if eps is not None:
+            norm_kw["eps"] = eps
+        proj_kw = {"w_init": w_init, "b_init": b_init, "compute_dtype": compute_dtype}
         mlp_cls = GatedMLP if gated else MLP
-        mlp_kw = {"dtype": dtype, "use_bias": use_bias}
+        mlp_kw = {"dtype": dtype, "use_bias": use_bias, **proj_kw}
         if activation is not None:
             mlp_kw["activation"] = activation
         return cls(
@@ -74,6 +81,7 @@ class Block(eqx.Module):
                 rope_theta=rope_theta,
                 use_bias=use_bias,
                 dtype=dtype,
+                **proj_kw,
             ),
             norm2=norm_cls.init(None, d_model, **norm_kw),
             mlp=mlp_cls.init(k_mlp, d_model, d_ff, **mlp_kw),

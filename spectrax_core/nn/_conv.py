@@ -1,6 +1,17 @@
-"""Convolutions over channels-last inputs: Conv1d (NWC) and Conv2d (NHWC)."""
+"""Convolutions over channels-last inputs `(batch, *spatial, channels)`: Conv1d/2d/3d and
+ConvTranspose1d/2d/3d.
+
+Weights are laid out `(*kernel, c_in_per_group, c_out)` for a convolution and
+`(*kernel, c_in, c_out)` for a transposed one. A transposed convolution is the
+adjoint of a convolution with the same hyper-parameters: input position `i`,
+kernel tap `k` and output position `o` meet where `o = i·stride + k·dilation -
+padding`, and the output length is `(L-1)·stride - 2·padding + dilation·(k-1)
++ output_padding + 1` (PyTorch's `ConvTranspose`).
+"""
 
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 import equinox as eqx
 import jax
@@ -9,149 +20,337 @@ from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._apply import register_apply
-from .._checks import check_last_dim, typechecked
+from .._checks import check_last_dim
+from ..init import initialize, lecun_normal, zeros
+from ._pool import Padding, spatial_padding
 from ._validate import check_ndim
 
-_PADDINGS = ("SAME", "VALID")
+_LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+_SPATIAL = {
+    1: "(batch, width, c_in)",
+    2: "(batch, height, width, c_in)",
+    3: "(batch, depth, height, width, c_in)",
+}
 
 
-def _as_tuple(name: str, value: int | tuple[int, ...], n: int) -> tuple[int, ...]:
+def _as_tuple(where: str, name: str, value: int | Sequence[int], n: int, minimum: int = 1) -> tuple[int, ...]:
     out = (value,) * n if isinstance(value, int) else tuple(value)
-    if len(out) != n or any(not isinstance(v, int) or v < 1 for v in out):
-        raise ValueError(f"Conv{n}d: {name} must be a positive int or {n} positive ints, received {value!r}.")
+    if len(out) != n or any(not isinstance(v, int) or v < minimum for v in out):
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(
+            f"{where}: {name} must be {what} or {n} {'positive ' if minimum == 1 else ''}ints, received {value!r}."
+        )
     return out
 
 
-def _init_conv(key, n, c_in, c_out, kernel_size, stride, padding, use_bias, dtype, axes):
-    kernel = _as_tuple("kernel_size", kernel_size, n)
-    if padding not in _PADDINGS:
-        raise ValueError(f"Conv{n}d: padding must be one of {_PADDINGS}, received {padding!r}.")
-    # lecun_normal over (*kernel, c_in, c_out) uses fan_in = prod(kernel) * c_in.
-    weight = jax.nn.initializers.lecun_normal()(key, (*kernel, c_in, c_out), dtype)
-    bias = jnp.zeros((c_out,), dtype) if use_bias else None
-    return dict(
-        weight=weight,
-        bias=bias,
-        c_in=c_in,
-        c_out=c_out,
-        kernel_size=kernel,
-        stride=_as_tuple("stride", stride, n),
-        padding=padding,
-        axes=tuple(axes),
+def conv(
+    x: Array,
+    weight: Array,
+    bias: Array | None = None,
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: Padding = "SAME",
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+) -> Array:
+    """N-d convolution of `x` `(batch, *spatial, c_in)` with `weight` `(*kernel, c_in/groups, c_out)`.
+
+    `padding`: `"SAME"`, `"VALID"`, an int (both sides of every axis) or one int /
+    `(low, high)` pair per spatial axis. `groups` splits the channels into
+    independent groups (`groups == c_in` is a depthwise convolution).
+    """
+    n = weight.ndim - 2
+    where = f"conv ({n}-d)"
+    if n not in _LAYOUTS:
+        raise ValueError(
+            f"conv: weight must have rank 3, 4 or 5 ((*kernel, c_in, c_out)), received {weight.shape}."
+        )
+    check_ndim(where, x, n + 2, _SPATIAL[n])
+    if x.shape[-1] != weight.shape[-2] * groups or weight.shape[-1] % groups:
+        raise ValueError(
+            f"{where}: input channels {x.shape[-1]} must equal weight's c_in {weight.shape[-2]} × groups "
+            f"{groups}, and c_out {weight.shape[-1]} must be divisible by groups."
+        )
+    y = lax.conv_general_dilated(
+        x,
+        weight,
+        _as_tuple(where, "stride", stride, n),
+        spatial_padding(where, padding, n),
+        rhs_dilation=_as_tuple(where, "dilation", dilation, n),
+        dimension_numbers=_LAYOUTS[n],
+        feature_group_count=groups,
+    )
+    return y if bias is None else y + bias
+
+
+def conv_transpose(
+    x: Array,
+    weight: Array,
+    bias: Array | None = None,
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    output_padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+) -> Array:
+    """N-d transposed convolution of `x` `(batch, *spatial, c_in)` with `weight` `(*kernel, c_in, c_out)`.
+
+    `padding` (ints) removes that many positions from both ends of each output
+    axis; `output_padding` (< stride or < dilation) adds positions at the high end.
+    """
+    n = weight.ndim - 2
+    where = f"conv_transpose ({n}-d)"
+    if n not in _LAYOUTS:
+        raise ValueError(
+            f"conv_transpose: weight must have rank 3, 4 or 5 ((*kernel, c_in, c_out)), received {weight.shape}."
+        )
+    check_ndim(where, x, n + 2, _SPATIAL[n])
+    check_last_dim(where, x, weight.shape[-2], what="channels")
+    stride = _as_tuple(where, "stride", stride, n)
+    dilation = _as_tuple(where, "dilation", dilation, n)
+    pad = _as_tuple(where, "padding", padding, n, minimum=0)
+    out_pad = _as_tuple(where, "output_padding", output_padding, n, minimum=0)
+    for op, s, d in zip(out_pad, stride, dilation):
+        if op >= max(s, d):
+            raise ValueError(
+                f"{where}: output_padding {out_pad} must be smaller than stride {stride} or dilation {dilation}."
+            )
+    kernel = weight.shape[:n]
+    edges = tuple(
+        (d * (k - 1) - p, d * (k - 1) - p + op) for k, p, op, d in zip(kernel, pad, out_pad, dilation)
+    )
+    flipped = lax.rev(weight, tuple(range(n)))
+    y = lax.conv_general_dilated(
+        x,
+        flipped,
+        (1,) * n,
+        edges,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=_LAYOUTS[n],
+    )
+    return y if bias is None else y + bias
+
+
+def _cast(compute_dtype: Any, *arrays):
+    if compute_dtype is None:
+        return arrays
+    return tuple(None if a is None else a.astype(compute_dtype) for a in arrays)
+
+
+def _weight_and_bias(where, key, shape, use_bias, dtype, w_init, b_init):
+    """Weight from `key` (lecun-normal by default), bias from `fold_in(key, 1)` (zeros by default)."""
+    weight = initialize(w_init or lecun_normal(), key, shape, dtype, where=f"{where}: w_init")
+    if not use_bias:
+        return weight, None
+    bias = initialize(
+        b_init or zeros, jax.random.fold_in(key, 1), (shape[-1],), dtype, where=f"{where}: b_init"
+    )
+    return weight, bias
+
+
+class _Conv(eqx.Module):
+    """Shared fields of Conv1d/2d/3d: `weight` `(*kernel, c_in/groups, c_out)`, optional `bias`.
+
+    `axes` names the logical axes of the (in, out) channel axes; kernel axes are
+    never sharded. Default: replicated channels. `compute_dtype` (None: as given)
+    casts the input and parameters before the convolution.
+    """
+
+    weight: Float[Array, "*kernel c_in c_out"]
+    bias: Float[Array, " c_out"] | None
+    c_in: int = eqx.field(static=True)
+    c_out: int = eqx.field(static=True)
+    kernel_size: tuple[int, ...] = eqx.field(static=True)
+    stride: tuple[int, ...] = eqx.field(static=True)
+    padding: Any = eqx.field(static=True)
+    axes: tuple[str | None, str | None] = eqx.field(static=True, default=(None, None))
+    dilation: tuple[int, ...] = eqx.field(static=True, default=())
+    groups: int = eqx.field(static=True, default=1)
+    compute_dtype: Any = eqx.field(static=True, default=None)
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        c_in: int,
+        c_out: int,
+        kernel_size: int | tuple[int, ...],
+        *,
+        stride: int | tuple[int, ...] = 1,
+        padding: Padding = "SAME",
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype=jnp.float32,
+        axes: tuple[str | None, str | None] = (None, None),
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
+    ):
+        """Lecun-normal weight (fan-in = prod(kernel) · c_in / groups) and zero bias unless
+        `w_init` / `b_init` say otherwise; `dtype` is the parameters' dtype."""
+        n, where = cls.ndim, cls.__name__
+        kernel = _as_tuple(where, "kernel_size", kernel_size, n)
+        if not isinstance(groups, int) or groups < 1 or c_in % groups or c_out % groups:
+            raise ValueError(
+                f"{where}: groups={groups!r} must be a positive int dividing c_in={c_in} and c_out={c_out}."
+            )
+        shape = (*kernel, c_in // groups, c_out)
+        weight, bias = _weight_and_bias(where, key, shape, use_bias, dtype, w_init, b_init)
+        return cls(
+            weight=weight,
+            bias=bias,
+            c_in=c_in,
+            c_out=c_out,
+            kernel_size=kernel,
+            stride=_as_tuple(where, "stride", stride, n),
+            padding=spatial_padding(where, padding, n),
+            axes=tuple(axes),
+            dilation=_as_tuple(where, "dilation", dilation, n),
+            groups=groups,
+            compute_dtype=compute_dtype,
+        )
+
+    def logical_axes(self) -> dict[str, tuple]:
+        """Logical axes of each array field (see `spectrax_core.sharding`)."""
+        return {"weight": (None,) * len(self.kernel_size) + tuple(self.axes), "bias": (self.axes[1],)}
+
+
+class Conv1d(_Conv):
+    """1-d convolution over `(batch, width, c_in)`; weight `(kernel, c_in/groups, c_out)`."""
+
+    ndim = 1
+
+
+class Conv2d(_Conv):
+    """2-d convolution over `(batch, height, width, c_in)`; weight `(kh, kw, c_in/groups, c_out)`."""
+
+    ndim = 2
+
+
+class Conv3d(_Conv):
+    """3-d convolution over `(batch, depth, height, width, c_in)`; weight `(kd, kh, kw, c_in/groups, c_out)`."""
+
+    ndim = 3
+
+
+class _ConvTranspose(eqx.Module):
+    """Shared fields of ConvTranspose1d/2d/3d: `weight` `(*kernel, c_in, c_out)`, optional `bias`."""
+
+    weight: Float[Array, "*kernel c_in c_out"]
+    bias: Float[Array, " c_out"] | None
+    c_in: int = eqx.field(static=True)
+    c_out: int = eqx.field(static=True)
+    kernel_size: tuple[int, ...] = eqx.field(static=True)
+    stride: tuple[int, ...] = eqx.field(static=True)
+    padding: tuple[int, ...] = eqx.field(static=True)
+    output_padding: tuple[int, ...] = eqx.field(static=True)
+    dilation: tuple[int, ...] = eqx.field(static=True)
+    axes: tuple[str | None, str | None] = eqx.field(static=True, default=(None, None))
+    compute_dtype: Any = eqx.field(static=True, default=None)
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        c_in: int,
+        c_out: int,
+        kernel_size: int | tuple[int, ...],
+        *,
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] = 0,
+        output_padding: int | tuple[int, ...] = 0,
+        dilation: int | tuple[int, ...] = 1,
+        use_bias: bool = True,
+        dtype=jnp.float32,
+        axes: tuple[str | None, str | None] = (None, None),
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
+    ):
+        """Lecun-normal weight (fan-in = prod(kernel) · c_in) and zero bias unless `w_init` /
+        `b_init` say otherwise; `padding` / `output_padding` as PyTorch's ConvTranspose."""
+        n, where = cls.ndim, cls.__name__
+        kernel = _as_tuple(where, "kernel_size", kernel_size, n)
+        weight, bias = _weight_and_bias(where, key, (*kernel, c_in, c_out), use_bias, dtype, w_init, b_init)
+        stride_t = _as_tuple(where, "stride", stride, n)
+        dilation_t = _as_tuple(where, "dilation", dilation, n)
+        out_pad = _as_tuple(where, "output_padding", output_padding, n, minimum=0)
+        if any(op >= max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
+            raise ValueError(
+                f"{where}: output_padding {out_pad} must be smaller than stride {stride_t} or dilation {dilation_t}."
+            )
+        return cls(
+            weight=weight,
+            bias=bias,
+            c_in=c_in,
+            c_out=c_out,
+            kernel_size=kernel,
+            stride=stride_t,
+            padding=_as_tuple(where, "padding", padding, n, minimum=0),
+            output_padding=out_pad,
+            dilation=dilation_t,
+            axes=tuple(axes),
+            compute_dtype=compute_dtype,
+        )
+
+    def logical_axes(self) -> dict[str, tuple]:
+        """Logical axes of each array field (see `spectrax_core.sharding`)."""
+        return {"weight": (None,) * len(self.kernel_size) + tuple(self.axes), "bias": (self.axes[1],)}
+
+
+class ConvTranspose1d(_ConvTranspose):
+    """1-d transposed convolution over `(batch, width, c_in)`."""
+
+    ndim = 1
+
+
+class ConvTranspose2d(_ConvTranspose):
+    """2-d transposed convolution over `(batch, height, width, c_in)`."""
+
+    ndim = 2
+
+
+class ConvTranspose3d(_ConvTranspose):
+    """3-d transposed convolution over `(batch, depth, height, width, c_in)`."""
+
+    ndim = 3
+
+
+def _apply_conv(params: _Conv, x: Array) -> Array:
+    name = type(params).__name__
+    check_ndim(name, x, len(params.kernel_size) + 2, _SPATIAL[len(params.kernel_size)])
+    check_last_dim(name, x, params.c_in, what="channels")
+    x, weight, bias = _cast(params.compute_dtype, x, params.weight, params.bias)
+    return conv(
+        x,
+        weight,
+        bias,
+        stride=params.stride,
+        padding=params.padding,
+        dilation=params.dilation or 1,
+        groups=params.groups,
     )
 
 
-class Conv1d(eqx.Module):
-    """Parameters of a 1-d convolution: `weight` `(kernel, c_in, c_out)`, optional `bias`.
-
-    `axes` names the logical axes of the (in, out) channel axes; the kernel axis
-    is never sharded. Default: replicated channels.
-    """
-
-    weight: Float[Array, "kernel c_in c_out"]
-    bias: Float[Array, " c_out"] | None
-    c_in: int = eqx.field(static=True)
-    c_out: int = eqx.field(static=True)
-    kernel_size: tuple[int] = eqx.field(static=True)
-    stride: tuple[int] = eqx.field(static=True)
-    padding: str = eqx.field(static=True)
-    axes: tuple[str | None, str | None] = eqx.field(static=True, default=(None, None))
-
-    @classmethod
-    def init(
-        cls,
-        key: PRNGKeyArray,
-        c_in: int,
-        c_out: int,
-        kernel_size: int | tuple[int],
-        *,
-        stride: int | tuple[int] = 1,
-        padding: str = "SAME",
-        use_bias: bool = True,
-        dtype=jnp.float32,
-        axes: tuple[str | None, str | None] = (None, None),
-    ) -> "Conv1d":
-        """Lecun-normal weight (fan-in = kernel · c_in), zero bias."""
-        return cls(**_init_conv(key, 1, c_in, c_out, kernel_size, stride, padding, use_bias, dtype, axes))
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """Logical axes of each array field (see `spectrax_core.sharding`)."""
-        return {"weight": (None, *self.axes), "bias": (self.axes[1],)}
+def _apply_conv_transpose(params: _ConvTranspose, x: Array) -> Array:
+    name = type(params).__name__
+    check_ndim(name, x, len(params.kernel_size) + 2, _SPATIAL[len(params.kernel_size)])
+    check_last_dim(name, x, params.c_in, what="channels")
+    x, weight, bias = _cast(params.compute_dtype, x, params.weight, params.bias)
+    return conv_transpose(
+        x,
+        weight,
+        bias,
+        stride=params.stride,
+        padding=params.padding,
+        output_padding=params.output_padding,
+        dilation=params.dilation,
+    )
 
 
-class Conv2d(eqx.Module):
-    """Parameters of a 2-d convolution: `weight` `(kh, kw, c_in, c_out)`, optional `bias`.
-
-    `axes` names the logical axes of the (in, out) channel axes; kernel axes are
-    never sharded. Default: replicated channels.
-    """
-
-    weight: Float[Array, "kh kw c_in c_out"]
-    bias: Float[Array, " c_out"] | None
-    c_in: int = eqx.field(static=True)
-    c_out: int = eqx.field(static=True)
-    kernel_size: tuple[int, int] = eqx.field(static=True)
-    stride: tuple[int, int] = eqx.field(static=True)
-    padding: str = eqx.field(static=True)
-    axes: tuple[str | None, str | None] = eqx.field(static=True, default=(None, None))
-
-    @classmethod
-    def init(
-        cls,
-        key: PRNGKeyArray,
-        c_in: int,
-        c_out: int,
-        kernel_size: int | tuple[int, int],
-        *,
-        stride: int | tuple[int, int] = 1,
-        padding: str = "SAME",
-        use_bias: bool = True,
-        dtype=jnp.float32,
-        axes: tuple[str | None, str | None] = (None, None),
-    ) -> "Conv2d":
-        """Lecun-normal weight (fan-in = kh · kw · c_in), zero bias."""
-        return cls(**_init_conv(key, 2, c_in, c_out, kernel_size, stride, padding, use_bias, dtype, axes))
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """Logical axes of each array field (see `spectrax_core.sharding`)."""
-        return {"weight": (None, None, *self.axes), "bias": (self.axes[1],)}
-
-
-@typechecked
-def _conv1d(
-    x: Float[Array, "batch width c_in"],
-    weight: Float[Array, "kernel c_in c_out"],
-    bias: Float[Array, " c_out"] | None,
-    stride: tuple[int],
-    padding: str,
-) -> Float[Array, "batch out_width c_out"]:
-    y = lax.conv_general_dilated(x, weight, stride, padding, dimension_numbers=("NWC", "WIO", "NWC"))
-    return y if bias is None else y + bias
-
-
-@typechecked
-def _conv2d(
-    x: Float[Array, "batch height width c_in"],
-    weight: Float[Array, "kh kw c_in c_out"],
-    bias: Float[Array, " c_out"] | None,
-    stride: tuple[int, int],
-    padding: str,
-) -> Float[Array, "batch out_height out_width c_out"]:
-    y = lax.conv_general_dilated(x, weight, stride, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    return y if bias is None else y + bias
-
-
-@register_apply(Conv1d)
-def apply_conv1d(params: Conv1d, x: Array) -> Array:
-    """Convolve `x` of shape `(batch, width, c_in)`, giving `(batch, out_width, c_out)`."""
-    check_ndim("Conv1d", x, 3, "(batch, width, c_in)")
-    check_last_dim("Conv1d", x, params.c_in, what="channels")
-    return _conv1d(x, params.weight, params.bias, params.stride, params.padding)
-
-
-@register_apply(Conv2d)
-def apply_conv2d(params: Conv2d, x: Array) -> Array:
-    """Convolve `x` of shape `(batch, height, width, c_in)`, giving `(batch, out_h, out_w, c_out)`."""
-    check_ndim("Conv2d", x, 4, "(batch, height, width, c_in)")
-    check_last_dim("Conv2d", x, params.c_in, what="channels")
-    return _conv2d(x, params.weight, params.bias, params.stride, params.padding)
+for _cls in (Conv1d, Conv2d, Conv3d):
+    register_apply(_cls)(_apply_conv)
+for _cls in (ConvTranspose1d, ConvTranspose2d, ConvTranspose3d):
+    register_apply(_cls)(_apply_conv_transpose)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,21 +11,37 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
+from ..init import initialize
 from ._validate import check_integer
 
 
 class Embed(eqx.Module):
-    """Parameters of a `vocab_size × d_model` embedding table."""
+    """Parameters of a `vocab_size × d_model` embedding table; `compute_dtype` (None: the
+    table's) casts the looked-up rows and the table in `attend`."""
 
     table: Float[Array, "vocab d_model"]
     vocab_size: int = eqx.field(static=True)
     d_model: int = eqx.field(static=True)
+    compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
-    def init(cls, key: PRNGKeyArray, vocab_size: int, d_model: int, *, dtype=jnp.float32) -> "Embed":
-        """Normal table with standard deviation `1/sqrt(d_model)` (unit-norm rows on average)."""
-        table = jax.random.normal(key, (vocab_size, d_model), dtype) * d_model**-0.5
-        return cls(table=table, vocab_size=vocab_size, d_model=d_model)
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        vocab_size: int,
+        d_model: int,
+        *,
+        dtype=jnp.float32,
+        w_init: Any = None,
+        compute_dtype: Any = None,
+    ) -> "Embed":
+        """Normal table with standard deviation `1/sqrt(d_model)` (unit-norm rows on average),
+        unless `w_init` (an initializer `(key, shape, dtype)`) says otherwise."""
+        if w_init is None:
+            table = jax.random.normal(key, (vocab_size, d_model), dtype) * d_model**-0.5
+        else:
+            table = initialize(w_init, key, (vocab_size, d_model), dtype, where="Embed: w_init")
+        return cls(table=table, vocab_size=vocab_size, d_model=d_model, compute_dtype=compute_dtype)
 
     def logical_axes(self) -> dict[str, tuple]:
         """Logical axes of each array field (see `spectrax_core.sharding`)."""
@@ -52,10 +70,13 @@ def apply_embed(params: Embed, tokens: Array) -> Array:
     `[-vocab_size, vocab_size)` give NaN rows (`jnp.take`'s fill mode), not a silent clamp.
     """
     check_integer("Embed", tokens)
-    return _embed(params.table, tokens)
+    table = params.table if params.compute_dtype is None else params.table.astype(params.compute_dtype)
+    return _embed(table, tokens)
 
 
 def attend(params: Embed, x: Array) -> Array:
     """Logits `x @ table.T` of shape `(..., vocab_size)`: the embedding used as a tied head."""
     check_last_dim("Embed.attend", x, params.d_model)
+    if params.compute_dtype is not None:
+        return _attend(params.table.astype(params.compute_dtype), x.astype(params.compute_dtype))
     return _attend(params.table, x)

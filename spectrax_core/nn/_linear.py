@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
+from ..init import initialize, lecun_normal, zeros
 
 
 class Linear(eqx.Module):
@@ -16,7 +19,8 @@ class Linear(eqx.Module):
 
     `axes` names the logical sharding axes of `weight` (`(in, out)`); the bias
     takes the output axis. Override it per use (an attention output projection
-    is `("HEAD", "EMBED")`).
+    is `("HEAD", "EMBED")`). `compute_dtype` (None: as given) casts the input
+    and parameters before the product.
     """
 
     weight: Float[Array, "d_in d_out"]
@@ -24,6 +28,7 @@ class Linear(eqx.Module):
     d_in: int = eqx.field(static=True)
     d_out: int = eqx.field(static=True)
     axes: tuple[str | None, str | None] = eqx.field(static=True, default=("EMBED", "MLP"))
+    compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
     def init(
@@ -35,11 +40,22 @@ class Linear(eqx.Module):
         use_bias: bool = True,
         dtype=jnp.float32,
         axes: tuple[str | None, str | None] = ("EMBED", "MLP"),
+        w_init: Any = None,
+        b_init: Any = None,
+        compute_dtype: Any = None,
     ) -> "Linear":
-        """Lecun-normal weight, zero bias."""
-        weight = jax.nn.initializers.lecun_normal()(key, (d_in, d_out), dtype)
-        bias = jnp.zeros((d_out,), dtype) if use_bias else None
-        return cls(weight=weight, bias=bias, d_in=d_in, d_out=d_out, axes=tuple(axes))
+        """Lecun-normal weight from `key` and zero bias, unless `w_init` / `b_init` (initializers
+        `(key, shape, dtype)`; the bias draws from `fold_in(key, 1)`) say otherwise. `dtype` is
+        the parameters' dtype."""
+        weight = initialize(w_init or lecun_normal(), key, (d_in, d_out), dtype, where="Linear: w_init")
+        bias = None
+        if use_bias:
+            bias = initialize(
+                b_init or zeros, jax.random.fold_in(key, 1), (d_out,), dtype, where="Linear: b_init"
+            )
+        return cls(
+            weight=weight, bias=bias, d_in=d_in, d_out=d_out, axes=tuple(axes), compute_dtype=compute_dtype
+        )
 
     def logical_axes(self) -> dict[str, tuple]:
         """Logical axes of each array field (see `spectrax_core.sharding`)."""
@@ -48,9 +64,13 @@ class Linear(eqx.Module):
 
 @typechecked
 def _linear(params: Linear, x: Float[Array, "*batch d_in"]) -> Float[Array, "*batch d_out"]:
-    y = x @ params.weight
-    if params.bias is not None:
-        y = y + params.bias
+    weight, bias = params.weight, params.bias
+    if params.compute_dtype is not None:
+        x, weight = x.astype(params.compute_dtype), weight.astype(params.compute_dtype)
+        bias = None if bias is None else bias.astype(params.compute_dtype)
+    y = x @ weight
+    if bias is not None:
+        y = y + bias
     return y
 
 

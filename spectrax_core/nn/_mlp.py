@@ -56,12 +56,17 @@ class MLP(eqx.Module):
         activation: str = "gelu",
         use_bias: bool = True,
         dtype=jnp.float32,
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
     ) -> "MLP":
-        """Lecun-normal weights, zero biases."""
+        """Lecun-normal weights, zero biases (or `w_init` / `b_init` for every projection);
+        `compute_dtype` goes to each projection."""
         k_up, k_down = jax.random.split(key)
+        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
         return cls(
-            up=Linear.init(k_up, d_model, d_ff, use_bias=use_bias, dtype=dtype, axes=("EMBED", "MLP")),
-            down=Linear.init(k_down, d_ff, d_model, use_bias=use_bias, dtype=dtype, axes=("MLP", "EMBED")),
+            up=Linear.init(k_up, d_model, d_ff, **kw, axes=("EMBED", "MLP")),
+            down=Linear.init(k_down, d_ff, d_model, **kw, axes=("MLP", "EMBED")),
             d_model=d_model,
             d_ff=d_ff,
             activation=_check_activation(activation),
@@ -92,13 +97,18 @@ class GatedMLP(eqx.Module):
         activation: str = "silu",
         use_bias: bool = False,
         dtype=jnp.float32,
+        w_init=None,
+        b_init=None,
+        compute_dtype=None,
     ) -> "GatedMLP":
-        """Lecun-normal weights; no biases by default, as in LLaMA-style blocks."""
+        """Lecun-normal weights (or `w_init` / `b_init`); no biases by default, as in LLaMA-style
+        blocks; `compute_dtype` goes to each projection."""
         k_gate, k_up, k_down = jax.random.split(key, 3)
+        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
         return cls(
-            gate=Linear.init(k_gate, d_model, d_ff, use_bias=use_bias, dtype=dtype, axes=("EMBED", "MLP")),
-            up=Linear.init(k_up, d_model, d_ff, use_bias=use_bias, dtype=dtype, axes=("EMBED", "MLP")),
-            down=Linear.init(k_down, d_ff, d_model, use_bias=use_bias, dtype=dtype, axes=("MLP", "EMBED")),
+            gate=Linear.init(k_gate, d_model, d_ff, **kw, axes=("EMBED", "MLP")),
+            up=Linear.init(k_up, d_model, d_ff, **kw, axes=("EMBED", "MLP")),
+            down=Linear.init(k_down, d_ff, d_model, **kw, axes=("MLP", "EMBED")),
             d_model=d_model,
             d_ff=d_ff,
             activation=_check_activation(activation),
