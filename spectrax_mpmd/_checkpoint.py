@@ -95,7 +95,8 @@ class CheckpointManager:
     # -- steps ---------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
         """The committed steps, oldest first."""
-        return sorted(self._manager.all_steps(read=True))
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""

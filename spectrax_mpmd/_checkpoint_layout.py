@@ -73,20 +73,42 @@ def leaves_of(tree, prefix: str = "") -> list[Leaf]:
 
 
 @jax.jit
-def _unstack(x):
-    return tuple(x)
+def _unstack_all(xs):
+    return tuple(tuple(x) for x in xs)
 
 
 @jax.jit
-def _stack(*xs):
-    return jnp.stack(xs)
+def _stack_all(groups):
+    return tuple(jnp.stack(g) for g in groups)
 
 
-def _pieces(leaf: Leaf, x) -> list:
-    """The arrays saved for one leaf: itself, or one per layer (sliced where it lives)."""
-    if not leaf.stacked:
-        return [x]
-    return list(_unstack(x))
+def _device_key(x) -> tuple[int, ...]:
+    return tuple(sorted(d.id for d in x.sharding.device_set))
+
+
+def unstack_layers(xs: list) -> list[tuple]:
+    """Each stacked array split into its layers, computed where it lives (one program per device set)."""
+    out: list = [None] * len(xs)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, x in enumerate(xs):
+        groups.setdefault(_device_key(x), []).append(k)
+    for idx in groups.values():
+        for k, layers in zip(idx, _unstack_all(tuple(xs[k] for k in idx))):
+            out[k] = layers
+    return out
+
+
+def stack_layers(requests: list[tuple[list, Any]]) -> list:
+    """`(layers, sharding)` pairs stacked on the layers' devices (one program per device set)."""
+    out: list = [None] * len(requests)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, (layers, _) in enumerate(requests):
+        groups.setdefault(_device_key(layers[0]), []).append(k)
+    for idx in groups.values():
+        stacked = _stack_all(tuple(tuple(requests[k][0]) for k in idx))
+        for k, x in zip(idx, stacked):
+            out[k] = jax.device_put(x, requests[k][1])
+    return out
 
 
 def _is_param_list(n: int) -> Callable[[Any], bool]:
@@ -124,38 +146,38 @@ def _opt_entries(idx: tuple[int, ...], state, params: list[Leaf], shapes: list[t
 def save_arrays(params, opt_state=None) -> tuple[dict, dict, dict]:
     """The arrays to write, by name: `(params, opt_state, description)`.
 
-    Each array is a leaf of the caller's trees or a slice of one taken on its
-    own devices. The description records every name's shape and dtype (and
-    the kind of optimizer state) for checks before a restore.
+    Each array is a leaf of the caller's trees or a layer of one, sliced on
+    the leaf's own devices. The description records every name's shape and
+    dtype (and the kind of optimizer state) for checks before a restore.
     """
     p_leaves = jax.tree.leaves(params)
     p_names = leaves_of(params)
-    out_p = {}
+    entries: list[tuple[str, tuple[str, ...], bool, Any]] = []  # (item, names, stacked, array)
     for leaf, x in zip(p_names, p_leaves):
-        out_p.update(zip(leaf.names, _pieces(leaf, _as_array(x, leaf.path))))
-    out_o, kind = {}, None
+        entries.append(("params", leaf.names, leaf.stacked, _as_array(x, leaf.path)))
+    kind = None
     if opt_state is not None and _is_staged(opt_state):
         kind = "staged"
         shapes = [tuple(jnp.shape(x)) for x in p_leaves]
         for g, (idx, state) in enumerate(zip(opt_state.groups, opt_state.states)):
             for names, x, stacked, k in _opt_entries(idx, state, p_names, shapes):
-                if k is None:
-                    if g == 0:
-                        out_o[names] = x
-                elif stacked:
-                    out_o.update(zip(names, _unstack(x)))
-                else:
-                    out_o[names[0]] = x
+                if k is not None or g == 0:
+                    entries.append(("opt_state", (names,) if k is None else names, stacked, x))
     elif opt_state is not None:
         kind = "tree"
         for leaf, x in zip(leaves_of(opt_state), jax.tree.leaves(opt_state)):
-            out_o.update(zip(leaf.names, _pieces(leaf, _as_array(x, leaf.path))))
+            entries.append(("opt_state", leaf.names, leaf.stacked, _as_array(x, leaf.path)))
+    stacked_at = [k for k, e in enumerate(entries) if e[2]]
+    layers = dict(zip(stacked_at, unstack_layers([entries[k][3] for k in stacked_at])))
+    out: dict[str, dict] = {"params": {}, "opt_state": {}}
+    for k, (item, names, stacked, x) in enumerate(entries):
+        out[item].update(zip(names, layers[k] if stacked else [x]))
     desc = {
-        "params": {k: _describe(v) for k, v in out_p.items()},
-        "opt_state": {k: _describe(v) for k, v in out_o.items()},
+        "params": {k: _describe(v) for k, v in out["params"].items()},
+        "opt_state": {k: _describe(v) for k, v in out["opt_state"].items()},
         "opt_kind": kind,
     }
-    return out_p, out_o, desc
+    return out["params"], out["opt_state"], desc
 
 
 def _is_staged(state) -> bool:
@@ -263,12 +285,6 @@ def _preview(names) -> str:
     return repr(names[:6])[:-1] + (", ...]" if len(names) > 6 else "]")
 
 
-def _place_leaf(leaf: Leaf, got: dict, sharding):
-    if not leaf.stacked:
-        return got[leaf.names[0]]
-    return jax.device_put(_stack(*[got[n] for n in leaf.names]), sharding)
-
-
 def tree_target(like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
     """The arrays a restore of a tree shaped like `like` reads, and the function that rebuilds the tree."""
     leaves, treedef = jax.tree.flatten(like)
@@ -283,7 +299,12 @@ def tree_target(like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
         target.add_leaf(leaf, x, sh)
 
     def rebuild(got: dict):
-        return treedef.unflatten([_place_leaf(leaf, got, sh) for leaf, sh in zip(names, places)])
+        stacked = [k for k, leaf in enumerate(names) if leaf.stacked]
+        built = stack_layers([([got[n] for n in names[k].names], places[k]) for k in stacked])
+        values = [None if leaf.stacked else got[leaf.names[0]] for leaf in names]
+        for k, x in zip(stacked, built):
+            values[k] = x
+        return treedef.unflatten(values)
 
     return target, rebuild
 
@@ -345,17 +366,21 @@ def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable
         plans.append((jax.tree.structure(abstract), entries))
 
     def rebuild(got: dict):
-        states = []
+        flat = [e for _, entries in plans for e in entries]
+        stacked = [j for j, e in enumerate(flat) if e[2]]
+        built = dict(
+            zip(stacked, stack_layers([([got[n] for n in flat[j][0]], flat[j][1]) for j in stacked]))
+        )
+        values = []
+        for j, (names, sh, is_stacked, k) in enumerate(flat):
+            if k is None:
+                values.append(jax.device_put(got[names], sh))
+            else:
+                values.append(built[j] if is_stacked else got[names[0]])
+        states, start = [], 0
         for treedef, entries in plans:
-            values = []
-            for names, sh, stacked, k in entries:
-                if k is None:
-                    values.append(jax.device_put(got[names], sh))
-                elif stacked:
-                    values.append(jax.device_put(_stack(*[got[n] for n in names]), sh))
-                else:
-                    values.append(got[names[0]])
-            states.append(treedef.unflatten(values))
+            states.append(treedef.unflatten(values[start : start + len(entries)]))
+            start += len(entries)
         return StagedOptState(groups_t, tuple(states))
 
     return target, rebuild
