@@ -7,6 +7,7 @@ core's functions, and transforms turn calls on modules into pure JAX.
 from . import nn
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
+from ._checkpoint import restore_checkpoint, save_checkpoint
 from ._control import cond, eval_shape, fori_loop, remat, remat_scan, scan, switch, vmap, while_loop
 from ._errors import IllegalMutationError, StructureChangeError
 from ._graph import GraphDef
@@ -44,6 +45,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "restore_checkpoint",
+    "save_checkpoint",
     "Buffer",
     "GraphDef",
     "IllegalMutationError",

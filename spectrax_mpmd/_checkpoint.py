@@ -175,8 +175,8 @@ class CheckpointManager:
             o_target.check(meta["opt_state"], "opt_state")
             items["opt_state"] = ocp.args.StandardRestore(o_target.want)
         got = self._manager.restore(step, args=ocp.args.Composite(**items))
-        params = p_rebuild(dict(got["params"]))
-        opt_state = o_rebuild(dict(got["opt_state"])) if o_rebuild is not None else None
+        params = p_rebuild(p_target.finish(dict(got["params"])))
+        opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
 
     def _opt_target(self, meta, like, shardings, optimizer, opt_like):

@@ -29,6 +29,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from spectrax_core.nn import BlockStack
 
+from ._optim import StagedOptState
 from ._stages import StagedStack
 from .errors import MpmdError
 
@@ -156,7 +157,7 @@ def save_arrays(params, opt_state=None) -> tuple[dict, dict, dict]:
     for leaf, x in zip(p_names, p_leaves):
         entries.append(("params", leaf.names, leaf.stacked, _as_array(x, leaf.path)))
     kind = None
-    if opt_state is not None and _is_staged(opt_state):
+    if opt_state is not None and isinstance(opt_state, StagedOptState):
         kind = "staged"
         shapes = [tuple(jnp.shape(x)) for x in p_leaves]
         for g, (idx, state) in enumerate(zip(opt_state.groups, opt_state.states)):
@@ -167,23 +168,24 @@ def save_arrays(params, opt_state=None) -> tuple[dict, dict, dict]:
         kind = "tree"
         for leaf, x in zip(leaves_of(opt_state), jax.tree.leaves(opt_state)):
             entries.append(("opt_state", leaf.names, leaf.stacked, _as_array(x, leaf.path)))
+    keys = {}
+    for k, (item, names, stacked, x) in enumerate(entries):
+        if _is_key(x.dtype):
+            if stacked:
+                raise CheckpointError(f"save: stacked PRNG keys ({names[0]}) cannot be split per layer.")
+            keys[item, names[0]] = [list(x.shape), str(x.dtype), str(jax.random.key_impl(x))]
+            entries[k] = (item, names, stacked, jax.random.key_data(x))
     stacked_at = [k for k, e in enumerate(entries) if e[2]]
     layers = dict(zip(stacked_at, unstack_layers([entries[k][3] for k in stacked_at])))
     out: dict[str, dict] = {"params": {}, "opt_state": {}}
     for k, (item, names, stacked, x) in enumerate(entries):
         out[item].update(zip(names, layers[k] if stacked else [x]))
-    desc = {
-        "params": {k: _describe(v) for k, v in out["params"].items()},
-        "opt_state": {k: _describe(v) for k, v in out["opt_state"].items()},
-        "opt_kind": kind,
-    }
+
+    def describe(item: str) -> dict:  # [shape, dtype] (+ [impl, data shape, data dtype] for keys)
+        return {k: keys.get((item, k), []) + _describe(v) for k, v in out[item].items()}
+
+    desc = {"params": describe("params"), "opt_state": describe("opt_state"), "opt_kind": kind}
     return out["params"], out["opt_state"], desc
-
-
-def _is_staged(state) -> bool:
-    from ._optim import StagedOptState
-
-    return isinstance(state, StagedOptState)
 
 
 def _as_array(x, path: str):
@@ -198,7 +200,16 @@ def _as_array(x, path: str):
 
 
 def _describe(x) -> list:
-    return [list(x.shape), jnp.dtype(x.dtype).name]
+    return [list(x.shape), _dtype_name(x.dtype)]
+
+
+def _is_key(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _dtype_name(dtype) -> str:
+    """A dtype as text: `float32`, or `key<fry>` for typed PRNG keys."""
+    return str(dtype) if _is_key(dtype) else jnp.dtype(dtype).name
 
 
 # -- restoring ---------------------------------------------------------------------------
@@ -242,6 +253,7 @@ class Target:
     def __init__(self):
         self.want: dict[str, jax.ShapeDtypeStruct] = {}
         self.where: dict[str, str] = {}  # name -> the target leaf's path, for messages
+        self.keys: dict[str, str] = {}  # name -> PRNG implementation of a typed-key leaf
 
     def add(self, name: str, shape, dtype, sharding, path: str) -> None:
         self.want[name] = jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
@@ -265,19 +277,29 @@ class Target:
                     f"checkpoint; it holds {what} {_preview(saved)}. Restore into a tree of the "
                     "structure that was saved."
                 )
-            shape, dtype = saved[name]
-            if tuple(shape) != tuple(sds.shape) or dtype != jnp.dtype(sds.dtype).name:
+            shape, dtype, *stored = saved[name]
+            if tuple(shape) != tuple(sds.shape) or dtype != _dtype_name(sds.dtype):
                 raise CheckpointError(
                     f"restore: the target's {what} leaf {path} (saved name {name!r}) is "
-                    f"{jnp.dtype(sds.dtype).name}{list(sds.shape)} but the checkpoint holds "
+                    f"{_dtype_name(sds.dtype)}{list(sds.shape)} but the checkpoint holds "
                     f"{dtype}{list(shape)}. Build the target with the saved model's sizes and dtypes."
                 )
+            if _is_key(sds.dtype):  # saved as its raw key data
+                impl, data_shape, data_dtype = stored
+                self.keys[name] = impl
+                self.want[name] = jax.ShapeDtypeStruct(tuple(data_shape), data_dtype, sharding=sds.sharding)
         extra = [n for n in saved if n not in self.want]
         if extra:
             raise CheckpointError(
                 f"restore: the checkpoint's {what} leaf {extra[0]!r} has no place in the target "
                 f"({len(extra)} such leaves). Restore into a tree of the structure that was saved."
             )
+
+    def finish(self, got: dict) -> dict:
+        """The arrays read, typed PRNG keys rebuilt from their data."""
+        for name, impl in self.keys.items():
+            got[name] = jax.random.wrap_key_data(got[name], impl=impl)
+        return got
 
 
 def _preview(names) -> str:
@@ -326,8 +348,6 @@ def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable
     them); each group's state structure is `optimizer.tx.init` evaluated
     abstractly, so nothing is allocated before the restore.
     """
-    from ._optim import StagedOptState
-
     leaves = jax.tree.leaves(like)
     p_names = leaves_of(like)
     places = (
