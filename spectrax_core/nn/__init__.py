@@ -5,7 +5,9 @@ from ._block import Block
 from ._conv import Conv1d, Conv2d
 from ._dropout import Dropout
 from ._embed import Embed, attend
+from ._fp8 import GRAD, INPUT, WEIGHT, Fp8Linear, compute_scale, fp8_dot, fp8_meta_mask, fp8_update, quantize
 from ._linear import Linear
+from ._lora import LoRA, inject_lora, lora_mask, merge_lora
 from ._mlp import ACTIVATIONS, MLP, GatedMLP
 from ._norm import LayerNorm, RMSNorm
 from ._stack import BlockStack
@@ -28,4 +30,17 @@ __all__ = [
     "attend",
     "dot_product_attention",
     "rope",
+    "LoRA",
+    "inject_lora",
+    "lora_mask",
+    "merge_lora",
+    "Fp8Linear",
+    "GRAD",
+    "INPUT",
+    "WEIGHT",
+    "compute_scale",
+    "fp8_dot",
+    "fp8_meta_mask",
+    "fp8_update",
+    "quantize",
 ]
