@@ -337,11 +337,13 @@ def _spectrax_lib_columns(core: CoreModel, x, y) -> dict[str, dict]:
 # ---------------------------------------------------------------- timing
 
 
-def time_calls(fn, calls: int) -> float:
-    start = time.perf_counter()
+def time_calls(fn, calls: int) -> tuple[float, float]:
+    """Mean wall and calling-thread CPU µs per call (CPU time is the dispatch work itself:
+    it excludes time spent waiting, so it is steadier than wall time on a shared machine)."""
+    start, cpu = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         jax.block_until_ready(fn())
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.perf_counter() - start) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
 
 
 def run(d: int, rounds: int, calls: int) -> dict:
@@ -361,25 +363,41 @@ def run(d: int, rounds: int, calls: int) -> dict:
         for w in ("fwd", "train", "noop"):
             jax.block_until_ready(c[w]())
     times = {w: {name: [] for name in cols} for w in ("fwd", "train", "noop")}
+    cpu = {w: {name: [] for name in cols} for w in ("fwd", "train", "noop")}
     order = list(cols)
     rng = np.random.default_rng(0)
     for _ in range(rounds):
         for w in ("fwd", "train", "noop"):
             rng.shuffle(order)  # no framework always runs right after another
             for name in order:
-                times[w][name].append(time_calls(cols[name][w], calls))
+                wall, thread = time_calls(cols[name][w], calls)
+                times[w][name].append(wall)
+                cpu[w][name].append(thread)
     med = {w: {n: statistics.median(v) for n, v in t.items()} for w, t in times.items()}
-    return {"d": d, "loss": ref, "losses": losses, "median_us": med, "rounds_us": times}
+    low = {w: {n: min(v) for n, v in t.items()} for w, t in times.items()}
+    cpu_med = {w: {n: statistics.median(v) for n, v in t.items()} for w, t in cpu.items()}
+    return {"d": d, "loss": ref, "losses": losses, "median_us": med, "min_us": low,
+            "cpu_median_us": cpu_med, "rounds_us": times, "rounds_cpu_us": cpu}
+
+
+WORKLOADS = (("fwd", "forward"), ("train", "train step"), ("noop", "no-op"))
 
 
 def table(result: dict) -> str:
-    med = result["median_us"]
+    """Per workload: wall median (ratio to raw), min and spread ((max - min) / median over the
+    rounds), and the calling thread's CPU time median (ratio to raw)."""
+    med, low, cpu, rounds = result["median_us"], result["min_us"], result["cpu_median_us"], result["rounds_us"]
     names = list(med["fwd"])
-    lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); median µs per call, ratio to raw",
-             f"{'framework':<22} {'forward':>16} {'train step':>16} {'no-op':>16}"]
-    for n in names:
-        cells = [f"{med[w][n]:8.1f} ({med[w][n] / med[w]['raw jax.jit']:.2f}x)" for w in ("fwd", "train", "noop")]
-        lines.append(f"{n:<22} " + " ".join(f"{c:>16}" for c in cells))
+    lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"]
+    for w, title in WORKLOADS:
+        raw, raw_cpu = med[w]["raw jax.jit"], cpu[w]["raw jax.jit"]
+        lines.append(f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16}")
+        for n in names:
+            spread = (max(rounds[w][n]) - min(rounds[w][n])) / med[w][n]
+            lines.append(
+                f"  {n:<20} {med[w][n]:8.1f} ({med[w][n] / raw:.2f}x) {low[w][n]:8.1f} {spread:6.0%} "
+                f"{cpu[w][n]:8.1f} ({cpu[w][n] / raw_cpu:.2f}x)"
+            )
     return "\n".join(lines)
 
 

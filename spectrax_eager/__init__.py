@@ -4,31 +4,48 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import nn
+from . import hooks, inspect, nn, sharding
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
 from ._control import cond, eval_shape, fori_loop, remat, remat_scan, scan, switch, vmap, while_loop
-from ._errors import IllegalMutationError, StructureChangeError
+from ._errors import CyclicGraphError, IllegalMutationError, SelectorError, StructureChangeError
 from ._graph import GraphDef
 from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
 from ._module import Module
-from ._optimizer import Optimizer, OptState
+from ._optimizer import MultiOptimizer, Optimizer, OptState
 from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
 from ._reexports import MPMD_NAMES as _MPMD_NAMES
 from ._reexports import __all__ as _pipeline_names
-from ._rngs import RngCount, RngKey, Rngs, RngStream
+from ._rngs import RngCount, RngKey, Rngs, RngStream, current_rngs, seed
 from ._run import run, sxcall
-from ._selector import Selector, as_selector, of_type, path_contains, path_endswith, path_startswith, select
+from ._selector import (
+    Everything,
+    Nothing,
+    Selector,
+    all_of,
+    any_of,
+    as_selector,
+    not_,
+    of_type,
+    path_contains,
+    path_endswith,
+    path_startswith,
+    select,
+)
 from ._state import (
     State,
     bind,
     clone,
     export,
+    find,
     freeze,
+    iter_modules,
     iter_variables,
+    live_variables,
     partition_state,
+    pop,
     tree_state,
     unfreeze,
     update,
@@ -47,6 +64,23 @@ def __getattr__(name: str):
 __all__ = [
     "restore_checkpoint",
     "save_checkpoint",
+    "CyclicGraphError",
+    "Everything",
+    "MultiOptimizer",
+    "Nothing",
+    "SelectorError",
+    "all_of",
+    "any_of",
+    "current_rngs",
+    "find",
+    "hooks",
+    "inspect",
+    "iter_modules",
+    "live_variables",
+    "not_",
+    "pop",
+    "seed",
+    "sharding",
     "Buffer",
     "GraphDef",
     "IllegalMutationError",

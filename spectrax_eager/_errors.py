@@ -9,3 +9,11 @@ class IllegalMutationError(RuntimeError):
 
 class StructureChangeError(RuntimeError):
     """A transform's function added, removed or replaced a sub-module or Variable while traced."""
+
+
+class CyclicGraphError(ValueError):
+    """A module is reachable from itself (a sub-module refers back to an ancestor)."""
+
+
+class SelectorError(TypeError):
+    """A value given where a selector is expected is not one (see `spx.as_selector`)."""

@@ -6,18 +6,29 @@ structural change (new GraphDef) compiles a new program. Per call the work is
 one pytree flatten of the arguments, a read of the cached plan, a list of the
 variables' values, the compiled call, and the write-back of what the function
 changed (`{index: value}` returned by the program).
+
+A call with the same modules in the leading positions and arrays of the same
+types after them, with no structural change since (same structure epoch),
+skips the split: it reads the remembered plan's values and calls the program
+directly. A jitted function therefore keeps the modules of its last call alive.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from typing import Any, Callable, Sequence
 
 import jax
 
+from . import _graph, _module
 from ._lift import Split, allowed, changes, rebuild
-from ._module import Module
+from ._module import Module, _walk
+from ._variable import Variable, set_value
+
+_SOWN = -1  # the key of a program's updates under which it returns what `Module.sow` stored
+_value_of = operator.attrgetter("_value")
 
 
 def _as_tuple(x: int | str | Sequence | None) -> tuple:
@@ -131,6 +142,7 @@ class Jitted:
         self.out_shardings = out_shardings
         self.jax_kwargs = jax_kwargs
         self._cache: dict = {}
+        self._hot: tuple | None = None  # (epoch, nargs, modules, leaf types, program, plan)
         self._has_static = bool(static_argnums or static_argnames)
         functools.update_wrapper(self, fn)
         # `spx.jit(model.method)`: pass the module as an argument so its values are inputs,
@@ -153,6 +165,19 @@ class Jitted:
         return args, kwargs, (nums, statics, named)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hot = self._hot
+        if hot is not None and not kwargs:
+            epoch, n, roots, leaf_types, compiled, plan = hot
+            if epoch == _graph.epoch and len(args) == n:
+                k = len(roots)
+                if args[:k] == roots and tuple(map(type, args[k:])) == leaf_types:
+                    out, updates = compiled(list(map(_value_of, plan.vars)), *args[k:])
+                    if updates:
+                        _write_back(plan, updates)
+                    return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._self is not None:
             args = (self._self, *args)
         if self._has_static:
@@ -169,9 +194,25 @@ class Jitted:
                 out, updates = compiled(split.values, *split.leaves)
         else:
             out, updates = compiled(split.values, *split.leaves)
+            self._remember(split, args, kwargs, statics, compiled)
         if updates:
-            split.write_back(updates)
+            _write_back(split.plan, updates)
         return out
+
+    def _remember(self, split: Split, args: tuple, kwargs: dict, statics: tuple, compiled: Callable) -> None:
+        """Keep what the next call with the same leading modules may reuse without a split."""
+        k = len(split.mod_pos)
+        if (
+            kwargs
+            or statics
+            or self._self is not None
+            or split.plan is None
+            or split.treedef is not None
+            or split.mod_pos != tuple(range(k))
+        ):
+            self._hot = None
+            return
+        self._hot = (_graph.epoch, len(args), args[:k], tuple(map(type, args[k:])), compiled, split.plan)
 
     def _compile(self, split: Split, statics: tuple, args: tuple, kwargs: dict) -> Callable:
         static = split.static
@@ -187,10 +228,17 @@ class Jitted:
                 nums, svals, named = statics
                 call_args = tuple(svals[nums.index(i)] if i in nums else a for i, a in enumerate(call_args))
                 call_kwargs = {**call_kwargs, **dict(named)}
-            out = fn(*call_args, **call_kwargs)
+            sink: dict = {}
+            outer, _module.sow_sink[0] = _module.sow_sink[0], sink
+            try:
+                out = fn(*call_args, **call_kwargs)
+            finally:
+                _module.sow_sink[0] = outer
             updates = changes(static, roots, new_vars, values, ok, where, mutable)
             if donate_all:
                 updates = {i: v._value for i, v in enumerate(new_vars)}
+            if sink:
+                updates[_SOWN] = _sown(sink, roots, where)
             return out, updates
 
         kw = dict(self.jax_kwargs)
@@ -275,6 +323,41 @@ class Jitted:
                 "(their current sharding is used)."
             )
         return (values_sharding, *leaves)
+
+
+def _sown(sink: dict, roots: list, where: str) -> dict:
+    """`{module index: {name: {collection: value}}}` of what `Module.sow` stored while tracing
+    (module indices in plan order, the same for the traced and the original modules)."""
+    index = {id(m): j for j, (_, m) in enumerate(_walk(tuple(roots)).modules)}
+    out: dict = {}
+    for (_, name), (module, collection, value) in sink.items():
+        j = index.get(id(module))
+        if j is None:
+            raise ValueError(
+                f"{where}: {type(module).__name__}.sow was called on a module the function did not "
+                "receive as an argument (closed over, or made inside a nested transform); pass the "
+                "module to the jitted function."
+            )
+        out.setdefault(j, {}).setdefault(name, {})[collection] = value
+    return out
+
+
+def _write_back(plan: Any, updates: dict) -> None:
+    """Write the program's `{index: value}` updates (and any sown intermediates) into `plan`'s modules."""
+    sown = updates.pop(_SOWN, None)
+    vars_ = plan.vars
+    for i, value in updates.items():
+        set_value(vars_[i], value)
+    if sown:
+        for j, named in sown.items():
+            module = plan.modules[j][1]
+            for name, by_collection in named.items():
+                for collection, value in by_collection.items():
+                    current = module.__dict__.get(name)
+                    if isinstance(current, Variable) and current.kind == collection:
+                        set_value(current, value)
+                    else:
+                        setattr(module, name, Variable(value, kind=collection))
 
 
 def _holds_module(x: Any) -> bool:

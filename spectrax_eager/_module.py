@@ -14,12 +14,17 @@ import jax
 import numpy as np
 
 from . import _graph
+from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
+from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
 from ._variable import Variable, _new_like
 
 _PRIVATE = "_spx_"
 _call_hooks: list[Callable[[Any, Any], None]] = []
 _output_transforms: list[Callable[[Any, Any], Any]] = []  # (module, output) -> output, e.g. stage markers
+# While `spx.jit` traces: {(id(module), name): [module, collection, value]} of what `Module.sow`
+# stored (returned by the program and written into the original modules after the call).
+sow_sink: list[dict | None] = [None]
 
 
 class Plan:
@@ -43,6 +48,7 @@ def _walk(roots: tuple) -> Plan:
     vars_: list[Variable] = []
     infos: list[VarInfo] = []
     modules: list[tuple[str, Module]] = []
+    active: set[int] = set()  # modules on the path being visited (a revisit of one is a cycle)
 
     def visit_var(var: Variable, path: str, owners: tuple) -> tuple:
         j = var_index.get(id(var))
@@ -58,13 +64,21 @@ def _walk(roots: tuple) -> Plan:
     def visit(mod: Module, path: str, owners: tuple) -> tuple:
         i = mod_index.get(id(mod))
         if i is not None:
+            if id(mod) in active:
+                raise CyclicGraphError(
+                    f"{path}: this {type(mod).__name__} is its own ancestor (at "
+                    f"{modules[i][0] or 'the root'!r}); a module graph must not loop back. Keep the "
+                    "back-reference outside the module (a function argument, or a weakref in a "
+                    "`_spx_`-prefixed attribute)."
+                )
             return ("RM", i)
         mod_index[id(mod)] = len(modules)
         modules.append((path, mod))
+        active.add(id(mod))
         owners = owners + (type(mod),)
         entries = []
         for name, value in mod.__dict__.items():
-            if name.startswith(_PRIVATE):
+            if name.startswith(_PRIVATE) and name != HOOKS:
                 continue
             child_path = f"{path}.{name}" if path else name
             if isinstance(value, Module):
@@ -73,6 +87,7 @@ def _walk(roots: tuple) -> Plan:
                 entries.append((name, True, visit_var(value, child_path, owners)))
             else:
                 entries.append((name, False, _graph.freeze_static(value, f"{type(mod).__name__}.{name}")))
+        active.discard(id(mod))
         return ("M", type(mod), tuple(entries))
 
     specs = tuple(visit(r, "", ()) if isinstance(r, Module) else visit_var(r, "", ()) for r in roots)
@@ -194,8 +209,73 @@ class Module:
         """Set `training = False` everywhere (dropout off); returns self."""
         return self.train(False)
 
+    def register_forward_pre_hook(
+        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+    ) -> RemovableHandle:
+        """Call `hook(module, args)` before each forward; a non-None result replaces `args`
+        (with `with_kwargs`: `hook(module, args, kwargs)` returning None or `(args, kwargs)`).
+
+        Hooks run in eager calls and are traced into `spx.jit` programs.
+        Returns a handle whose `remove()` unregisters the hook.
+        """
+        return add_hook(self, hook, pre=True, with_kwargs=with_kwargs, prepend=prepend)
+
+    def register_forward_hook(
+        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+    ) -> RemovableHandle:
+        """Call `hook(module, args, output)` after each forward; a non-None result replaces
+        the output (with `with_kwargs`: `hook(module, args, kwargs, output)`).
+
+        Hooks run in eager calls and are traced into `spx.jit` programs.
+        Returns a handle whose `remove()` unregisters the hook.
+        """
+        return add_hook(self, hook, pre=False, with_kwargs=with_kwargs, prepend=prepend)
+
+    def sow(
+        self,
+        collection: str,
+        name: str,
+        value: Any,
+        *,
+        reduce: Callable[[Any, Any], Any] = lambda acc, v: (*acc, v),
+        init: Any = (),
+    ) -> None:
+        """Store an intermediate `value` in the Variable `self.<name>` of collection `collection`.
+
+        The Variable holds `reduce(previous, value)`, starting from `init` (by default a tuple
+        gaining one entry per call). It is created on first use, eagerly or inside `spx.jit`
+        (the program returns it and it is added to the original module after the call).
+        Collect and remove it with `spx.pop(model, collection)` so the next call finds the
+        structure it was compiled for.
+        """
+        if not isinstance(collection, str) or not isinstance(name, str):
+            raise TypeError(f"sow: collection and name must be str; received {collection!r}, {name!r}.")
+        current = self.__dict__.get(name, _ABSENT)
+        if current is not _ABSENT and not (isinstance(current, Variable) and current.kind == collection):
+            raise ValueError(
+                f"sow: {type(self).__name__}.{name} already holds {type(current).__name__}"
+                f"{'(' + current.kind + ')' if isinstance(current, Variable) else ''}; sow into a "
+                f"name that is free or a Variable of collection {collection!r}."
+            )
+        sink = sow_sink[0]
+        if sink is None:
+            if current is _ABSENT:
+                setattr(self, name, Variable(reduce(init, value), kind=collection))
+            else:
+                current.value = reduce(current.value, value)
+            return
+        entry = sink.get((id(self), name))
+        if entry is not None:
+            entry[2] = reduce(entry[2], value)
+        else:
+            prev = init if current is _ABSENT else current.value
+            sink[(id(self), name)] = [self, collection, reduce(prev, value)]
+
     def __repr__(self) -> str:
         return _repr(self, set())
+
+
+_ABSENT = object()
 
 
 def _hooked(fn: Callable) -> Callable:
@@ -204,7 +284,8 @@ def _hooked(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        out = fn(self, *args, **kwargs)
+        hooks = self.__dict__.get(HOOKS)
+        out = fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
         for transform in _output_transforms:
             out = transform(self, out)
         for hook in _call_hooks:

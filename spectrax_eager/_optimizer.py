@@ -1,7 +1,9 @@
-"""`Optimizer`: optax over the selected variables of a model."""
+"""`Optimizer`: optax over the selected variables of a model; `MultiOptimizer`: one optax
+transformation per disjoint selection (e.g. a base model and its LoRA adapters)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -11,6 +13,7 @@ import optax
 from ._module import Module, plan_of
 from ._state import State, state_of, trainable, update
 from ._variable import Variable
+from .nn._containers import ModuleList
 
 
 class OptState(Variable):
@@ -45,6 +48,11 @@ class Optimizer(Module):
         self.state = OptState(tx.init(self._params(model)))
         self.step = OptStep(jnp.zeros((), jnp.int32))
 
+    @classmethod
+    def create(cls, model: Module, tx: optax.GradientTransformation, *, wrt: Any = "parameters") -> Optimizer:
+        """`Optimizer(model, tx, wrt=wrt)`, spelled as a named constructor."""
+        return cls(model, tx, wrt)
+
     def _params(self, model: Module) -> State:
         plan = plan_of(model)
         return state_of(plan, trainable(plan, self.wrt))
@@ -62,6 +70,78 @@ class Optimizer(Module):
         updates, self.state.value = self.tx.update(grads, self.state.value, params)
         update(model, optax.apply_updates(params, updates))
         self.step.value = self.step.value + 1
+
+
+class MultiOptimizer(Module):
+    """Different optax transformations for disjoint selections of a model's variables.
+
+    `MultiOptimizer(model, {"lora": optax.adam(1e-3), spx.not_("lora"): optax.sgd(1e-4)})`
+    (or a list of `(selector, tx)` pairs). Every trainable variable the selectors match
+    belongs to exactly one of them; a variable matched twice is an error. `opt.wrt` is
+    their union, the selector to differentiate with: `spx.grad(loss, wrt=opt.wrt)`.
+    `opt.update(model, grads)` applies each transformation to its own variables.
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        transforms: Mapping[Any, optax.GradientTransformation]
+        | Sequence[tuple[Any, optax.GradientTransformation]],
+    ):
+        if not isinstance(model, Module):
+            raise TypeError(
+                f"MultiOptimizer: expected an spx.Module as model, received {type(model).__name__}."
+            )
+        pairs = list(transforms.items()) if isinstance(transforms, Mapping) else list(transforms)
+        if not pairs or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+            raise TypeError(
+                "MultiOptimizer: transforms must be a non-empty {selector: optax transformation} dict or "
+                f"list of (selector, transformation) pairs; received {transforms!r}."
+            )
+        plan = plan_of(model)
+        owner: dict[int, int] = {}
+        for g, (sel, tx) in enumerate(pairs):
+            if not isinstance(tx, optax.GradientTransformation):
+                raise TypeError(
+                    f"MultiOptimizer: the transformation for {sel!r} must be an optax "
+                    f"GradientTransformation; received {type(tx).__name__}."
+                )
+            chosen = [j for j, k in enumerate(trainable(plan, sel)) if k]
+            if not chosen:
+                raise ValueError(
+                    f"MultiOptimizer: selector {sel!r} matches no trainable variable of the model."
+                )
+            for j in chosen:
+                if j in owner:
+                    raise ValueError(
+                        f"MultiOptimizer: {plan.infos[j].kind}/{plan.infos[j].path} is matched by both "
+                        f"{pairs[owner[j]][0]!r} and {sel!r}; the selectors must be disjoint "
+                        "(subtract one from the other: `a - b` or spx.all_of(a, spx.not_(b)))."
+                    )
+                owner[j] = g
+        self.wrt = tuple(sel for sel, _ in pairs)
+        self.optimizers = ModuleList(Optimizer(model, tx, sel) for sel, tx in pairs)
+
+    def update(self, model: Module, grads: State) -> None:
+        """Apply each transformation to its own variables with the matching part of `grads`."""
+        if not isinstance(grads, State):
+            raise TypeError(
+                f"MultiOptimizer.update: grads must be the spx.State from spx.grad(..., wrt=opt.wrt); "
+                f"received {type(grads).__name__}."
+            )
+        index = {(i.kind, i.path): j for j, i in enumerate(grads._infos)}
+        for opt in self.optimizers:
+            want = [(i.kind, i.path) for i in opt._params(model)._infos]
+            missing = [k for k in want if k not in index]
+            if missing:
+                raise ValueError(
+                    f"MultiOptimizer.update: grads lack {[f'{k}/{p}' for k, p in missing[:4]]}; take "
+                    "gradients with spx.grad(..., wrt=opt.wrt)."
+                )
+            picked = [index[k] for k in want]
+            opt.update(
+                model, State(tuple(grads._infos[j] for j in picked), [grads._values[j] for j in picked])
+            )
 
 
 def _follow(grad: Any, param: Any) -> Any:

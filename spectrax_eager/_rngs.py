@@ -61,7 +61,7 @@ class Rngs(Module):
             setattr(self, name, RngStream(s))
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "default":
+        if name.startswith("_") or name == "default":
             raise AttributeError(name)
         default = self.__dict__.get("default")
         if default is None:
@@ -72,3 +72,44 @@ class Rngs(Module):
 
     def __call__(self) -> jax.Array:
         return self.default()
+
+    def key(self, name: str | None = None) -> jax.Array:
+        """The next key of stream `name` (the default stream when `name` is None or not a stream)."""
+        return self.default() if name is None else getattr(self, name)()
+
+    def streams(self) -> dict[str, RngStream]:
+        """`{name: stream}` of every stream, the default one included."""
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, RngStream)}
+
+    def fork(self, n: int | None = None) -> Rngs | tuple[Rngs, ...]:
+        """Independent copies: each stream draws one key and splits it.
+
+        `fork()` returns one new `Rngs`; `fork(n)` a tuple of `n` (e.g. one per layer of a
+        stack). This `Rngs` advances by one draw per stream.
+        """
+        if n is not None and (not isinstance(n, int) or n < 1):
+            raise ValueError(f"Rngs.fork: n must be a positive int or None; received {n!r}.")
+        keys = {name: jax.random.split(stream(), n or 1) for name, stream in self.streams().items()}
+        out = tuple(Rngs(**{name: k[i] for name, k in keys.items()}) for i in range(n or 1))
+        return out[0] if n is None else out
+
+    def __enter__(self) -> Rngs:
+        _ambient.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ambient.remove(self)
+
+
+_ambient: list[Rngs] = []  # `with spx.seed(...)` / `with rngs:` blocks, innermost last
+
+
+def seed(value: int | jax.Array) -> Rngs:
+    """`Rngs(value)`; as a context manager (`with spx.seed(0):`) it is also `current_rngs()`
+    inside the block, the streams layers built without `rngs=` may draw from."""
+    return Rngs(value)
+
+
+def current_rngs() -> Rngs | None:
+    """The `Rngs` of the innermost `with spx.seed(...)` / `with rngs:` block, or None."""
+    return _ambient[-1] if _ambient else None

@@ -12,7 +12,8 @@ wherever a selector is expected:
 * a predicate `fn(path, variable) -> bool`;
 * a list/tuple of the above (their union); `True` / `...` (everything);
   `None` / `False` (nothing);
-* a `Selector` built with `select()` and combined with `| & - ~`.
+* a `Selector` built with `select()` and combined with `| & - ~`, or with
+  `all_of`, `any_of`, `not_`; `Everything` / `Nothing` (the class or an instance).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Callable
 
+from ._errors import SelectorError
 from ._graph import VarInfo, thaw
 from ._variable import Variable, _new_like
 
@@ -74,20 +76,24 @@ class Selector:
         return _And(self, _Where(predicate))
 
 
-class _All(Selector):
+class Everything(Selector):
+    """Matches every variable (`spx.Everything` or `spx.Everything()`)."""
+
     def match(self, info, var):
         return True
 
     def __repr__(self):
-        return "select()"
+        return "Everything()"
 
 
-class _Nothing(Selector):
+class Nothing(Selector):
+    """Matches no variable (`spx.Nothing` or `spx.Nothing()`)."""
+
     def match(self, info, var):
         return False
 
     def __repr__(self):
-        return "nothing"
+        return "Nothing()"
 
 
 class _Collection(Selector):
@@ -191,7 +197,7 @@ class _Not(Selector):
 
 def select() -> Selector:
     """A selector of every variable, to refine with `.of_type(...)`, `.at_path(...)`, ..."""
-    return _All()
+    return Everything()
 
 
 def path_contains(text: str) -> Selector:
@@ -214,16 +220,45 @@ def of_type(*variable_types: type) -> Selector:
     return _OfType(variable_types)
 
 
+def all_of(*selectors: Any) -> Selector:
+    """Variables every one of `selectors` matches (`Everything` when none is given)."""
+    sels = [as_selector(s) for s in selectors]
+    if not sels:
+        return Everything()
+    out = sels[0]
+    for s in sels[1:]:
+        out = _And(out, s)
+    return out
+
+
+def any_of(*selectors: Any) -> Selector:
+    """Variables at least one of `selectors` matches (`Nothing` when none is given)."""
+    sels = [as_selector(s) for s in selectors]
+    if not sels:
+        return Nothing()
+    out = sels[0]
+    for s in sels[1:]:
+        out = _Or(out, s)
+    return out
+
+
+def not_(selector: Any) -> Selector:
+    """Variables `selector` does not match."""
+    return _Not(as_selector(selector))
+
+
 def as_selector(spec: Any) -> Selector:
     """Turn selector sugar (see the module docstring) into a `Selector`."""
     from ._module import Module
 
     if isinstance(spec, Selector):
         return spec
+    if isinstance(spec, type) and issubclass(spec, Everything | Nothing):
+        return spec()
     if spec is True or spec is Ellipsis:
-        return _All()
+        return Everything()
     if spec is None or spec is False:
-        return _Nothing()
+        return Nothing()
     if isinstance(spec, str):
         return _Path((spec,)) if _GLOB & set(spec) else _Collection((spec,))
     if isinstance(spec, type) and issubclass(spec, Variable):
@@ -231,13 +266,13 @@ def as_selector(spec: Any) -> Selector:
     if isinstance(spec, type) and issubclass(spec, Module):
         return _AtInstances((spec,))
     if isinstance(spec, list | tuple | set | frozenset):
-        out: Selector = _Nothing()
+        out: Selector = Nothing()
         for s in spec:
-            out = _Or(out, as_selector(s)) if not isinstance(out, _Nothing) else as_selector(s)
+            out = _Or(out, as_selector(s)) if not isinstance(out, Nothing) else as_selector(s)
         return out
     if callable(spec):
         return _Where(spec)
-    raise TypeError(
+    raise SelectorError(
         f"selector: expected a collection name, path glob, Variable or Module subclass, predicate "
         f"fn(path, variable), list of those, or spx.select(); received {spec!r}."
     )

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -16,7 +16,9 @@ from . import _graph
 from ._graph import GraphDef, VarInfo
 from ._module import Module, Plan, _walk, build, plan_of
 from ._selector import as_selector, info_variable, mask
-from ._variable import Variable, set_value
+from ._variable import Buffer, Parameter, Variable, set_value
+
+_KIND_CLASS = {"parameters": Parameter, "buffers": Buffer}
 
 
 class State(Mapping):
@@ -29,9 +31,42 @@ class State(Mapping):
 
     __slots__ = ("_infos", "_values")
 
-    def __init__(self, infos: tuple[VarInfo, ...], values: list):
+    def __init__(self, data: Mapping[str, Mapping[str, Any]] | tuple = (), values: list | None = None):
+        """`State({collection: {path: value}})`; (`State(infos, values)` is the internal form)."""
+        if values is not None:
+            self._infos = tuple(data)
+            self._values = list(values)
+            return
+        if not isinstance(data, Mapping | tuple) or (isinstance(data, tuple) and data):
+            raise TypeError(
+                "State: expected a mapping {collection: {path: value}}, e.g. "
+                f"State({{'parameters': {{'fc.weight': w}}}}); received {type(data).__name__}."
+            )
+        infos, vals = [], []
+        for kind, entries in dict(data).items():
+            if not isinstance(kind, str) or not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"State: each entry must be collection name -> {{path: value}}; received {kind!r}: "
+                    f"{type(entries).__name__}."
+                )
+            for path, value in entries.items():
+                infos.append(_new_info(kind, path))
+                vals.append(value)
+        _check_unique(infos, "State")
         self._infos = tuple(infos)
-        self._values = list(values)
+        self._values = vals
+
+    @classmethod
+    def from_flat(cls, flat: Mapping[tuple[str, str], Any]) -> State:
+        """The State of `{(collection, path): value}` (the inverse of `flatten()`)."""
+        infos, vals = [], []
+        for key, value in dict(flat).items():
+            if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+                raise TypeError(f"State.from_flat: keys must be (collection, path) pairs; received {key!r}.")
+            infos.append(_new_info(*key))
+            vals.append(value)
+        _check_unique(infos, "State.from_flat")
+        return cls(tuple(infos), vals)
 
     def __getitem__(self, collection: str) -> dict[str, Any]:
         out = {i.path: v for i, v in zip(self._infos, self._values) if i.kind == collection}
@@ -49,6 +84,76 @@ class State(Mapping):
         """`{(collection, path): value}`."""
         return {(i.kind, i.path): v for i, v in zip(self._infos, self._values)}
 
+    def flatten(self) -> dict[tuple[str, str], Any]:
+        """`{(collection, path): value}` in variable order; `State.from_flat` rebuilds a State."""
+        return self.flat()
+
+    def paths(self) -> tuple[str, ...]:
+        """The dotted path of every entry, in variable order (a path names one variable)."""
+        return tuple(i.path for i in self._infos)
+
+    def items(self) -> list[tuple[str, Any]]:
+        """`(path, value)` of every entry, in variable order (`state[collection]` groups them)."""
+        return [(i.path, v) for i, v in zip(self._infos, self._values)]
+
+    def map(self, fn: Callable[..., Any], *, with_path: bool = False) -> State:
+        """A State of the same entries holding `fn(value)` (or `fn(path, value)` with `with_path`)."""
+        if with_path:
+            return State(self._infos, [fn(i.path, v) for i, v in zip(self._infos, self._values)])
+        return State(self._infos, [fn(v) for v in self._values])
+
+    def set(self, path: str | tuple[str, str], value: Any) -> State:
+        """A copy with the entry at `path` holding `value`.
+
+        `path` is a dotted path or a `(collection, path)` pair; a pair naming an
+        entry the State lacks adds it.
+        """
+        j = self._find(path, allow_new=isinstance(path, tuple))
+        if j is None:
+            kind, p = path
+            return State((*self._infos, _new_info(kind, p)), [*self._values, value])
+        values = list(self._values)
+        values[j] = value
+        return State(self._infos, values)
+
+    def overlay(self, other: State) -> State:
+        """A copy where `other`'s entries replace this State's (same path) or are appended."""
+        if not isinstance(other, State):
+            raise TypeError(f"State.overlay: expected an spx.State, received {type(other).__name__}.")
+        index = {i.path: j for j, i in enumerate(self._infos)}
+        infos, values = list(self._infos), list(self._values)
+        for info, value in zip(other._infos, other._values):
+            j = index.get(info.path)
+            if j is None:
+                index[info.path] = len(infos)
+                infos.append(info)
+                values.append(value)
+            elif infos[j].kind != info.kind:
+                raise ValueError(
+                    f"State.overlay: {info.path!r} is in collection {infos[j].kind!r} here but "
+                    f"{info.kind!r} in other; a path names one variable of one collection."
+                )
+            else:
+                values[j] = value
+        return State(tuple(infos), values)
+
+    def _find(self, path: str | tuple[str, str], allow_new: bool = False) -> int | None:
+        if isinstance(path, tuple) and len(path) == 2:
+            kind, p = path
+            hit = [j for j, i in enumerate(self._infos) if i.path == p and i.kind == kind]
+        elif isinstance(path, str):
+            hit = [j for j, i in enumerate(self._infos) if i.path == path]
+        else:
+            raise TypeError(f"State: a path is a dotted str or a (collection, path) pair; received {path!r}.")
+        if hit:
+            return hit[0]
+        if allow_new:
+            return None
+        raise KeyError(
+            f"State has no entry {path!r}; its paths are {list(self.paths())[:8]}"
+            f"{'...' if len(self._infos) > 8 else ''}. Pass (collection, path) to add one."
+        )
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """A plain nested dict `{collection: {path: value}}`."""
         return {k: self[k] for k in self}
@@ -64,6 +169,23 @@ class State(Mapping):
         return "State(\n" + "\n".join(lines) + "\n)" if lines else "State()"
 
 
+def _new_info(kind: str, path: str) -> VarInfo:
+    """The entry description of a value given by collection and path (not taken from a model)."""
+    cls = _KIND_CLASS.get(kind, Variable)
+    return VarInfo(path, kind, cls, (), ())
+
+
+def _check_unique(infos: list[VarInfo], where: str) -> None:
+    seen: dict[str, str] = {}
+    for i in infos:
+        if i.path in seen:
+            raise ValueError(
+                f"{where}: path {i.path!r} appears in collections {seen[i.path]!r} and {i.kind!r}; "
+                "a path names one variable, so it belongs to one collection."
+            )
+        seen[i.path] = i.kind
+
+
 def _short(value: Any) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"{value.dtype}[{','.join(map(str, value.shape))}]"
@@ -76,7 +198,7 @@ jax.tree_util.register_pytree_with_keys(
         [(jax.tree_util.GetAttrKey(f"{i.kind}/{i.path}"), v) for i, v in zip(s._infos, s._values)],
         s._infos,
     ),
-    lambda infos, values: State(infos, values),
+    lambda infos, values: State(infos, list(values)),
     lambda s: (s._values, s._infos),
 )
 
@@ -216,4 +338,52 @@ def trainable(plan: Plan, wrt: Any) -> tuple[bool, ...]:
     out = tuple(s and v.metadata.get("trainable", True) is not False for s, v in zip(sel, plan.vars))
     if key is not None:
         plan.masks[key] = out
+    return out
+
+
+def iter_modules(model: Module) -> Iterator[tuple[str, Module]]:
+    """Yield `(path, module)` for `model` (path `""`) and every sub-module, in definition order.
+
+    A module reachable along several paths is yielded once, at its first path.
+    """
+    yield from plan_of(_require_module(model, "iter_modules")).modules
+
+
+def find(model: Module, what: type | Callable[[str, Module], bool]) -> list[tuple[str, Module]]:
+    """The `(path, module)` pairs of `model`'s modules that are instances of `what` (a Module
+    subclass, or a tuple of them) or for which the predicate `what(path, module)` is true."""
+    _require_module(model, "find")
+    if isinstance(what, type | tuple) and all(
+        isinstance(t, type) and issubclass(t, Module) for t in (what if isinstance(what, tuple) else (what,))
+    ):
+        return [(p, m) for p, m in iter_modules(model) if isinstance(m, what)]
+    if callable(what):
+        return [(p, m) for p, m in iter_modules(model) if what(p, m)]
+    raise TypeError(
+        f"find: expected a Module subclass (or a tuple of them) or a predicate fn(path, module); "
+        f"received {what!r}."
+    )
+
+
+def live_variables(model: Module, select: Any = True) -> list[Variable]:
+    """The Variable objects of `model` that `select` matches (shared ones once), in plan order."""
+    return [var for _, var in iter_variables(model, select)]
+
+
+def pop(model: Module, select: Any) -> State:
+    """Remove the variables `select` matches from `model`; return their State.
+
+    The usual use is collecting what `Module.sow` stored:
+    `inter = spx.pop(model, "intermediates")` after a forward pass.
+    """
+    plan = plan_of(_require_module(model, "pop"))
+    keep = mask(plan, select)
+    chosen = {id(var) for var, k in zip(plan.vars, keep) if k}
+    out = state_of(plan, keep)
+    for _, mod in plan.modules:
+        for name, value in list(mod.__dict__.items()):
+            if isinstance(value, Variable) and id(value) in chosen:
+                del mod.__dict__[name]
+    if chosen:
+        _graph.bump()
     return out

@@ -26,6 +26,17 @@ class MpmdMesh:
     jax_mesh: Mesh
     mpmd_axis: str | None = None
     _submeshes: tuple[Mesh, ...] = field(default=(), repr=False)
+    _entered: list = field(default_factory=list, repr=False)  # open `with mesh:` contexts
+
+    def __enter__(self) -> "MpmdMesh":
+        """`with mesh:` is `with jax.set_mesh(mesh.jax_mesh):` (the whole mesh, MPMD axis included)."""
+        ctx = jax.set_mesh(self.jax_mesh)
+        ctx.__enter__()
+        self._entered.append(ctx)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._entered.pop().__exit__(*exc)
 
     @property
     def is_mpmd(self) -> bool:

@@ -1,0 +1,117 @@
+"""`spx.inspect`: what a model holds and what a call costs.
+
+`tabulate` (modules in definition order with output shapes, parameter counts
+and bytes), `display` (the module tree), `hlo_cost` (XLA's cost analysis of a
+compiled call), and the counters `count_parameters`, `count_bytes`, `summary`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from . import _module
+from ._inspect import count_bytes, count_parameters, summary
+from ._lift import Split, rebuild
+from ._module import Module, _walk, plan_of
+from ._rngs import Rngs, RngStream
+
+
+def _shapes(out: Any) -> str:
+    return ", ".join(
+        f"{l.dtype}[{','.join(map(str, l.shape))}]" for l in jax.tree.leaves(out) if hasattr(l, "shape")
+    )
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], total: str) -> str:
+    table = [head, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    line = "-+-".join("-" * w for w in widths)
+    fmt = lambda r: " | ".join(x.ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    return "\n".join([fmt(head), line, *map(fmt, rows), line, total])
+
+
+def tabulate(model: Module, *inputs: Any, **kwargs: Any) -> str:
+    """A table of `model` and its sub-modules in definition order: path, class, the output
+    shape of their first call in `model(*inputs, **kwargs)` ("-" when not called), and the
+    parameters and bytes they hold (their whole subtree). Nothing is computed (`jax.eval_shape`)."""
+    if not isinstance(model, Module):
+        raise TypeError(f"tabulate: expected an spx.Module, received {type(model).__name__}.")
+    split = Split((model, *inputs), kwargs)
+    static = split.static
+    outputs: list[dict[int, str]] = [{}]
+
+    def pure(values, leaves):
+        args, kw, roots, _ = rebuild(static, values, leaves)
+        index = {id(m): j for j, (_, m) in enumerate(_walk((roots[0],)).modules)}
+        seen = outputs[0]
+
+        def hook(mod, out):
+            j = index.get(id(mod))
+            if j is not None and j not in seen:
+                seen[j] = _shapes(out)
+
+        _module._call_hooks.append(hook)
+        try:
+            return args[0](*args[1:], **kw)
+        finally:
+            _module._call_hooks.remove(hook)
+
+    jax.eval_shape(pure, split.values, split.leaves)
+    rows = []
+    for j, (path, mod) in enumerate(plan_of(model).modules):
+        if isinstance(mod, Rngs | RngStream):  # key streams, not layers
+            continue
+        rows.append(
+            (
+                path or "(root)",
+                type(mod).__name__,
+                outputs[0].get(j, "-"),
+                f"{count_parameters(mod):,}",
+                f"{count_bytes(mod):,}",
+            )
+        )
+    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model):,} bytes"
+    return _table(("path", "module", "output", "params", "bytes"), rows, total)
+
+
+def display(model: Module) -> None:
+    """Print the module tree (classes, static attributes, Variables with their shapes) and totals."""
+    if not isinstance(model, Module):
+        raise TypeError(f"display: expected an spx.Module, received {type(model).__name__}.")
+    print(repr(model))
+    print(f"total: {count_parameters(model):,} parameters, {count_bytes(model):,} bytes")
+
+
+def hlo_cost(fn: Callable, *args: Any, **kwargs: Any) -> dict[str, float]:
+    """XLA's cost analysis of `fn(*args, **kwargs)` compiled (modules may be arguments).
+
+    Returns `{"flops", "bytes_accessed", "transcendentals"}` (0.0 where the backend
+    reports nothing) plus every other figure the backend reports, under its own name.
+    """
+    if not callable(fn):
+        raise TypeError(f"hlo_cost: expected a function, received {type(fn).__name__}.")
+    split = Split(args, kwargs)
+    static = split.static
+
+    def pure(values, leaves):
+        call_args, call_kwargs, _, _ = rebuild(static, values, leaves)
+        return fn(*call_args, **call_kwargs)
+
+    analysis = jax.jit(pure).lower(split.values, split.leaves).compile().cost_analysis()
+    if isinstance(analysis, list | tuple):
+        analysis = analysis[0] if analysis else {}
+    raw = {str(k): float(v) for k, v in dict(analysis or {}).items()}
+    out = {
+        "flops": raw.get("flops", 0.0),
+        "bytes_accessed": raw.get("bytes accessed", 0.0),
+        "transcendentals": raw.get("transcendentals", 0.0),
+    }
+    return {
+        **out,
+        **{k: v for k, v in raw.items() if k not in ("flops", "bytes accessed", "transcendentals")},
+    }
+
+
+__all__ = ["count_bytes", "count_parameters", "display", "hlo_cost", "summary", "tabulate"]

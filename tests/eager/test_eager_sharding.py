@@ -1,0 +1,127 @@
+"""spx.sharding on a (dp, fsdp, tp) mesh of 8 CPU devices: every name resolves through
+spectrax_core.sharding (the specs are compared with the core's own), `with mesh:` and
+`logical_axis_rules` are the context layers read."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import spectrax_core as sc
+import spectrax_eager as spx
+from spectrax_eager import sharding as shd
+
+RULES = sc.sharding.Rules.default()
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return spx.create_mesh((2, 2, 2), ("dp", "fsdp", "tp"))
+
+
+class Block(spx.Module):
+    def __init__(self):
+        k1, k2 = jax.random.split(jax.random.key(0))
+        self.up = spx.Parameter(jax.random.normal(k1, (8, 16)), axes=tuple(shd.ColumnWise))
+        self.down = spx.Parameter(jax.random.normal(k2, (16, 8)), axes=tuple(shd.RowWise))
+        self.norm = spx.Parameter(jnp.ones(8), axes=("EMBED",))
+        self.count = spx.Buffer(jnp.zeros(()))
+
+    def forward(self, x):
+        x = shd.with_sharding_constraint(x, shd.HiddenStateSharding)
+        return jax.nn.gelu(x @ self.up.value) @ self.down.value * self.norm.value
+
+
+def test_prebuilt_names_match_the_core_specs(mesh):
+    jm = mesh.jax_mesh
+    for axes in (
+        shd.HiddenStateSharding,
+        shd.AttnQSharding,
+        shd.AttnKVSharding,
+        shd.ColumnWise,
+        shd.RowWise,
+        shd.LogitsSharding,
+        shd.ExpertColumnWise,
+        shd.ExpertRowWise,
+        shd.ExpertActivations,
+    ):
+        assert shd.get_partition_spec(axes, mesh=mesh) == sc.sharding.spec(tuple(axes), RULES, mesh=jm)
+    assert shd.get_partition_spec(shd.HiddenStateSharding, mesh=mesh) == P(("dp", "fsdp"), None, None)
+    assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P("fsdp", "tp")
+    assert shd.get_partition_spec(shd.AttnQSharding, mesh=mesh) == P(("dp", "fsdp"), None, "tp", None)
+    assert shd.get_partition_spec(shd.Replicated, mesh=mesh) == P()
+    with shd.logical_axis_rules(RULES, mode="decode"):  # decode keeps weights whole over fsdp
+        assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P(None, "tp")
+    assert repr(shd.ColumnWise) == "ColumnWise('EMBED', 'MLP')"
+
+
+def test_partition_axis_and_rules_context(mesh):
+    assert shd.PartitionAxis().rules() == RULES
+    custom = shd.PartitionAxis(hidden_state_axis=None, mlp_axis=("fsdp", "tp"))
+    assert custom.rules() == RULES.replace(EMBED=None, mode="train").replace(MLP=("fsdp", "tp"))
+    assert shd.current_axis_rules() == RULES and shd.current_mode() == "train"
+    with shd.logical_axis_rules(custom) as rules:
+        assert shd.current_axis_rules() is rules
+        assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P(None, ("fsdp", "tp"))
+        with shd.logical_axis_rules({"MLP": None}):
+            assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P("fsdp", None)
+        assert shd.current_axis_rules() is rules
+    assert shd.current_axis_rules() == RULES
+    with pytest.raises(ValueError, match="unknown mode"):
+        with shd.logical_axis_rules(RULES, mode="serve"):
+            pass
+    with pytest.raises(TypeError, match="PartitionAxis"):
+        with shd.logical_axis_rules(3):
+            pass
+
+
+def test_with_mesh_is_current_and_shards_a_model(mesh):
+    assert shd.current_mesh() is None
+    block = Block()
+    x = jax.random.normal(jax.random.key(1), (4, 2, 8))
+    want = jax.nn.gelu(x @ block.up.value) @ block.down.value * block.norm.value
+    np.testing.assert_allclose(block(x), want, rtol=1e-5)  # no mesh: constraints are identity
+    with mesh:
+        assert shd.current_mesh() is mesh.jax_mesh
+        shd.apply_logical_sharding(block)
+        specs = shd.get_partition_spec(block)
+        assert specs.paths() == ("up", "down", "norm", "count")
+        core_like = {"up": P("fsdp", "tp"), "down": P("tp", "fsdp"), "norm": P("fsdp"), "count": P()}
+        for path, spec in specs.items():
+            assert spec == core_like[path]
+            var = getattr(block, path)
+            if "axes" in var.metadata:  # placed; the others are left where they are
+                assert var.value.sharding == NamedSharding(mesh.jax_mesh, spec)
+                assert spec == sc.sharding.spec(var.axes, RULES, mesh=mesh.jax_mesh, shape=var.shape)
+        out = spx.jit(lambda m, x: (m(x), shd.with_sharding_constraint(x * 2, ("BATCH", None, "EMBED"))))(
+            block, x
+        )
+        np.testing.assert_allclose(out[0], want, rtol=1e-5)
+        core_spec = sc.sharding.spec(("BATCH", None, "EMBED"), RULES, mesh=mesh.jax_mesh)
+        assert core_spec == P(("dp", "fsdp"), None, None)  # fsdp is taken by BATCH, so EMBED stays whole
+        assert out[1].sharding.is_equivalent_to(NamedSharding(mesh.jax_mesh, core_spec), 3)
+        np.testing.assert_allclose(block(x), want, rtol=1e-5)  # eager, constrained on the mesh
+        named = shd.get_named_sharding(shd.RowWise)
+        assert named == NamedSharding(mesh.jax_mesh, P("tp", "fsdp"))
+        w = shd.apply_logical_sharding(jnp.ones((16, 8)), shd.RowWise)
+        assert w.sharding == named
+        assert shd.get_partition_spec(w) == P("tp", "fsdp")
+    assert shd.current_mesh() is None
+    np.testing.assert_allclose(block(x), want, rtol=1e-5)
+
+
+def test_core_params_and_errors(mesh):
+    lin = sc.nn.Linear.init(jax.random.key(0), 8, 16)
+    assert shd.get_partition_spec(lin, mesh=mesh) == sc.sharding.param_specs(lin, RULES, mesh=mesh.jax_mesh)
+    with pytest.raises(ValueError, match="no mesh"):
+        shd.get_named_sharding(shd.ColumnWise)
+    with mesh:
+        with pytest.raises(TypeError, match="axes must be a tuple"):
+            shd.with_sharding_constraint(jnp.ones(2), "EMBED")
+        with pytest.raises(TypeError, match="give the array's logical axes"):
+            shd.apply_logical_sharding(jnp.ones(2))
+    assert dataclasses.is_dataclass(shd.PartitionAxis)
