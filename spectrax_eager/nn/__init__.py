@@ -2,6 +2,7 @@
 
 from ._base import CoreLayer, from_core
 from ._containers import ModuleDict, ModuleList, PipelineSequential, Sequential
+from ._fp8 import Fp8Linear, Fp8Meta, fp8_update, to_fp8
 from ._layers import (
     MLP,
     Attention,
@@ -15,6 +16,7 @@ from ._layers import (
     Linear,
     RMSNorm,
 )
+from ._lora import LoRALinear, LoRAParam, inject_lora, merge_lora, wrap_lora
 
 __all__ = [
     "Attention",
@@ -34,4 +36,13 @@ __all__ = [
     "RMSNorm",
     "Sequential",
     "from_core",
+    "Fp8Linear",
+    "Fp8Meta",
+    "LoRALinear",
+    "LoRAParam",
+    "fp8_update",
+    "inject_lora",
+    "merge_lora",
+    "to_fp8",
+    "wrap_lora",
 ]

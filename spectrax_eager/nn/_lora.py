@@ -1,0 +1,159 @@
+"""Eager LoRA: `wrap_lora`, `inject_lora`, `merge_lora` over `spectrax_core.nn.LoRA`.
+
+The low-rank factors are `LoRAParam` variables (collection `"lora"`), so
+`spx.grad(..., wrt="lora")` and `spx.Optimizer(model, tx, wrt="lora")` train
+them alone while the base `Linear`'s parameters stay frozen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Callable
+
+import jax
+
+import spectrax_core as sc
+
+from .._module import Module, plan_of
+from .._rngs import Rngs
+from .._variable import Variable
+from ._base import CoreLayer, from_core, key_from
+from ._layers import Linear
+
+
+class LoRAParam(Variable):
+    """A trainable LoRA factor: collection `"lora"`."""
+
+    __slots__ = ()
+    default_kind = "lora"
+
+
+class LoRALinear(CoreLayer):
+    """A frozen `base` Linear plus `(alpha/rank)·(x a) b`; build it with `wrap_lora` or `inject_lora`.
+
+    Called as a module it runs `spectrax_core.nn.LoRA`. Inside a layer that reads
+    its projections as core `Linear` params (Attention, MLP), it presents itself
+    as the merged Linear `W + (alpha/rank)·a b`, computed from the live factors,
+    so gradients still reach `a` and `b`.
+    """
+
+    core_cls = sc.nn.LoRA
+
+    def _adopt(self, params: sc.nn.LoRA) -> None:
+        axes = params.logical_axes()
+        self.base = from_core(params.base)
+        self.a = LoRAParam(params.a, axes=axes["a"])
+        self.b = LoRAParam(params.b, axes=axes["b"])
+        self.rank, self.alpha = params.rank, params.alpha
+
+    def lora_params(self) -> sc.nn.LoRA:
+        """The core `LoRA` params holding the current values."""
+        return sc.nn.LoRA(
+            base=self.base.core_params(), a=self.a.value, b=self.b.value, rank=self.rank, alpha=self.alpha
+        )
+
+    def core_params(self) -> sc.nn.Linear:
+        """The merged core `Linear` (what a parent core layer reads; differentiable in `a`, `b`)."""
+        return self.lora_params().merged()
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return sc.apply(self.lora_params(), x)
+
+
+def _accepts(where: str) -> str:
+    return (
+        f"{where} accepts an initialised spx.nn.Linear (d_in known: call a lazy Linear once first); "
+        "for a larger model use spx.nn.inject_lora(model, where=..., rank=..., rngs=...)"
+    )
+
+
+def wrap_lora(base: Module, *, rank: int, alpha: float | None = None, rngs: Rngs | None = None) -> LoRALinear:
+    """A `LoRALinear` around `base` (its parameters are shared, not copied) with rank-`rank` factors.
+
+    `b` starts at zero, so the wrapped layer computes exactly what `base` does.
+    `alpha` defaults to `rank` (scale 1).
+    """
+    if type(base) is not Linear or getattr(base, "d_in", None) is None:
+        raise TypeError(f"wrap_lora: received {type(base).__name__}; {_accepts('wrap_lora')}.")
+    core = sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
+    layer = LoRALinear.__new__(LoRALinear)
+    layer.a = LoRAParam(core.a, axes=core.logical_axes()["a"])
+    layer.b = LoRAParam(core.b, axes=core.logical_axes()["b"])
+    layer.base = base
+    layer.rank, layer.alpha = core.rank, core.alpha
+    return layer
+
+
+def module_matcher(where: str | Callable | None) -> Callable[[str, Module], bool]:
+    if where is None:
+        return lambda path, module: True
+    if isinstance(where, str):
+        return lambda path, module: fnmatch.fnmatchcase(path, where)
+    if callable(where):
+        return where
+    raise TypeError(
+        f"where must be None (every Linear), a glob over the module path ('blocks.*.attn.q') or "
+        f"fn(path, module) -> bool; received {where!r}."
+    )
+
+
+def replace_modules(
+    model: Module, cls: type, where: str | Callable | None, make: Callable[[Module], Module], fn: str
+) -> list[str]:
+    """Replace each `cls` child of `model` whose dotted path `where` matches by `make(child)`; return the paths."""
+    match = module_matcher(where)
+    hits = []
+    for parent_path, parent in plan_of(model).modules:
+        for name, child in list(parent.__dict__.items()):
+            path = f"{parent_path}.{name}" if parent_path else name
+            if type(child) is cls and match(path, child):
+                hits.append(path)
+                setattr(parent, name, make(child))
+    if not hits:
+        raise ValueError(
+            f"{fn}: no {cls.__name__} in {type(model).__name__} matched where={where!r}; "
+            f"it accepts a model holding spx.nn.{cls.__name__} layers, selected by a glob over their "
+            f"paths or fn(path, module) -> bool. Its module paths: "
+            f"{[p for p, _ in plan_of(model).modules if p][:8]}."
+        )
+    return hits
+
+
+def inject_lora(
+    model: Module,
+    *,
+    rank: int,
+    alpha: float | None = None,
+    where: str | Callable | None = None,
+    rngs: Rngs | None = None,
+) -> list[str]:
+    """Wrap every `Linear` of `model` whose path matches `where` (default: all) with `wrap_lora`, in place.
+
+    `where` is a glob over dotted module paths (`"*.attn.q"`) or
+    `fn(path, module) -> bool`. Returns the wrapped paths.
+    """
+    if isinstance(model, Linear):
+        raise TypeError("inject_lora: received a Linear itself; wrap it with spx.nn.wrap_lora(linear, ...).")
+    key_from(rngs, "inject_lora")
+    return replace_modules(
+        model, Linear, where, lambda lin: wrap_lora(lin, rank=rank, alpha=alpha, rngs=rngs), "inject_lora"
+    )
+
+
+def merge_lora(module: Module) -> Module:
+    """Fold each LoRA update into its base weight: `W ← W + (alpha/rank)·a b`.
+
+    Given a `LoRALinear`, returns the merged `Linear`; given a model, replaces
+    its `LoRALinear` layers in place and returns the model.
+    """
+    if isinstance(module, LoRALinear):
+        return from_core(module.core_params())
+    if not isinstance(module, Module):
+        raise TypeError(f"merge_lora: expected an spx.Module, received {type(module).__name__}.")
+    if not any(isinstance(m, LoRALinear) for _, m in plan_of(module).modules):
+        raise ValueError(
+            f"merge_lora: {type(module).__name__} holds no LoRA layers (already merged?); it accepts a "
+            "LoRALinear or a model returned by wrap_lora / inject_lora."
+        )
+    replace_modules(module, LoRALinear, None, merge_lora, "merge_lora")
+    return module
