@@ -125,3 +125,17 @@ def test_core_params_and_errors(mesh):
         with pytest.raises(TypeError, match="give the array's logical axes"):
             shd.apply_logical_sharding(jnp.ones(2))
     assert dataclasses.is_dataclass(shd.PartitionAxis)
+
+
+def test_mpmd_mesh_as_context_nests():
+    pipe = spx.create_mesh((2, 2, 2), ("pp", "fsdp", "tp"), mpmd_axis="pp")
+    flat = spx.create_mesh((2, 4), ("fsdp", "tp"))
+    with pipe as entered:
+        assert entered is pipe and shd.current_mesh() is pipe.jax_mesh
+        with flat:
+            assert shd.current_mesh() is flat.jax_mesh
+            assert shd.get_partition_spec(shd.ColumnWise) == P("fsdp", "tp")
+        assert shd.current_mesh() is pipe.jax_mesh
+        # the pipeline axis is not a rules axis: weights are laid out within a stage
+        assert shd.get_partition_spec(shd.ColumnWise) == P("fsdp", "tp")
+    assert shd.current_mesh() is None
