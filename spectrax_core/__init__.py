@@ -4,7 +4,7 @@ Imports jax, optax, equinox and jaxtyping only; never `spectrax_mpmd` or
 `spectrax_eager`.
 """
 
-from . import losses, models, nn, schedules, sharding
+from . import functional, init, losses, models, nn, schedules, sharding
 from ._apply import apply, register_apply
 from ._checks import enable_runtime_checks, runtime_checks_enabled
 
@@ -12,6 +12,8 @@ __all__ = [
     "apply",
     "register_apply",
     "nn",
+    "functional",
+    "init",
     "losses",
     "models",
     "sharding",

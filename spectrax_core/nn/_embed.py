@@ -23,6 +23,7 @@ class Embed(eqx.Module):
     vocab_size: int = eqx.field(static=True)
     d_model: int = eqx.field(static=True)
     compute_dtype: Any = eqx.field(static=True, default=None)
+    axes: tuple[str | None, str | None] = eqx.field(static=True, default=("VOCAB", "EMBED"))
 
     @classmethod
     def init(
@@ -34,6 +35,7 @@ class Embed(eqx.Module):
         dtype=jnp.float32,
         w_init: Any = None,
         compute_dtype: Any = None,
+        axes: tuple[str | None, str | None] = ("VOCAB", "EMBED"),
     ) -> "Embed":
         """Normal table with standard deviation `1/sqrt(d_model)` (unit-norm rows on average),
         unless `w_init` (an initializer `(key, shape, dtype)`) says otherwise."""
@@ -41,11 +43,13 @@ class Embed(eqx.Module):
             table = jax.random.normal(key, (vocab_size, d_model), dtype) * d_model**-0.5
         else:
             table = initialize(w_init, key, (vocab_size, d_model), dtype, where="Embed: w_init")
-        return cls(table=table, vocab_size=vocab_size, d_model=d_model, compute_dtype=compute_dtype)
+        return cls(
+            table=table, vocab_size=vocab_size, d_model=d_model, compute_dtype=compute_dtype, axes=tuple(axes)
+        )
 
     def logical_axes(self) -> dict[str, tuple]:
         """Logical axes of each array field (see `spectrax_core.sharding`)."""
-        return {"table": ("VOCAB", "EMBED")}
+        return {"table": self.axes}
 
 
 @typechecked
