@@ -15,6 +15,12 @@ and through the unsplit model, which must agree.
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
     python examples/train_lm.py --spmd                # the same model, one SPMD program
+    python examples/train_lm.py --checkpoint-dir runs/ckpt --stop-after 60   # save, stop at step 60
+    python examples/train_lm.py --checkpoint-dir runs/ckpt --resume --stages 2   # go on, 2 ranks
+
+With `--checkpoint-dir`, each rank writes its own parameters and optimizer
+state through orbax-checkpoint (the `checkpoint` extra); `--resume` reads the
+latest step onto the ranks of this run's layout, which may differ.
 """
 
 from __future__ import annotations
@@ -58,6 +64,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-tokens", type=int, default=60, help="greedy tokens generated at the end")
     p.add_argument("--spmd", action="store_true", help="run the same model as one SPMD program instead")
     p.add_argument("--out", default="runs/train_lm", help="directory for metrics, trace and plots")
+    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (orbax-checkpoint)")
+    p.add_argument("--save-every", type=int, default=0, help="save every N steps (default: only at the end)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="continue from the latest checkpoint in --checkpoint-dir (or from the step given)",
+    )
+    p.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this many steps")
     return p.parse_args(argv)
 
 
@@ -116,6 +132,15 @@ def plot(out: Path, losses: list[float], timeline) -> list[str]:
     return ["loss.png", "timeline.png"]
 
 
+def checkpoints(args):
+    """The run's `mp.CheckpointManager` (None without --checkpoint-dir)."""
+    if args.checkpoint_dir is None:
+        if args.resume is not None:
+            raise SystemExit("--resume needs --checkpoint-dir, the directory a run saved to.")
+        return None
+    return mp.CheckpointManager(args.checkpoint_dir, max_to_keep=3)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
@@ -153,24 +178,48 @@ def main(argv=None) -> dict:
     opt = mp.StagedOptimizer(tx, max_grad_norm=1.0)
     stream = batches(data, args.batch, args.seq)
     tokens, targets = next(stream)
+    manager = checkpoints(args)
+    ckpt = {"dir": args.checkpoint_dir, "saved": [], "save_s": [], "restore_s": None}
 
     programs = "one XLA program" if args.spmd else "one XLA program per stage and cell kind"
     print(f"compiling ({programs}) ...", flush=True)
     start = time.perf_counter()
+    first, state = 0, None
+    if args.resume is not None:
+        shardings = mp.owner_shardings(step, params, tokens, targets)  # builds the step: compiles
+        t0 = time.perf_counter()
+        restored = manager.restore(
+            None if args.resume == "latest" else int(args.resume), like=params, shardings=shardings, optimizer=opt
+        )
+        ckpt["restore_s"] = time.perf_counter() - t0
+        params, state, first = restored.params, restored.opt_state, restored.step
+        if first >= (min(args.steps, args.stop_after) if args.stop_after else args.steps):
+            raise SystemExit(f"the checkpoint is at step {first}: nothing left to train (--steps {args.steps}).")
+        print(f"resumed at step {first} from {manager.directory} in {ckpt['restore_s']:.2f} s "
+              f"(saved by {restored.extra['layout']}), each leaf read onto the rank that uses it")
+        for _ in range(first):  # the data stream where the saved run stopped
+            tokens, targets = next(stream)
     loss, grads = step(params, tokens, targets)
     jax.block_until_ready(loss)
     compiled = 1 if args.spmd else len(step.runner.step.compiler.cache)
     print(f"compiled {compiled} programs in {time.perf_counter() - start:.1f} s")
-    state = opt.init(params, grads)
+    state = opt.init(params, grads) if state is None else state
+    layout = "SPMD" if args.spmd else f"{args.stages} ranks, {schedule!r}"
 
-    losses, bar, t_train = [], progress(args.steps), time.perf_counter()
-    for k in range(args.steps):
+    last = min(args.steps, args.stop_after) if args.stop_after else args.steps
+    losses, bar, t_train = [], progress(last - first), time.perf_counter()
+    for k in range(first, last):
         t0 = time.perf_counter()
-        if k:
+        if k > first:
             tokens, targets = next(stream)
             loss, grads = step(params, tokens, targets)
         params, state = opt.update(grads, state, params)
         losses.append(float(loss))
+        if manager is not None and ((args.save_every and (k + 1) % args.save_every == 0) or k + 1 == last):
+            t_save = time.perf_counter()
+            manager.save(k + 1, params=params, opt_state=state, extra={"layout": layout}, force=True)
+            ckpt["save_s"].append(time.perf_counter() - t_save)
+            ckpt["saved"].append(k + 1)
         dt = time.perf_counter() - t0
         rate = args.batch * args.seq / dt
         if bar is not None:
@@ -181,9 +230,15 @@ def main(argv=None) -> dict:
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t_train
-    tokens_per_s = args.steps * args.batch * args.seq / wall
-    print(f"trained {args.steps} steps in {wall:.1f} s ({tokens_per_s:,.0f} tokens/s); "
+    tokens_per_s = (last - first) * args.batch * args.seq / wall
+    print(f"trained steps {first}..{last - 1} in {wall:.1f} s ({tokens_per_s:,.0f} tokens/s); "
           f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    if manager is not None:
+        t0 = time.perf_counter()
+        manager.close()  # waits for the background writes
+        ckpt["commit_wait_s"] = time.perf_counter() - t0
+        print(f"saved steps {ckpt['saved']} to {manager.directory} (blocking part "
+              f"{max(ckpt['save_s']) * 1e3:.0f} ms at most, then written in the background)")
 
     files = ["metrics.json"]
     timeline = None
@@ -213,11 +268,13 @@ def main(argv=None) -> dict:
         "schedule": repr(schedule),
         "stages": n_stages,
         "steps": args.steps,
+        "first_step": first,
         "losses": losses,
         "wall_s": wall,
         "tokens_per_s": tokens_per_s,
         "programs": compiled,
         "decode_identical": same,
+        "checkpoint": ckpt if manager is not None else None,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     print(f"wrote {', '.join(files)} to {out}/")
