@@ -197,6 +197,11 @@ def main(argv=None) -> dict:
             raise SystemExit(f"the checkpoint is at step {first}: nothing left to train (--steps {args.steps}).")
         print(f"resumed at step {first} from {manager.directory} in {ckpt['restore_s']:.2f} s "
               f"(saved by {restored.extra['layout']}), each leaf read onto the rank that uses it")
+        later = [k for k in manager.all_steps() if k > first]
+        for k in later:  # this run continues from `first`: later steps belonged to the one it replaces
+            manager.delete(k)
+        if later:
+            print(f"deleted the later checkpoints {later}: this run replaces them")
         for _ in range(first):  # the data stream where the saved run stopped
             tokens, targets = next(stream)
     loss, grads = step(params, tokens, targets)

@@ -103,6 +103,10 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def delete(self, step: int) -> None:
+        """Remove a committed step (e.g. the later steps of a run resumed from an earlier one)."""
+        self._manager.delete(self._resolve(step))
+
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
         self._manager.wait_until_finished()
@@ -134,6 +138,11 @@ class CheckpointManager:
                 f"save: extra must be JSON-serializable (numbers, strings, lists, dicts), got "
                 f"{type(extra).__name__}: {err}. Save arrays as params or opt_state instead."
             ) from err
+        if step in self._manager.all_steps():
+            raise CheckpointError(
+                f"save: step {step} already exists in {self.directory}; delete it first "
+                f"(manager.delete({step})) or save under another step."
+            )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
         meta = {"format": FORMAT, **desc, "extra": extra}
         ocp = self._ocp
