@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -17,6 +18,7 @@ from ._context import check_no_trace
 from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
+from ._profile import HostProfile, profile_plan
 from ._split import split, trace
 from ._timeline import Timeline, measured_timeline
 from .errors import MpmdError
@@ -90,6 +92,8 @@ class _Entry:
     def __post_init__(self):
         self.input_leaves = [a for _, (_, a, _) in self.plan.input_keys]
         self.cache_keys = [None if key[1] in self.donated else key for _, key in self.plan.input_keys]
+        self.build: dict = {}  # the build's BuildStats report; first_run is filled by the first run
+        self.ran = False
 
     def place(self, placer: _Placer, leaves: Sequence) -> list:
         """The argument leaves the plan reads, each on the ranks that read it."""
@@ -98,7 +102,14 @@ class _Entry:
 
     def run(self, placer: _Placer, leaves: Sequence) -> list:
         """Place the arguments and run the plan; returns the buffers."""
-        return self.plan.run(self.place(placer, leaves))
+        if self.ran or not self.build:
+            return self.plan.run(self.place(placer, leaves))
+        start = time.perf_counter()
+        buf = self.plan.run(self.place(placer, leaves))
+        self.build["seconds"]["first_run"] = time.perf_counter() - start
+        self.build["total_s"] = sum(self.build["seconds"].values())
+        self.ran = True
+        return buf
 
 
 def _cached_entry(owner, args) -> tuple[_Entry, list]:
@@ -110,8 +121,35 @@ def _cached_entry(owner, args) -> tuple[_Entry, list]:
     sig = signature(owner.name, owner.fn, args, owner.static_argnums)
     entry = owner.cache.get(sig.key)
     if entry is None:
-        entry = owner.cache[sig.key] = owner._build(sig)
+        stats = owner.compiler.stats
+        stats.reset()
+        with stats.timed("plan"):
+            entry = owner._build(sig)
+        entry.build = stats.report()
+        owner.cache[sig.key] = entry
+    owner.last_entry = entry
     return entry, sig.leaves
+
+
+def _profile(owner, args, rounds: int) -> HostProfile:
+    """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
+    entry, leaves = _cached_entry(owner, args)
+    if entry.donated:
+        raise MpmdError(
+            f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
+            "donate_argnums lets the first run consume them; profile the function without donate_argnums."
+        )
+    return profile_plan(entry.plan, entry.place(owner.placer, leaves), rounds)
+
+
+def _timings(owner, args) -> dict:
+    """The build report of `args`' signature (building it if needed), or of the last call's."""
+    if args:
+        return _cached_entry(owner, args)[0].build
+    entry = getattr(owner, "last_entry", None)
+    if entry is None:
+        raise MpmdError(f"{owner.name}: nothing has been built yet; call it first or pass arguments.")
+    return entry.build
 
 
 def _build_plan(compiler: Compiler, builder) -> Plan:
@@ -169,14 +207,16 @@ class _StepFunction:
         m = self.schedule.microbatches
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
         micro = traced_avals(sig, kinds, m)
-        closed, _, out_tree = trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro))
+        with self.compiler.stats.timed("trace"):
+            closed, _, out_tree = trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro))
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
             raise MpmdError(
                 f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
                 "reduce it (e.g. mean over the batch) before returning."
             )
-        graph = split(closed, self.n_stages)
+        with self.compiler.stats.timed("split"):
+            graph = split(closed, self.n_stages)
         dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
         builder = TrainPlanBuilder(
@@ -230,6 +270,18 @@ class _StepFunction:
         return measured_timeline(
             entry.plan.timeline(entry.place(self.placer, leaves)), self.mesh.mpmd_dim, repr(self.schedule)
         )
+
+    def profile(self, *args, rounds: int = 7) -> HostProfile:
+        """Host cost of one step on these arguments: issue CPU time per rank and cell kind, call
+        and transfer counts, and the share of the step spent issuing (`HostProfile`; print
+        `.table()`). Runs the step `2 * rounds` times."""
+        return _profile(self, args, rounds)
+
+    def timings(self, *args) -> dict:
+        """Where the first call's time went, for these arguments' signature (default: the last
+        call's): seconds per phase (trace, split, lower, compile, relocate, plan, first_run;
+        see `BuildStats`), their total, and how many programs were compiled and relocated."""
+        return _timings(self, args)
 
     def plan_for(self, *args) -> Plan:
         """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""
@@ -340,8 +392,10 @@ class _JitFunction:
                 batch_args=kinds.batch, batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
-        closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
-        graph = split(closed, self.mesh.mpmd_dim * self.v)
+        with self.compiler.stats.timed("trace"):
+            closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+        with self.compiler.stats.timed("split"):
+            graph = split(closed, self.mesh.mpmd_dim * self.v)
         n_args = len(sig.positions) + len(sig.statics)
         donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
         donated = frozenset(
@@ -361,6 +415,14 @@ class _JitFunction:
         buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
         return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
+
+    def profile(self, *args, rounds: int = 7) -> HostProfile:
+        """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""
+        return _profile(self, args, rounds)
+
+    def timings(self, *args) -> dict:
+        """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""
+        return _timings(self, args)
 
     @property
     def dispatch_log(self) -> list:

@@ -5,11 +5,14 @@ shardings), output shardings and donated inputs: everything `jax.jit` needs to
 lower it. `Compiler` compiles each distinct program once and can compile many
 at once.
 
-Program identity: two specs share an executable only when they lower to the
-same StableHLO text (which holds every constant's value, every custom rule's
-effect and every static parameter) for the same devices, shardings and
-donations, under the same JAX configuration. Nothing is keyed on a printed
-summary or an object id, so a reused executable is provably the same program.
+Program identity: two specs are the same program when they lower to the same
+StableHLO text (which holds every constant's value, every custom rule's effect
+and every static parameter) with the same shardings (each device named by its
+position among the cell's devices), donations and device kinds, under the same
+JAX configuration. Same program on the same devices: one executable. Same
+program on other devices: compiled once, loaded onto the others. Nothing is
+keyed on a printed summary or an object id, so a reused executable is provably
+the same program.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import jax
 from jax.sharding import NamedSharding
 
 from ._context import config_key
+from ._relocate import persistent_cache_active, relocate, relocation_available, serialized
+from ._timings import BuildStats
 
 
 def _sds(aval, sharding):
@@ -61,8 +66,24 @@ class CellSpec:
         )
 
 
-def _sharding_key(sharding) -> Any:
-    """Everything about a sharding that the executable depends on: devices in order, layout."""
+def _devices_of(shardings) -> tuple:
+    """The devices a cell runs on, in order of first appearance among its shardings."""
+    seen: dict = {}
+    for sh in shardings:
+        if sh is not None:
+            flat = (
+                sh.mesh.devices.flat
+                if isinstance(sh, NamedSharding)
+                else sorted(sh.device_set, key=lambda d: d.id)
+            )
+            for d in flat:
+                seen.setdefault(d, len(seen))
+    return tuple(seen)
+
+
+def _layout_key(sharding, position: dict) -> Any:
+    """Everything about a sharding that the executable depends on, with each device named by
+    its position among the cell's devices: the same key on every rank for the same layout."""
     if sharding is None:
         return None
     if isinstance(sharding, NamedSharding):
@@ -71,72 +92,128 @@ def _sharding_key(sharding) -> Any:
             "named",
             tuple(mesh.axis_names),
             mesh.devices.shape,
-            tuple(d.id for d in mesh.devices.flat),
+            tuple(position[d] for d in mesh.devices.flat),
             tuple(sharding.spec),
             sharding.memory_kind,
         )
-    return (type(sharding).__name__, tuple(sorted(d.id for d in sharding.device_set)), repr(sharding))
+    return (type(sharding).__name__, tuple(sorted(position[d] for d in sharding.device_set)), repr(sharding))
 
 
 class Compiler:
-    """Compiles cell specs, sharing one executable between specs that are the same program."""
+    """Compiles cell specs, sharing one executable between specs that are the same program.
 
-    def __init__(self):
-        self.cache: dict = {}  # program key -> compiled executable
-        self._lowered: dict = {}  # spec -> (program key, lowered), for the specs of the current build
+    A program is compiled once; a spec that is the same program on other devices
+    (another rank's copy of a stage) gets the compiled program loaded onto its
+    devices instead (`_relocate`), or a fresh compile where that is unavailable.
+    `stats` counts both and times each phase of the last build.
+    """
+
+    def __init__(self, relocate: bool = True):
+        self.cache: dict = {}  # (program, devices) -> compiled executable
+        self.sources: dict = {}  # program -> a serialized compiled instance (or None: not relocatable)
+        self.relocate = relocate and relocation_available()
+        self.stats = BuildStats()
+        self._lowered: dict = {}  # spec -> ((program, devices), lowered), for the current build
 
     def program_key(self, spec: CellSpec) -> tuple:
-        """The identity of `spec`'s program (see the module docstring)."""
+        """The identity of `spec`'s program and the devices it runs on (see the module docstring)."""
         return self._lower(spec)[0]
+
+    @property
+    def relocating(self) -> bool:
+        """Whether programs are loaded onto other devices now (not with the persistent cache on)."""
+        return self.relocate and not persistent_cache_active()
 
     def compile_spec(self, spec: CellSpec):
         key, lowered = self._lower(spec)
         if key not in self.cache:
-            self.cache[key] = lowered.compile()
+            self._store(key, self._relocated(key) or self._compile(lowered))
         return self.cache[key]
 
     def prefetch(self, specs) -> None:
-        """Compile every spec not cached yet: lower one by one, then run XLA compiles in parallel.
+        """Compile every spec not cached yet: each distinct program once, in worker threads that
+        start while the next specs are still being lowered; then load those programs onto the
+        other devices that run them.
 
-        XLA's compiler releases the GIL, so independent stage programs compile
-        concurrently; this is build-time only (the step itself uses no threads).
+        XLA's compiler releases the GIL, so stage programs compile concurrently
+        with each other and with lowering; this is build-time only (the step
+        itself uses no threads).
         """
-        todo = {}
-        for spec in specs:
-            key, lowered = self._lower(spec)
+        todo: dict = {}
+        started: dict = {}
+        relocating = self.relocating
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for spec in specs:
+                key, lowered = self._lower(spec)
+                if key in self.cache or key in todo:
+                    continue
+                todo[key] = lowered
+                program = key[0] if relocating else key
+                if program not in self.sources and program not in started:
+                    started[program] = (key, pool.submit(lowered.compile))
+            with self.stats.timed("compile"):
+                done = [(key, future.result()) for key, future in started.values()]
+        self.stats.compiled += len(done)
+        for key, compiled in done:
+            self._store(key, compiled)
+        for key, lowered in todo.items():
             if key not in self.cache:
-                todo.setdefault(key, lowered)
-        if len(todo) < 2:
-            for key, lowered in todo.items():
-                self.cache[key] = lowered.compile()
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            for key, compiled in zip(todo, pool.map(lambda low: low.compile(), todo.values())):
-                self.cache[key] = compiled
+                self._store(key, self._relocated(key) or self._compile(lowered))
 
     def forget_lowerings(self) -> None:
         """Drop the lowered modules kept for the build that just finished (compiled programs stay)."""
         self._lowered.clear()
 
+    def _compile(self, lowered):
+        with self.stats.timed("compile"):
+            compiled = lowered.compile()
+        self.stats.compiled += 1
+        return compiled
+
+    def _relocated(self, key: tuple):
+        source = self.sources.get(key[0]) if self.relocating else None
+        if source is None:
+            return None
+        with self.stats.timed("relocate"):
+            compiled = relocate(source, key[1])
+        if compiled is not None:
+            self.stats.relocated += 1
+        return compiled
+
+    def _store(self, key: tuple, compiled) -> None:
+        self.cache[key] = compiled
+        if self.relocating and key[0] not in self.sources:
+            with self.stats.timed("relocate"):
+                self.sources[key[0]] = serialized(compiled, key[1])
+
     def _lower(self, spec: CellSpec) -> tuple[tuple, Any]:
         hit = self._lowered.get(spec)
         if hit is None:
-            in_shardings = tuple(s.sharding for s in spec.in_specs)
-            jitted = jax.jit(
-                spec.fn,
-                in_shardings=in_shardings,
-                out_shardings=spec.out_shardings,
-                donate_argnums=spec.donate,
-            )
-            lowered = jitted.lower(*spec.in_specs)
-            text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-            outs = spec.out_shardings if isinstance(spec.out_shardings, tuple) else (spec.out_shardings,)
-            key = (
-                text,
-                tuple(_sharding_key(s) for s in in_shardings),
-                tuple(_sharding_key(o) for o in outs),
-                tuple(spec.donate),
-                config_key(),
-            )
-            hit = self._lowered[spec] = (key, lowered)
+            with self.stats.timed("lower"):
+                hit = self._lowered[spec] = self._new_lowering(spec)
         return hit
+
+    @staticmethod
+    def _new_lowering(spec: CellSpec) -> tuple[tuple, Any]:
+        in_shardings = tuple(s.sharding for s in spec.in_specs)
+        jitted = jax.jit(
+            spec.fn,
+            in_shardings=in_shardings,
+            out_shardings=spec.out_shardings,
+            donate_argnums=spec.donate,
+            keep_unused=True,  # the text then holds every argument: dropped ones would not show in it
+        )
+        lowered = jitted.lower(*spec.in_specs)
+        text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+        outs = spec.out_shardings if isinstance(spec.out_shardings, tuple) else (spec.out_shardings,)
+        devices = _devices_of((*in_shardings, *outs))
+        position = {d: k for k, d in enumerate(devices)}
+        program = (
+            text,
+            tuple(_layout_key(s, position) for s in in_shardings),
+            tuple(_layout_key(o, position) for o in outs),
+            tuple(spec.donate),
+            tuple(d.device_kind for d in devices),
+            config_key(),
+        )
+        return (program, devices), lowered

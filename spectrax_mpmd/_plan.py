@@ -7,10 +7,11 @@ decisions, compilation and dependency ordering happen here, once per signature.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from ._compile import CellSpec, Compiler, _sds
 from ._mesh import MpmdMesh
 from ._order import order_actions
 from ._split import StageGraph
+from ._transfer import is_transfer, transfer
 from .errors import StageSplitError
 
 REPLICATED = PartitionSpec()
@@ -43,6 +45,7 @@ class Plan:
     activation_slots: dict = field(default_factory=dict)
     forward_steps: dict = field(default_factory=dict)
     action_steps: list = field(default_factory=list)  # (rank, action, first step, end step)
+    device_rank: dict = field(default_factory=dict)  # device -> pipeline rank
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -62,6 +65,14 @@ class Plan:
             for f in frees:
                 buf[f] = None
         return buf
+
+    def with_public_transfers(self) -> "Plan":
+        """This plan with every transfer through the public `jax.device_put` (for checking the
+        fast path: both must give the same values on the same shardings)."""
+        steps = [
+            (fn.public() if is_transfer(fn) else fn, ins, outs, frees) for fn, ins, outs, frees in self.steps
+        ]
+        return dataclasses.replace(self, steps=steps)
 
     def timeline(self, placed_inputs: Sequence) -> list[tuple[int, object, float, float]]:
         """Run once, each step alone (waiting for its results), and return per action
@@ -108,42 +119,6 @@ class Plan:
             for r in range(ranks):
                 peak[r] = max(peak[r], sum(1 for owner in live if owner[0] == r))
         return peak
-
-
-class _Transfer:
-    """One batched `device_put` of several buffers to their receivers' shardings."""
-
-    __slots__ = ("targets",)
-
-    def __init__(self, targets):
-        self.targets = list(targets)
-
-    def __call__(self, *arrays):
-        return jax.device_put(list(arrays), self.targets)
-
-
-class _TransferOne:
-    """A `device_put` of one buffer (cheaper than the list form)."""
-
-    __slots__ = ("target",)
-
-    def __init__(self, target):
-        self.target = target
-
-    def __call__(self, array):
-        return (jax.device_put(array, self.target),)
-
-
-def _target(sharding):
-    """A one-device sharding is sent to its device: the same placement, half the host cost."""
-    devices = sharding.device_set
-    return next(iter(devices)) if len(devices) == 1 else sharding
-
-
-def transfer(shardings) -> Callable:
-    """The cheapest callable moving its arguments to `shardings`."""
-    targets = [_target(s) for s in shardings]
-    return _TransferOne(targets[0]) if len(targets) == 1 else _Transfer(targets)
 
 
 @dataclass
@@ -492,7 +467,7 @@ class TrainPlanBuilder:
         for spec, outs in self._accumulator_cells:
             self.steps.append((spec, (), outs, ()))
 
-    def _transfer(self, pairs: list[tuple[int, int, NamedSharding]]) -> None:
+    def _transfer(self, pairs: list[tuple]) -> None:
         """Move `(src slot, dst slot key, dst sharding, src sharding)` values; a move to the same
         sharding becomes an alias of the source slot."""
         moves = []
@@ -500,10 +475,15 @@ class TrainPlanBuilder:
             if sharding == src_sharding:
                 self.slots.alias(dst_key, src)
             else:
-                moves.append((src, self.slots[dst_key], sharding))
+                moves.append((src, self.slots[dst_key], sharding, src_sharding))
         if moves:
             self.steps.append(
-                (transfer([m[2] for m in moves]), tuple(m[0] for m in moves), tuple(m[1] for m in moves), ())
+                (
+                    transfer([m[3] for m in moves], [m[2] for m in moves]),
+                    tuple(m[0] for m in moves),
+                    tuple(m[1] for m in moves),
+                    (),
+                )
             )
 
     def _emit(self, a) -> str:
@@ -595,7 +575,8 @@ class TrainPlanBuilder:
                 sh = self.param_sharding(a, owner)
                 moved = self.slots.new()
                 if self.param_sharding(a, s) != sh:
-                    self.steps.append((transfer([sh]), (self.slots["acc", s, a],), (moved,), ()))
+                    move = transfer([self.param_sharding(a, s)], [sh])
+                    self.steps.append((move, (self.slots["acc", s, a],), (moved,), ()))
                 else:
                     moved = self.slots["acc", s, a]
                 total = self.slots.new()
@@ -652,6 +633,7 @@ class TrainPlanBuilder:
         ]
         self.plan.steps = _free_after_last_use(steps, keep)
         self.plan.n_slots = self.slots.count
+        self.plan.device_rank = {d: r for r in range(self.n) for d in self.mesh.submesh(r).devices.flat}
 
 
 def _add(x, y):

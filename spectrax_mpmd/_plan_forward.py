@@ -91,11 +91,13 @@ class ForwardPlanBuilder(TrainPlanBuilder):
             cell = self._forward_spec(
                 s, keep_residuals=False, donate=self._donatable(s) if self.m == 1 else ()
             )
+            start = len(self.steps)
             results.update(
                 ((j, i), slot)
                 for j, slot in zip(self.ios[s].stage.results, self._emit_forward(cell, s, i, 0))
             )
             self.plan.log.append((rank, ("F", s, i), "F"))
+            self.plan.action_steps.append((rank, ("F", s, i), start, len(self.steps)))
         outputs = [
             self._batch_order(j, [results[j, i] for i in range(self.m)]) for j in range(len(self.g.out_avals))
         ]

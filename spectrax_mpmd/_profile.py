@@ -1,0 +1,157 @@
+"""Host cost of a step: what issuing each rank's cells and transfers costs the Python thread.
+
+One thread issues every cell of a step. When the devices finish a cell faster
+than the host issues the next, the step is host-bound: its time is the issue
+time, not the arithmetic. `profile_plan` measures issue CPU time (the issuing
+thread's `time.thread_time`, which other load on the machine barely moves) per
+rank and cell kind, and compares the whole step's issue time to its wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import jax
+
+from ._transfer import is_transfer
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """Issue cost of one rank's cells of one kind (per step)."""
+
+    rank: int
+    kind: str
+    calls: int
+    transfers: int
+    call_us: float
+    transfer_us: float
+
+    @property
+    def issue_us(self) -> float:
+        return self.call_us + self.transfer_us
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """Per-step host cost of a pipelined call (medians over rounds).
+
+    `rows`: per (rank, cell kind) counts and issue CPU time, where kind is a
+    schedule cell (`F`, `B`, `I`, `W`, the last stage's `FB`, fused `F&B`) or
+    `setup` / `finish` (accumulators, gradient sums, casts). `issue_s`: thread
+    CPU time of issuing the whole step uninstrumented; `step_s`: wall time of the
+    step until its results are ready; `issue_share = issue_s / step_s` (near 1:
+    host-bound). `cells`: schedule cells per step; `per_cell_us`: issue CPU per
+    schedule cell, its transfers included.
+    """
+
+    rows: tuple[HostRow, ...]
+    issue_s: float
+    step_s: float
+    cells: int
+    rounds: int
+
+    @property
+    def issue_share(self) -> float:
+        return self.issue_s / self.step_s
+
+    @property
+    def per_cell_us(self) -> float:
+        return self.issue_s * 1e6 / max(self.cells, 1)
+
+    def as_dict(self) -> dict:
+        return {
+            "rows": [{**row.__dict__, "issue_us": row.issue_us} for row in self.rows],
+            "issue_s": self.issue_s,
+            "step_s": self.step_s,
+            "issue_share": self.issue_share,
+            "cells": self.cells,
+            "per_cell_us": self.per_cell_us,
+            "rounds": self.rounds,
+        }
+
+    def table(self) -> str:
+        """The report as text: one line per (rank, kind), then the step totals."""
+        lines = [
+            f"{'rank':>4} {'kind':8} {'calls':>6} {'sends':>6} {'call us':>9} {'send us':>9} {'us/call':>8}"
+        ]
+        for r in self.rows:
+            per = r.issue_us / max(r.calls, 1)
+            lines.append(
+                f"{r.rank:>4} {r.kind:8} {r.calls:>6} {r.transfers:>6} {r.call_us:>9.1f} {r.transfer_us:>9.1f} {per:>8.1f}"
+            )
+        lines.append(
+            f"step: issue {self.issue_s * 1e3:.2f} ms CPU of {self.step_s * 1e3:.2f} ms wall "
+            f"({self.issue_share:.0%} issuing); {self.cells} schedule cells, "
+            f"{self.per_cell_us:.1f} us issue CPU per cell (with its sends)"
+        )
+        return "\n".join(lines)
+
+
+def _step_owners(plan) -> list[tuple[int, str]]:
+    """(rank, kind) of every plan step: the action it belongs to, else setup / finish by the
+    rank of the devices it writes."""
+    owners: list = [None] * len(plan.steps)
+    first = min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps))
+    for (rank, _, a, b), (_, _, cell) in zip(plan.action_steps, plan.log):
+        for k in range(a, b):
+            owners[k] = (rank, cell)
+    for k, (fn, *_rest) in enumerate(plan.steps):
+        if owners[k] is None:
+            owners[k] = (_rank_of(plan, fn), "setup" if k < first else "finish")
+    return owners
+
+
+def _rank_of(plan, fn) -> int:
+    shardings = fn.targets if is_transfer(fn) else jax.tree.leaves(fn.output_shardings)
+    device = min(shardings[0].device_set, key=lambda d: d.id)
+    return plan.device_rank.get(device, -1)
+
+
+def profile_plan(plan, placed_inputs, rounds: int = 7) -> HostProfile:
+    """Run `plan` `2 * rounds` times: instrumented runs give the per-(rank, kind) issue CPU
+    time, uninstrumented ones the whole step's issue CPU and wall time; medians over rounds."""
+    owners = _step_owners(plan)
+    keys = sorted(set(owners), key=lambda o: (o[0], o[1]))
+    samples: dict = {k: [] for k in keys}
+    issue, wall = [], []
+    for _ in range(rounds):
+        spent = dict.fromkeys(keys, (0.0, 0.0))
+        buf = jax.block_until_ready(plan._buffers(placed_inputs))
+        for owner, (fn, ins, outs, frees) in zip(owners, plan.steps):
+            start = time.thread_time()
+            results = fn(*[buf[i] for i in ins])
+            cost = time.thread_time() - start
+            call, send = spent[owner]
+            spent[owner] = (call, send + cost) if is_transfer(fn) else (call + cost, send)
+            for o, r in zip(outs, results):
+                buf[o] = r
+            for f in frees:
+                buf[f] = None
+        jax.block_until_ready(buf)
+        for k in keys:
+            samples[k].append(spent[k])
+        jax.block_until_ready(plan._buffers(placed_inputs))
+        wall_start, cpu_start = time.perf_counter(), time.thread_time()
+        out = plan.run(placed_inputs)
+        issue.append(time.thread_time() - cpu_start)
+        jax.block_until_ready(out)
+        wall.append(time.perf_counter() - wall_start)
+    counts: dict = {k: [0, 0] for k in keys}
+    for owner, (fn, *_rest) in zip(owners, plan.steps):
+        counts[owner][1 if is_transfer(fn) else 0] += 1
+    rows = tuple(
+        HostRow(
+            rank,
+            kind,
+            counts[(rank, kind)][0],
+            counts[(rank, kind)][1],
+            statistics.median(c for c, _ in samples[(rank, kind)]) * 1e6,
+            statistics.median(s for _, s in samples[(rank, kind)]) * 1e6,
+        )
+        for rank, kind in keys
+    )
+    cells = sum(len(cell.split("&")) for _, _, cell in plan.log if cell != "-")
+    return HostProfile(rows, statistics.median(issue), statistics.median(wall), cells, rounds)

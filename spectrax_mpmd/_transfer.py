@@ -1,0 +1,141 @@
+"""Moving buffers between ranks at the cost of the copy.
+
+A plan knows, when it is built, the sharding every buffer has and the one its
+receiver needs. When the two lay the array out the same way over same-shaped
+device sets (one device to one device, or the same spec over same-shaped
+submeshes), the move is a plain per-shard copy: JAX's C++ batched copy
+(`batched_copy_array_to_devices_with_sharding`, the call `jax.device_put` itself
+ends in) does it without the Python layer around it (flattening, abstract
+values, sharding checks), for a fraction of the host time.
+
+That entry point is private, so it is feature-detected at import: where it is
+absent, or a move changes the layout, the public `jax.device_put` runs instead.
+Both give the same values on the same shardings (a test runs both on one plan).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+from jax.sharding import NamedSharding, Sharding
+
+
+def _detect_copier() -> tuple[Callable, object] | None:
+    """JAX's C++ batched copy and its 'reuse the input' semantics, or None if unavailable."""
+    try:
+        from jax._src.lib import xla_client
+    except ImportError:
+        return None
+    copy = getattr(xla_client, "batched_copy_array_to_devices_with_sharding", None)
+    semantics = getattr(getattr(xla_client, "ArrayCopySemantics", None), "REUSE_INPUT", None)
+    if copy is None or semantics is None:
+        return None
+    return copy, semantics
+
+
+_COPIER = _detect_copier()
+
+
+def fast_path_available() -> bool:
+    """Whether this JAX offers the C++ batched copy the fast transfers use."""
+    return _COPIER is not None
+
+
+def same_layout(src: Sharding, dst: Sharding) -> bool:
+    """Whether moving from `src` to `dst` is a per-shard copy: every device of `dst` gets
+    exactly the shard the device at the same position of `src` holds."""
+    if src.memory_kind != dst.memory_kind or not (src.is_fully_addressable and dst.is_fully_addressable):
+        return False
+    if len(src.device_set) == 1 and len(dst.device_set) == 1:
+        return True
+    if not (isinstance(src, NamedSharding) and isinstance(dst, NamedSharding)):
+        return False
+    return tuple(src.mesh.shape.items()) == tuple(dst.mesh.shape.items()) and _spec(src) == _spec(dst)
+
+
+def _spec(sharding: NamedSharding) -> tuple:
+    spec = tuple(sharding.spec)
+    while spec and spec[-1] is None:
+        spec = spec[:-1]
+    return spec
+
+
+class _Copy:
+    """Per-shard copies of several buffers, one C++ call."""
+
+    __slots__ = ("targets", "device_lists", "semantics")
+
+    def __init__(self, targets: Sequence[Sharding]):
+        self.targets = list(targets)
+        self.device_lists = [s._internal_device_list for s in targets]
+        self.semantics = [_COPIER[1]] * len(targets)
+
+    def __call__(self, *arrays):
+        return _COPIER[0](list(arrays), self.device_lists, self.targets, self.semantics)
+
+    def public(self) -> "_Put":
+        return _Put(self.targets)
+
+
+class _Put:
+    """The public `jax.device_put` of several buffers (a one-device target given as its device,
+    which costs the host about half as much and places the same)."""
+
+    __slots__ = ("targets", "where", "single")
+
+    def __init__(self, targets: Sequence[Sharding]):
+        self.targets = list(targets)
+        self.where = [next(iter(s.device_set)) if len(s.device_set) == 1 else s for s in targets]
+        self.single = self.where[0] if len(self.where) == 1 else None
+
+    def __call__(self, *arrays):
+        if self.single is not None:
+            return (jax.device_put(arrays[0], self.single),)
+        return jax.device_put(list(arrays), self.where)
+
+    def public(self) -> "_Put":
+        return self
+
+
+class _Mixed:
+    """Some moves copied per shard, the others (layout changes) through `jax.device_put`."""
+
+    __slots__ = ("targets", "copy", "put", "copy_at", "put_at")
+
+    def __init__(self, targets: Sequence[Sharding], fast: Sequence[bool]):
+        self.targets = list(targets)
+        self.copy_at = [k for k, f in enumerate(fast) if f]
+        self.put_at = [k for k, f in enumerate(fast) if not f]
+        self.copy = _Copy([targets[k] for k in self.copy_at])
+        self.put = _Put([targets[k] for k in self.put_at])
+
+    def __call__(self, *arrays):
+        out = [None] * len(arrays)
+        for k, y in zip(self.copy_at, self.copy(*[arrays[k] for k in self.copy_at])):
+            out[k] = y
+        for k, y in zip(self.put_at, self.put(*[arrays[k] for k in self.put_at])):
+            out[k] = y
+        return out
+
+    def public(self) -> _Put:
+        return _Put(self.targets)
+
+
+def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callable:
+    """The cheapest callable moving buffers laid out as `sources` to `targets`.
+
+    The callable takes the buffers as positional arguments and returns the moved
+    ones in order; `.public()` gives the same moves through `jax.device_put` alone.
+    """
+    fast = [_COPIER is not None and same_layout(s, t) for s, t in zip(sources, targets)]
+    if all(fast):
+        return _Copy(targets)
+    if not any(fast):
+        return _Put(targets)
+    return _Mixed(targets, fast)
+
+
+def is_transfer(step_fn) -> bool:
+    """Whether a plan step's callable is a transfer."""
+    return isinstance(step_fn, (_Copy, _Put, _Mixed))
