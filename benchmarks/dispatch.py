@@ -12,9 +12,12 @@ dict; `spectrax_core` + `jax.jit`; `spx.jit`; `equinox.filter_jit`;
 `spectrax-lib` (`import spectrax`, when installed; its own Linear/LayerNorm
 holding the same weights, the same formulas). Before timing, every column's loss
 is checked (rtol 1e-5) against the same transformer written independently in
-jax.numpy. Framework order is shuffled each round.
+jax.numpy. Framework order is shuffled each round. Besides the medians the
+table gives each column's min and spread, the calling thread's CPU time, and
+the paired overhead (median over rounds of column minus raw within a round),
+which stays readable on a shared, noisy machine.
 
-    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--json benchmarks/results/dispatch.json]
+    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit] [--json benchmarks/results/dispatch.json]
 """
 
 from __future__ import annotations
@@ -346,7 +349,7 @@ def time_calls(fn, calls: int) -> tuple[float, float]:
     return (time.perf_counter() - start) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
 
 
-def run(d: int, rounds: int, calls: int) -> dict:
+def run(d: int, rounds: int, calls: int, only: list[str] | None = None) -> dict:
     k = jax.random.key(d)
     kb, kx, ky = jax.random.split(k, 3)
     blocks = [sc.nn.Block.init(kk, d, HEADS, 4 * d) for kk in jax.random.split(kb, LAYERS)]
@@ -354,6 +357,11 @@ def run(d: int, rounds: int, calls: int) -> dict:
     x = jax.random.normal(kx, (BATCH, SEQ, d))
     y = jax.random.normal(ky, (BATCH, SEQ, d))
     cols = make_columns(core, x, y)
+    if only:
+        unknown = sorted(set(only) - set(cols))
+        if unknown:
+            raise ValueError(f"--only: unknown columns {unknown}; the columns are {list(cols)}.")
+        cols = {n: c for n, c in cols.items() if n in only or n == "raw jax.jit"}
     ref = float(jax.jit(raw_loss)(raw_params(core.blocks, core.norm), x, y))
     losses = {name: float(c["loss"]()) for name, c in cols.items()}
     for name, loss in losses.items():
@@ -385,18 +393,24 @@ WORKLOADS = (("fwd", "forward"), ("train", "train step"), ("noop", "no-op"))
 
 def table(result: dict) -> str:
     """Per workload: wall median (ratio to raw), min and spread ((max - min) / median over the
-    rounds), and the calling thread's CPU time median (ratio to raw)."""
+    rounds), the calling thread's CPU time median (ratio to raw), and the paired overheads:
+    the median over rounds of (column - raw) in the same round, wall and thread CPU."""
     med, low, cpu, rounds = result["median_us"], result["min_us"], result["cpu_median_us"], result["rounds_us"]
+    rounds_cpu = result["rounds_cpu_us"]
     names = list(med["fwd"])
     lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"]
     for w, title in WORKLOADS:
         raw, raw_cpu = med[w]["raw jax.jit"], cpu[w]["raw jax.jit"]
-        lines.append(f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16}")
+        lines.append(
+            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} {'paired +wall':>13} {'+CPU':>7}"
+        )
         for n in names:
             spread = (max(rounds[w][n]) - min(rounds[w][n])) / med[w][n]
+            d_wall = statistics.median(a - b for a, b in zip(rounds[w][n], rounds[w]["raw jax.jit"]))
+            d_cpu = statistics.median(a - b for a, b in zip(rounds_cpu[w][n], rounds_cpu[w]["raw jax.jit"]))
             lines.append(
                 f"  {n:<20} {med[w][n]:8.1f} ({med[w][n] / raw:.2f}x) {low[w][n]:8.1f} {spread:6.0%} "
-                f"{cpu[w][n]:8.1f} ({cpu[w][n] / raw_cpu:.2f}x)"
+                f"{cpu[w][n]:8.1f} ({cpu[w][n] / raw_cpu:.2f}x) {d_wall:13.1f} {d_cpu:7.1f}"
             )
     return "\n".join(lines)
 
@@ -407,12 +421,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 48])
     ap.add_argument("--json", default="benchmarks/results/dispatch.json")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help='time only these columns (and "raw jax.jit"), e.g. --only spx.jit')
     args = ap.parse_args()
     if args.rounds < 1 or args.calls < 1:
         raise ValueError("--rounds and --calls must be at least 1 (the figure uses >= 5 and >= 1000).")
     if sxl is None:
         print("spectrax-lib (`import spectrax`) is not installed: its column is skipped.")
-    results = [run(d, args.rounds, args.calls) for d in args.dims]
+    results = [run(d, args.rounds, args.calls, args.only) for d in args.dims]
     for r in results:
         print(table(r), end="\n\n")
     if args.json:
