@@ -251,6 +251,8 @@ def test_manager_keeps_the_newest_and_saves_in_the_background(tmp_path):
             assert manager.save(k, params=jax.tree.map(lambda x: x * k, tree), extra={"k": k})
         manager.wait_until_finished()
         assert manager.all_steps() == [3, 4] and manager.latest_step() == 4
+        with pytest.raises(mp.CheckpointError, match=r"step 4 already exists.*manager\.delete\(4\)"):
+            manager.save(4, params=tree)
         like = {
             "w": jax.ShapeDtypeStruct(
                 (2, 3), np.float32, sharding=NamedSharding(pipeline_mesh(4).submesh(2), PartitionSpec())
@@ -258,6 +260,10 @@ def test_manager_keeps_the_newest_and_saves_in_the_background(tmp_path):
         }
         got = manager.restore(3, like=like)
     assert got.extra == {"k": 3} and got.opt_state is None
+    manager = mp.CheckpointManager(tmp_path)
+    manager.delete(4)
+    assert manager.all_steps() == [3]
+    manager.close()
     assert got.params["w"].sharding.device_set == set(pipeline_mesh(4).submesh(2).devices.flat)
     np.testing.assert_array_equal(got.params["w"], np.arange(6.0).reshape(2, 3) * 3)
 
