@@ -83,9 +83,10 @@ class Fp8Linear(CoreLayer):
         return layer
 
     def _adopt(self, params: sc.nn.Fp8Linear) -> None:
-        super()._adopt(params)
-        self.amax_history = Fp8Meta(params.amax_history)
-        self.scale = Fp8Meta(params.scale)
+        super()._adopt(params)  # weight and bias as Parameters; the state moves to "fp8_meta" below
+        axes = params.logical_axes()
+        self.amax_history = Fp8Meta(params.amax_history, axes=axes["amax_history"])
+        self.scale = Fp8Meta(params.scale, axes=axes["scale"])
 
 
 def to_fp8(
@@ -116,9 +117,10 @@ def to_fp8(
     return replace_modules(
         model,
         Linear,
-        lambda path, mod: id(mod) not in inner and match(path, mod),
+        where,
         lambda lin: Fp8Linear.from_linear(lin, history_len=history_len, margin=margin),
         "to_fp8",
+        skip=frozenset(inner),
     )
 
 

@@ -40,8 +40,11 @@ class LoRALinear(CoreLayer):
     core_cls = sc.nn.LoRA
 
     def _adopt(self, params: sc.nn.LoRA) -> None:
-        axes = params.logical_axes()
         self.base = from_core(params.base)
+        self._factors(params)
+
+    def _factors(self, params: sc.nn.LoRA) -> None:
+        axes = params.logical_axes()
         self.a = LoRAParam(params.a, axes=axes["a"])
         self.b = LoRAParam(params.b, axes=axes["b"])
         self.rank, self.alpha = params.rank, params.alpha
@@ -77,10 +80,8 @@ def wrap_lora(base: Module, *, rank: int, alpha: float | None = None, rngs: Rngs
         raise TypeError(f"wrap_lora: received {type(base).__name__}; {_accepts('wrap_lora')}.")
     core = sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
     layer = LoRALinear.__new__(LoRALinear)
-    layer.a = LoRAParam(core.a, axes=core.logical_axes()["a"])
-    layer.b = LoRAParam(core.b, axes=core.logical_axes()["b"])
     layer.base = base
-    layer.rank, layer.alpha = core.rank, core.alpha
+    layer._factors(core)
     return layer
 
 
@@ -98,25 +99,36 @@ def module_matcher(where: str | Callable | None) -> Callable[[str, Module], bool
 
 
 def replace_modules(
-    model: Module, cls: type, where: str | Callable | None, make: Callable[[Module], Module], fn: str
+    model: Module,
+    cls: type,
+    where: str | Callable | None,
+    make: Callable[[Module], Module],
+    fn: str,
+    skip: frozenset = frozenset(),
 ) -> list[str]:
-    """Replace each `cls` child of `model` whose dotted path `where` matches by `make(child)`; return the paths."""
+    """Replace each `cls` child of `model` whose dotted path `where` matches by `make(child)`.
+
+    Every replacement is built before any is installed, so a failing one leaves
+    `model` unchanged. Children whose id is in `skip` are left alone. Returns the paths.
+    """
     match = module_matcher(where)
-    hits = []
+    found = []
     for parent_path, parent in plan_of(model).modules:
-        for name, child in list(parent.__dict__.items()):
+        for name, child in parent.__dict__.items():
             path = f"{parent_path}.{name}" if parent_path else name
-            if type(child) is cls and match(path, child):
-                hits.append(path)
-                setattr(parent, name, make(child))
-    if not hits:
+            if type(child) is cls and id(child) not in skip and match(path, child):
+                found.append((parent, name, path, child))
+    if not found:
         raise ValueError(
             f"{fn}: no {cls.__name__} in {type(model).__name__} matched where={where!r}; "
             f"it accepts a model holding spx.nn.{cls.__name__} layers, selected by a glob over their "
             f"paths or fn(path, module) -> bool. Its module paths: "
             f"{[p for p, _ in plan_of(model).modules if p][:8]}."
         )
-    return hits
+    new = [make(child) for _, _, _, child in found]
+    for (parent, name, _, _), module in zip(found, new):
+        setattr(parent, name, module)
+    return [path for _, _, path, _ in found]
 
 
 def inject_lora(

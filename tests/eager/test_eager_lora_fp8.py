@@ -90,6 +90,10 @@ def test_lora_bad_input():
         spx.nn.inject_lora(Net(r), rank=1, where="nothing.*", rngs=r)
     with pytest.raises(TypeError, match="pass rngs=spx.Rngs"):
         spx.nn.inject_lora(Net(r), rank=1)
+    net = Net(r)
+    with pytest.raises(ValueError, match=r"min\(d_in, d_out\) = 3"):  # head is 8 -> 3
+        spx.nn.inject_lora(net, rank=4, rngs=r)
+    assert type(net.fc) is spx.nn.Linear and type(net.attn.q) is spx.nn.Linear  # nothing half-done
     layer = spx.nn.wrap_lora(spx.nn.Linear(8, 3, rngs=r), rank=1, rngs=r)
     merged = spx.nn.merge_lora(layer)
     with pytest.raises(ValueError, match="merge_lora: Linear holds no LoRA layers"):
