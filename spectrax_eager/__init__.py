@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import hooks, inspect, nn, sharding
+from . import functional, hooks, init, inspect, nn, sharding
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -112,6 +112,8 @@ __all__ = [
     "jit",
     "jvp",
     "nn",
+    "functional",
+    "init",
     "of_type",
     "partition_state",
     "path_contains",

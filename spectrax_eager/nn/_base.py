@@ -14,11 +14,13 @@ import dataclasses
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 
 import spectrax_core as sc
 
 from .._module import Module
 from .._variable import Parameter, Variable
+from ..sharding import apply_logical_sharding, current_axis_rules
 
 _EAGER_OF: dict[type, type] = {}
 
@@ -27,6 +29,8 @@ class CoreLayer(Module):
     """Base of eager layers mirroring a core params class (`core_cls`)."""
 
     core_cls: ClassVar[type]
+    #: Variable class of each array field (default `Parameter`), e.g. running statistics.
+    variable_types: ClassVar[dict[str, type]] = {}
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -34,13 +38,19 @@ class CoreLayer(Module):
             _EAGER_OF.setdefault(cls.core_cls, cls)
 
     def _adopt(self, params: Any) -> None:
-        """Take the arrays, sub-params and static fields of a core params object."""
+        """Take the arrays, sub-params and static fields of a core params object.
+
+        Under a mesh (`with mesh:` / `jax.set_mesh`) each array is placed by its
+        logical axes and the rules in force (`spx.sharding.apply_logical_sharding`).
+        """
         axes = params.logical_axes() if hasattr(params, "logical_axes") else {}
         for f in dataclasses.fields(params):
             value = getattr(params, f.name)
             if isinstance(value, jax.Array):
                 meta = {"axes": tuple(axes[f.name])} if f.name in axes else {}
-                setattr(self, f.name, Parameter(value, **meta))
+                if meta:
+                    value = apply_logical_sharding(value, meta["axes"])
+                setattr(self, f.name, self.variable_types.get(f.name, Parameter)(value, **meta))
             elif type(value) in _EAGER_OF:
                 setattr(self, f.name, from_core(value))
             else:
@@ -80,6 +90,35 @@ def from_core(params: Any) -> CoreLayer:
     layer = cls.__new__(cls)
     layer._adopt(params)
     return layer
+
+
+def sharding_axes(where: str, sharding: Any, ndim: int) -> tuple | None:
+    """Check `sharding=` (one logical axis token or None per weight axis, or `Replicated`)
+    against the rules in force; returns the axes."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, str) or not isinstance(sharding, tuple | list):
+        raise TypeError(
+            f"{where}: sharding= takes a tuple with one logical axis token (or None) per weight axis, "
+            f"e.g. ('EMBED', 'MLP'); received {sharding!r}."
+        )
+    axes = tuple(sharding) or (None,) * ndim  # `spx.sharding.Replicated` is () for any rank
+    if len(axes) != ndim:
+        raise ValueError(
+            f"{where}: sharding={axes} names {len(axes)} axes but the weight has {ndim}; "
+            "give one token (or None) per weight axis."
+        )
+    sc.sharding.spec(axes, current_axis_rules())  # unknown tokens fail here, naming the known ones
+    return axes
+
+
+def dtype_kwargs(dtype: Any, param_dtype: Any, w_init: Any = None, b_init: Any = None) -> dict:
+    """Core `init` keywords from the eager ones: `dtype` computes, `param_dtype` stores."""
+    return {"dtype": param_dtype, "compute_dtype": dtype, "w_init": w_init, "b_init": b_init}
+
+
+#: Default storage dtype of eager layers' parameters.
+PARAM_DTYPE = jnp.float32
 
 
 def key_from(rngs: Any, where: str) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Containers: Sequential, ModuleList, ModuleDict, PipelineSequential.
+"""Containers: Sequential, ModuleList, ModuleDict, PipelineSequential, ParameterList,
+StackedModuleList.
 
 Children are stored as attributes named `"0"`, `"1"`, ... (or the dict keys),
 so they are ordinary graph nodes with readable paths (`blocks.3.attn.q.weight`).
@@ -8,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
+import jax
+import jax.numpy as jnp
+
 from .._module import Module
+from .._state import State, bind, export, iter_variables, update
+from .._variable import Parameter, Variable
 
 
 class ModuleList(Module):
@@ -115,3 +121,120 @@ class ModuleDict(Module):
 
     def __len__(self) -> int:
         return len(self.keys())
+
+
+class ParameterList(Module):
+    """An indexable, appendable list of Parameters (arrays are wrapped); paths `"0"`, `"1"`, ..."""
+
+    def __init__(self, values: Iterable[Any] = ()):
+        for v in values:
+            self.append(v)
+
+    def append(self, value: Any) -> None:
+        """Add `value` (an array or a Variable) at the end (a structural change)."""
+        if not isinstance(value, Variable):
+            if not isinstance(value, jax.Array):
+                raise TypeError(
+                    f"ParameterList.append: expected an array or an spx.Variable, received {type(value).__name__}."
+                )
+            value = Parameter(value)
+        setattr(self, str(len(self)), value)
+
+    def __len__(self) -> int:
+        return sum(1 for k in self.__dict__ if k.isdigit())
+
+    def __getitem__(self, i: int) -> Variable:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"ParameterList index {i} out of range for length {n}.")
+        return self.__dict__[str(i % n)]
+
+    def __iter__(self) -> Iterator[Variable]:
+        d = self.__dict__
+        return (d[str(j)] for j in range(len(self)))
+
+
+class StackedModuleList(Module):
+    """Identical modules stored as one module whose variables have a leading layer axis, run in
+    order by `lax.scan`: `StackedModuleList([Block(...) for _ in range(n)])(x)` equals calling the
+    blocks one after another, and compiles one block body however deep the stack is.
+
+    Every module must have the same structure. A variable that is the same object in
+    every module (a shared `spx.Rngs` stream) is kept once and carried through the
+    scan, so its writes (drawn dropout keys) persist; every other variable is stacked
+    (its `axes` metadata gains a leading None) and is read-only inside the call.
+    `stack[i]` is a copy of layer `i`, for inspection.
+    """
+
+    def __init__(self, modules: Iterable[Module]):
+        modules = list(modules)
+        if not modules or not all(isinstance(m, Module) for m in modules):
+            raise TypeError("StackedModuleList: expected a non-empty list of spx.Module instances.")
+        graphdef = export(modules[0])[0]
+        for i, m in enumerate(modules[1:], start=1):
+            if export(m)[0] != graphdef:
+                raise ValueError(
+                    f"StackedModuleList: module {i} ({type(m).__name__}) differs in structure from module 0 "
+                    f"({type(modules[0]).__name__}); stacked modules must be built identically."
+                )
+        per_module = [list(iter_variables(m)) for m in modules]
+        stacked = []
+        for j, (path, var) in enumerate(per_module[0]):
+            same = [vs[j][1] is var for vs in per_module]
+            if all(same):
+                continue
+            if any(same[1:]):
+                raise ValueError(
+                    f"StackedModuleList: variable {path!r} is shared by some modules but not all; share it "
+                    "with every module (or none)."
+                )
+            var.value = jnp.stack([vs[j][1].value for vs in per_module])
+            if "axes" in var.metadata:
+                var.set_metadata(axes=(None, *var.metadata["axes"]))
+            stacked.append(path)
+        self.layers = modules[0]
+        self.length = len(modules)
+        self.stacked_paths = tuple(stacked)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _split(self) -> tuple[Any, State, State]:
+        graphdef, state = export(self.layers)
+        flat = state.flatten()
+        paths = set(self.stacked_paths)
+        stacked = State.from_flat({k: v for k, v in flat.items() if k[1] in paths})
+        rest = State.from_flat({k: v for k, v in flat.items() if k[1] not in paths})
+        return graphdef, stacked, rest
+
+    def __getitem__(self, i: int) -> Module:
+        if not -self.length <= i < self.length:
+            raise IndexError(f"StackedModuleList index {i} out of range for length {self.length}.")
+        graphdef, stacked, rest = self._split()
+        return bind(graphdef, stacked.map(lambda a: a[i]), rest)
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """`x` through every layer in order; other arguments go to each layer unchanged."""
+        graphdef, stacked, rest = self._split()
+        written: set = set()  # shared variables the layer body writes (found while tracing it)
+
+        def body(carry: tuple[Any, State], layer_state: State) -> tuple[tuple[Any, State], None]:
+            h, shared = carry
+            layer = bind(graphdef, layer_state, shared)
+            h = layer(h, *args, **kwargs)
+            after = export(layer)[1].flatten()
+            for key, value in layer_state.flatten().items():
+                if after[key] is not value:
+                    raise ValueError(
+                        f"StackedModuleList: a layer wrote the stacked variable {key[0]}/{key[1]}; "
+                        "stacked variables are read-only inside the scan (keep running state in a "
+                        "ModuleList instead)."
+                    )
+            before = shared.flatten()
+            written.update(k for k, v in before.items() if after[k] is not v)
+            return (h, State.from_flat({k: after[k] for k in before})), None
+
+        (y, rest), _ = jax.lax.scan(body, (x, rest), stacked)
+        if written:
+            update(self.layers, State.from_flat({k: v for k, v in rest.flatten().items() if k in written}))
+        return y

@@ -1,23 +1,34 @@
-"""Eager layers over `spectrax_core.nn`: each `__init__` is the core `init`, each call is `sc.apply`."""
+"""Eager layers over `spectrax_core.nn`: each `__init__` is the core `init`, each call is `sc.apply`.
+
+Keywords shared by the layers: `dtype` (compute dtype; None = as given),
+`param_dtype` (storage dtype of the parameters, float32), `w_init` / `b_init`
+(initializers from `spx.init` or `jax.nn.initializers`), `use_bias`, and
+`sharding` (logical axis tokens of the weight, one per axis).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import CoreLayer, key_from
+from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from, sharding_axes
+
+
+def _rngs_key(rngs: Rngs | None, where: str, needed: bool) -> jax.Array | None:
+    """An init key when the layer draws random values (an initializer was given), else None."""
+    return key_from(rngs, where) if needed else None
 
 
 class Linear(CoreLayer):
-    """`y = x @ weight + bias`; `Linear(None, d_out, rngs=rngs)` infers `d_in` on the first call.
+    """`y = x @ weight + bias`, weight `(d_in, d_out)`; `Linear(None, d_out, rngs=rngs)` infers
+    `d_in` on the first call.
 
-    A lazy layer keeps `rngs` and creates its Parameters on its first (eager)
-    call; call the model once before a transform.
+    A lazy layer keeps its settings and `rngs` and creates its Parameters on its
+    first (eager) call; call the model once before a transform.
     """
 
     core_cls = sc.nn.Linear
@@ -28,38 +39,27 @@ class Linear(CoreLayer):
         d_out: int,
         *,
         use_bias: bool = True,
-        dtype=jnp.float32,
-        axes: tuple = ("EMBED", "MLP"),
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        sharding: tuple | None = None,
         rngs: Rngs | None = None,
     ):
+        axes = sharding_axes("Linear", sharding, 2) or ("EMBED", "MLP")
+        kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         if d_in is None:
-            self.d_out, self.use_bias, self.dtype, self.axes, self.rngs = (
-                d_out,
-                use_bias,
-                dtype,
-                tuple(axes),
-                rngs,
-            )
+            self.d_out, self.rngs = d_out, rngs
+            self.init_kwargs = tuple(kw.items())
             self.d_in = None
             key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
-        self._adopt(
-            sc.nn.Linear.init(
-                key_from(rngs, "Linear"), d_in, d_out, use_bias=use_bias, dtype=dtype, axes=axes
-            )
-        )
+        self._adopt(sc.nn.Linear.init(key_from(rngs, "Linear"), d_in, d_out, **kw))
 
     def forward(self, x: jax.Array) -> jax.Array:
         if self.d_in is None:
-            params = sc.nn.Linear.init(
-                self.rngs.params(),
-                x.shape[-1],
-                self.d_out,
-                use_bias=self.use_bias,
-                dtype=self.dtype,
-                axes=self.axes,
-            )
-            for name in ("use_bias", "dtype", "rngs"):
+            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **dict(self.init_kwargs))
+            for name in ("init_kwargs", "rngs"):
                 delattr(self, name)
             self._adopt(params)
         return super().forward(x)
@@ -70,8 +70,23 @@ class Embed(CoreLayer):
 
     core_cls = sc.nn.Embed
 
-    def __init__(self, vocab_size: int, d_model: int, *, dtype=jnp.float32, rngs: Rngs | None = None):
-        self._adopt(sc.nn.Embed.init(key_from(rngs, "Embed"), vocab_size, d_model, dtype=dtype))
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        sharding: tuple | None = None,
+        rngs: Rngs | None = None,
+    ):
+        kw = dtype_kwargs(dtype, param_dtype, w_init)
+        del kw["b_init"]
+        axes = sharding_axes("Embed", sharding, 2)
+        if axes is not None:
+            kw["axes"] = axes
+        self._adopt(sc.nn.Embed.init(key_from(rngs, "Embed"), vocab_size, d_model, **kw))
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Logits `x @ table.T`."""
@@ -79,21 +94,43 @@ class Embed(CoreLayer):
 
 
 class LayerNorm(CoreLayer):
-    """Layer normalisation over the last axis (scale and bias)."""
+    """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`."""
 
     core_cls = sc.nn.LayerNorm
 
-    def __init__(self, d: int, *, eps: float = 1e-5, dtype=jnp.float32, rngs: Rngs | None = None):
-        self._adopt(sc.nn.LayerNorm.init(None, d, eps=eps, dtype=dtype))
+    def __init__(
+        self,
+        d: int,
+        *,
+        eps: float = 1e-5,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        key = _rngs_key(rngs, "LayerNorm", w_init is not None or b_init is not None)
+        self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
 
 
 class RMSNorm(CoreLayer):
-    """RMS normalisation over the last axis (scale only)."""
+    """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`."""
 
     core_cls = sc.nn.RMSNorm
 
-    def __init__(self, d: int, *, eps: float = 1e-6, dtype=jnp.float32, rngs: Rngs | None = None):
-        self._adopt(sc.nn.RMSNorm.init(None, d, eps=eps, dtype=dtype))
+    def __init__(
+        self,
+        d: int,
+        *,
+        eps: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        kw = dtype_kwargs(dtype, param_dtype, w_init)
+        del kw["b_init"]
+        self._adopt(sc.nn.RMSNorm.init(_rngs_key(rngs, "RMSNorm", w_init is not None), d, eps=eps, **kw))
 
 
 class Dropout(CoreLayer):
@@ -129,12 +166,16 @@ class MLP(CoreLayer):
         *,
         activation: str = "gelu",
         use_bias: bool = True,
-        dtype=jnp.float32,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
         rngs: Rngs | None = None,
     ):
+        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
         self._adopt(
             sc.nn.MLP.init(
-                key_from(rngs, "MLP"), d_model, d_ff, activation=activation, use_bias=use_bias, dtype=dtype
+                key_from(rngs, "MLP"), d_model, d_ff, activation=activation, use_bias=use_bias, **kw
             )
         )
 
@@ -151,70 +192,64 @@ class GatedMLP(CoreLayer):
         *,
         activation: str = "silu",
         use_bias: bool = False,
-        dtype=jnp.float32,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
         rngs: Rngs | None = None,
     ):
-        self._adopt(
-            sc.nn.GatedMLP.init(
-                key_from(rngs, "GatedMLP"),
-                d_model,
-                d_ff,
-                activation=activation,
-                use_bias=use_bias,
-                dtype=dtype,
-            )
-        )
+        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
+        key = key_from(rngs, "GatedMLP")
+        self._adopt(sc.nn.GatedMLP.init(key, d_model, d_ff, activation=activation, use_bias=use_bias, **kw))
 
 
 class Attention(CoreLayer):
     """Multi-head self-attention (causal by default, grouped-query heads, optional RoPE).
 
     Call as `attn(x, mask=None)` on `(batch, length, d_model)`; with `cache=`
-    (a core `KVCache`) it returns `(y, new_cache)`.
+    (a core `KVCache`) it returns `(y, new_cache)`. Other keywords are those of
+    `spectrax_core.nn.Attention.init` (`n_kv_heads`, `head_dim`, `causal`, `rope`, ...).
     """
 
     core_cls = sc.nn.Attention
 
-    def __init__(self, d_model: int, n_heads: int, *, rngs: Rngs | None = None, **kwargs: Any):
-        self._adopt(sc.nn.Attention.init(key_from(rngs, "Attention"), d_model, n_heads, **kwargs))
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+        **kwargs: Any,
+    ):
+        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
+        self._adopt(sc.nn.Attention.init(key_from(rngs, "Attention"), d_model, n_heads, **kw, **kwargs))
 
 
 class Block(CoreLayer):
     """Pre-norm transformer block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
 
-    Keyword arguments are those of `spectrax_core.nn.Block.init` (`n_kv_heads`,
+    Other keywords are those of `spectrax_core.nn.Block.init` (`n_kv_heads`,
     `rope`, `norm="rms"`, `gated=True`, ...).
     """
 
     core_cls = sc.nn.Block
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, rngs: Rngs | None = None, **kwargs: Any):
-        self._adopt(sc.nn.Block.init(key_from(rngs, "Block"), d_model, n_heads, d_ff, **kwargs))
-
-
-class Conv1d(CoreLayer):
-    """1-d convolution over `(batch, length, c_in)` (channels last)."""
-
-    core_cls = sc.nn.Conv1d
-
-    def __init__(
-        self, c_in: int, c_out: int, kernel_size: int | tuple[int], *, rngs: Rngs | None = None, **kwargs: Any
-    ):
-        self._adopt(sc.nn.Conv1d.init(key_from(rngs, "Conv1d"), c_in, c_out, kernel_size, **kwargs))
-
-
-class Conv2d(CoreLayer):
-    """2-d convolution over `(batch, height, width, c_in)` (channels last)."""
-
-    core_cls = sc.nn.Conv2d
-
     def __init__(
         self,
-        c_in: int,
-        c_out: int,
-        kernel_size: int | tuple[int, int],
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
         *,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
         rngs: Rngs | None = None,
         **kwargs: Any,
     ):
-        self._adopt(sc.nn.Conv2d.init(key_from(rngs, "Conv2d"), c_in, c_out, kernel_size, **kwargs))
+        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
+        self._adopt(sc.nn.Block.init(key_from(rngs, "Block"), d_model, n_heads, d_ff, **kw, **kwargs))

@@ -1,0 +1,227 @@
+"""Eager attention layers: MultiheadAttention (PyTorch-shaped), CausalSelfAttention (GPT-2
+style) and MLPBlock (MLP followed by dropout). The math is `spectrax_core.nn.MultiHeadAttention`
+and `spectrax_core.nn.MLP`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import spectrax_core as sc
+
+from .._rngs import Rngs
+from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from
+from ._layers import MLP
+
+
+def _check_rate(where: str, rate: float) -> float:
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{where}: dropout must lie in [0, 1), received {rate}.")
+    return float(rate)
+
+
+def _dropout_key(layer: CoreLayer, where: str) -> jax.Array | None:
+    """A key from `rngs.dropout()` when the layer drops in this mode, else None."""
+    if not layer.training or layer.dropout == 0.0:
+        return None
+    if layer.rngs is None:
+        raise ValueError(
+            f"{where}: dropout in training mode needs rngs=spx.Rngs(...) at construction "
+            "(or call model.eval())."
+        )
+    return layer.rngs.dropout()
+
+
+def _torch_mask(mask: jax.Array | None, target: tuple[int, ...], what: str) -> tuple[Any, Any]:
+    """A PyTorch-convention mask (bool True = excluded, or float added) as `(allowed, bias)`."""
+    if mask is None:
+        return None, None
+    if mask.ndim == 3:  # (batch * heads, L, S), heads fastest as PyTorch lays them out
+        mask = mask.reshape(target[0], target[1], *mask.shape[1:])
+    try:
+        jnp.broadcast_shapes(mask.shape, target)
+    except ValueError:
+        raise ValueError(
+            f"MultiheadAttention: {what} of shape {tuple(mask.shape)} does not broadcast to "
+            f"(batch, num_heads, L, S) = {target}."
+        ) from None
+    if mask.dtype == jnp.bool_:
+        return ~mask, None
+    return None, mask
+
+
+class MultiheadAttention(CoreLayer):
+    """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
+    `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+    average_attn_weights, is_causal)` returning `(output, weights or None)`.
+
+    Inputs are batch-first `(batch, length, features)` by default; pass
+    `batch_first=False` for `(length, batch, features)`. Masks follow PyTorch:
+    a boolean True excludes a key, a float mask is added to the logits;
+    `attn_mask` is `(L, S)` or `(batch·num_heads, L, S)`, `key_padding_mask`
+    `(batch, S)`. A query whose keys are all excluded gets the mean of the
+    values rather than NaN.
+    """
+
+    core_cls = sc.nn.MultiHeadAttention
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = True,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        self._adopt(
+            sc.nn.MultiHeadAttention.init(
+                key_from(rngs, type(self).__name__),
+                embed_dim,
+                num_heads,
+                kdim=kdim,
+                vdim=vdim,
+                use_bias=use_bias,
+                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
+            )
+        )
+        self.dropout = _check_rate(type(self).__name__, dropout)
+        self.batch_first = bool(batch_first)
+        self.rngs = rngs
+
+    def forward(
+        self,
+        query: jax.Array,
+        key: jax.Array | None = None,
+        value: jax.Array | None = None,
+        key_padding_mask: jax.Array | None = None,
+        need_weights: bool = True,
+        attn_mask: jax.Array | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        key = query if key is None else key
+        value = key if value is None else value
+        if not self.batch_first:
+            query, key, value = (jnp.swapaxes(t, 0, 1) for t in (query, key, value))
+        target = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
+        allowed, bias = _torch_mask(attn_mask, target, "attn_mask")
+        if key_padding_mask is not None:
+            pad_allowed, pad_bias = _torch_mask(
+                key_padding_mask[:, None, None, :], target, "key_padding_mask"
+            )
+            allowed = (
+                pad_allowed if allowed is None else allowed if pad_allowed is None else allowed & pad_allowed
+            )
+            bias = pad_bias if bias is None else bias if pad_bias is None else bias + pad_bias
+        rng = _dropout_key(self, "MultiheadAttention")
+        out = sc.apply(
+            self.core_params(),
+            query,
+            key,
+            value,
+            mask=allowed,
+            bias=bias,
+            is_causal=is_causal,
+            dropout_rate=self.dropout if rng is not None else 0.0,
+            key=rng,
+            need_weights=need_weights,
+            average_weights=average_attn_weights,
+        )
+        y, weights = out if need_weights else (out, None)
+        if not self.batch_first:
+            y = jnp.swapaxes(y, 0, 1)
+        return y, weights
+
+
+class CausalSelfAttention(CoreLayer):
+    """GPT-2 style causal self-attention over `(batch, length, embed_dim)`: query `i` attends
+    positions `<= i`; `dropout` applies to the attention weights and to the output.
+
+    `forward(x, mask=None)`: `mask` (boolean, True = may attend) broadcasts to
+    `(batch, num_heads, length, length)`, e.g. a padding mask `m[:, None, None, :]`.
+    """
+
+    core_cls = sc.nn.MultiHeadAttention
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        self._adopt(
+            sc.nn.MultiHeadAttention.init(
+                key_from(rngs, "CausalSelfAttention"),
+                embed_dim,
+                num_heads,
+                use_bias=use_bias,
+                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
+            )
+        )
+        self.dropout = _check_rate("CausalSelfAttention", dropout)
+        self.rngs = rngs
+
+    def forward(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        rng = _dropout_key(self, "CausalSelfAttention")
+        if rng is None:
+            return sc.apply(self.core_params(), x, mask=mask, is_causal=True)
+        attn_key, out_key = jax.random.split(rng)
+        y = sc.apply(
+            self.core_params(), x, mask=mask, is_causal=True, dropout_rate=self.dropout, key=attn_key
+        )
+        return sc.functional.dropout(y, self.dropout, out_key)
+
+
+class MLPBlock(MLP):
+    """`dropout(down(activation(up(x))))`: the transformer feed-forward block with its dropout
+    (active in `train()` mode, keys from `rngs.dropout()`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = PARAM_DTYPE,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        super().__init__(
+            d_model,
+            d_ff,
+            activation=activation,
+            use_bias=use_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            w_init=w_init,
+            b_init=b_init,
+            rngs=rngs,
+        )
+        self.dropout = _check_rate("MLPBlock", dropout)
+        self.rngs = rngs
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        y = super().forward(x)
+        rng = _dropout_key(self, "MLPBlock")
+        return y if rng is None else sc.functional.dropout(y, self.dropout, rng)

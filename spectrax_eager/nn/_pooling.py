@@ -1,0 +1,121 @@
+"""Pooling modules over channels-last inputs `(batch, *spatial, channels)`.
+
+`kernel_size`, `stride` (default: `kernel_size`) and `padding` (an int pads
+both sides of every spatial axis, as PyTorch) follow PyTorch's names; the math
+is `spectrax_core.functional.max_pool` / `avg_pool` / `adaptive_avg_pool`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+import spectrax_core as sc
+
+from .._module import Module
+
+
+def _window(where: str, value: Any, n: int) -> tuple[int, ...]:
+    out = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(out) != n or any(not isinstance(v, int) or v < 1 for v in out):
+        raise ValueError(
+            f"{where}: kernel_size must be a positive int or {n} positive ints, received {value!r}."
+        )
+    return out
+
+
+class _Pool(Module):
+    ndim: int
+
+    def __init__(self, kernel_size: int | tuple[int, ...], stride: Any = None, padding: Any = 0):
+        self.kernel_size = _window(type(self).__name__, kernel_size, self.ndim)
+        self.stride = (
+            None if stride is None else (stride,) * self.ndim if isinstance(stride, int) else tuple(stride)
+        )
+        self.padding = padding if isinstance(padding, int | str) else tuple(padding)
+
+
+class _MaxPool(_Pool):
+    def forward(self, x: jax.Array) -> jax.Array:
+        return sc.functional.max_pool(x, self.kernel_size, self.stride, self.padding)
+
+
+class _AvgPool(_Pool):
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, ...],
+        stride: Any = None,
+        padding: Any = 0,
+        count_include_pad: bool = True,
+    ):
+        super().__init__(kernel_size, stride, padding)
+        self.count_include_pad = bool(count_include_pad)
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return sc.functional.avg_pool(
+            x, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad
+        )
+
+
+class MaxPool1d(_MaxPool):
+    """Maximum over windows of `(batch, length, channels)`."""
+
+    ndim = 1
+
+
+class MaxPool2d(_MaxPool):
+    """Maximum over windows of `(batch, height, width, channels)`."""
+
+    ndim = 2
+
+
+class MaxPool3d(_MaxPool):
+    """Maximum over windows of `(batch, depth, height, width, channels)`."""
+
+    ndim = 3
+
+
+class AvgPool1d(_AvgPool):
+    """Mean over windows of `(batch, length, channels)`; `count_include_pad` as PyTorch."""
+
+    ndim = 1
+
+
+class AvgPool2d(_AvgPool):
+    """Mean over windows of `(batch, height, width, channels)`; `count_include_pad` as PyTorch."""
+
+    ndim = 2
+
+
+class AvgPool3d(_AvgPool):
+    """Mean over windows of `(batch, depth, height, width, channels)`; `count_include_pad` as PyTorch."""
+
+    ndim = 3
+
+
+class _AdaptiveAvgPool(Module):
+    ndim: int
+
+    def __init__(self, output_size: int | tuple[int, ...]):
+        self.output_size = _window(type(self).__name__, output_size, self.ndim)
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        if x.ndim != self.ndim + 2:
+            raise ValueError(
+                f"{type(self).__name__}: expected (batch, *{self.ndim} spatial axes, channels), "
+                f"received shape {tuple(x.shape)}."
+            )
+        return sc.functional.adaptive_avg_pool(x, self.output_size)
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPool):
+    """Average `(batch, length, channels)` into `(batch, output_size, channels)`."""
+
+    ndim = 1
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPool):
+    """Average `(batch, height, width, channels)` into `(batch, *output_size, channels)`."""
+
+    ndim = 2
