@@ -51,11 +51,11 @@ def _is_stack(x) -> bool:
     return isinstance(x, (BlockStack, StagedStack))
 
 
-def leaves_of(tree, prefix: str = "") -> list[Leaf]:
+def leaves_of(tree) -> list[Leaf]:
     """The checkpoint names of `tree`'s leaves, in `jax.tree.leaves` order."""
     out = []
     for path, node in tree_flatten_with_path(tree, is_leaf=_is_stack)[0]:
-        where = prefix + keystr(path)
+        where = keystr(path)
         if not _is_stack(node):
             out.append(Leaf(where, (where.lstrip("."),), False))
             continue
@@ -131,13 +131,13 @@ def _opt_entries(idx: tuple[int, ...], state, params: list[Leaf], shapes: list[t
         for i, elem in enumerate(node):
             k = idx[i]
             for sub, x in tree_flatten_with_path(elem)[0]:
-                stacked = params[k].stacked and tuple(x.shape) == tuple(shapes[k])
+                stacked = params[k].stacked and len(x.shape) > 0 and x.shape[0] == shapes[k][0]
                 if params[k].stacked and not stacked:
                     raise CheckpointError(
                         f"optimizer state {where}{keystr(sub)} of parameter {params[k].path} has shape "
-                        f"{tuple(x.shape)}, not its stacked parameter's {tuple(shapes[k])}; such states "
-                        "cannot be split per layer. Save the model with its blocks unstaged "
-                        "(mp.unstage_blocks) or use an element-wise optax transformation."
+                        f"{tuple(x.shape)}, without its stacked parameter's leading layer axis "
+                        f"({shapes[k][0]}), so it cannot be saved per layer. Use an optax transformation "
+                        "whose per-parameter state keeps that axis (element-wise ones such as adam and sgd do)."
                     )
                 names = tuple(f"{where}{keystr(sub)}/{n}" for n in params[k].names)
                 out.append((names, x, stacked, k))
@@ -215,7 +215,7 @@ def _dtype_name(dtype) -> str:
 # -- restoring ---------------------------------------------------------------------------
 
 
-def sharding_of(x, path: str):
+def sharding_of(x):
     """Where a target leaf goes: its sharding, or the default device for one without."""
     sharding = getattr(x, "sharding", None)
     if sharding is None:
@@ -311,11 +311,7 @@ def tree_target(like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
     """The arrays a restore of a tree shaped like `like` reads, and the function that rebuilds the tree."""
     leaves, treedef = jax.tree.flatten(like)
     names = leaves_of(like)
-    places = (
-        [sharding_of(x, leaf.path) for leaf, x in zip(names, leaves)]
-        if shardings is None
-        else _shardings_for(like, shardings)
-    )
+    places = [sharding_of(x) for x in leaves] if shardings is None else _shardings_for(like, shardings)
     target = Target()
     for leaf, x, sh in zip(names, leaves, places):
         target.add_leaf(leaf, x, sh)
@@ -350,11 +346,7 @@ def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable
     """
     leaves = jax.tree.leaves(like)
     p_names = leaves_of(like)
-    places = (
-        [sharding_of(x, leaf.path) for leaf, x in zip(p_names, leaves)]
-        if shardings is None
-        else _shardings_for(like, shardings)
-    )
+    places = [sharding_of(x) for x in leaves] if shardings is None else _shardings_for(like, shardings)
     groups: dict[tuple[int, ...], list[int]] = {}
     for k, sh in enumerate(places):
         groups.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
