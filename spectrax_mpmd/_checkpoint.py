@@ -272,6 +272,11 @@ def owner_shardings(step, params, *args):
     `shardings=` to `restore` so each leaf is read straight onto its owner.
     """
     inner = getattr(step, "runner", None)
+    if getattr(inner, "mode", "train") != "train":
+        raise CheckpointError(
+            "owner_shardings: step is a forward (inference) step; parameters are owned by the ranks of a "
+            "training step: pass an mp.runner(..., mode='train') step or an mp.sxvalue_and_grad function."
+        )
     if inner is not None and not inner.mpmd:
         mesh = inner.mesh
         if inner.rules is None:

@@ -138,8 +138,9 @@ def _resume(saved, step, like):
     shardings = mp.owner_shardings(step, like, tokens, targets)
     restored = mp.restore_checkpoint(saved["directory"], like=like, shardings=shardings, optimizer=opt)
     assert restored.step == SAVED_AT and restored.extra == {"data": SAVED_AT}
-    for x, sh in zip(jax.tree.leaves(restored.params), jax.tree.leaves(shardings)):
-        assert x.sharding.device_set == sh.device_set
+    _, grads = step(restored.params, tokens, targets)  # owner_shardings is where gradients come back
+    for x, g, sh in zip(*map(jax.tree.leaves, (restored.params, grads, shardings))):
+        assert x.sharding.device_set == g.sharding.device_set == sh.device_set
     params, mu_nu, counts = saved["at_save"]
     _assert_bitwise(_params_by_path(restored.params), params)
     got_mu_nu, got_counts = _adam_by_path(restored.params, restored.opt_state)
@@ -297,6 +298,12 @@ def test_a_save_killed_midway_is_never_read(tmp_path):
     with pytest.raises(mp.CheckpointError, match=r"step 2 is not in .*holds steps \[1\]"):
         manager.restore(2, like=like)
     manager.close()
+
+
+def test_owner_shardings_refuses_a_forward_step(saved):
+    step = mp.runner(mesh=pipeline_mesh(2), mode="forward", schedule=schedules.GPipe(microbatches=2))
+    with pytest.raises(mp.CheckpointError, match="forward"):
+        mp.owner_shardings(step, _abstract(2), saved["batches"][0][0])
 
 
 def test_missing_orbax_names_the_extra(monkeypatch, tmp_path):
