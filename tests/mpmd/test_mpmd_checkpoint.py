@@ -285,8 +285,9 @@ KILLED_SAVE = textwrap.dedent(
 
 def test_a_save_killed_midway_is_never_read(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path)], env=env, timeout=120)
-    assert result.returncode == -9
+    cmd = [sys.executable, "-c", KILLED_SAVE, str(tmp_path)]
+    result = subprocess.run(cmd, env=env, timeout=120, capture_output=True, text=True)
+    assert result.returncode == -9, result.stderr[-3000:]
     names = sorted(p.name for p in tmp_path.iterdir())
     assert "1" in names and "2" not in names
     assert any(n.startswith("2.") and "tmp" in n for n in names), names  # the uncommitted step 2
