@@ -58,4 +58,5 @@ def test_train_lm_stops_and_resumes_on_another_layout(tmp_path):
     assert resumed["checkpoint"]["restore_s"] > 0 and resumed["checkpoint"]["saved"] == [6]
     # steps 3 and 4 ran in both: the resumed run continues the curve, to fp32 rounding
     np.testing.assert_allclose(resumed["losses"][:2], stopped["losses"][3:5], rtol=1e-5)
-    assert "resumed at step 3" in result.stdout
+    assert "resumed at step 3" in result.stdout and "deleted the later checkpoints [5]" in result.stdout
+    assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [3, 6]
