@@ -237,8 +237,9 @@ class Jitted:
             updates = changes(static, roots, new_vars, values, ok, where, mutable)
             if donate_all:
                 updates = {i: v._value for i, v in enumerate(new_vars)}
-            if sink:
-                updates[_SOWN] = _sown(sink, roots, where)
+            sown = _sown(sink, roots) if sink else None
+            if sown:
+                updates[_SOWN] = sown
             return out, updates
 
         kw = dict(self.jax_kwargs)
@@ -325,20 +326,19 @@ class Jitted:
         return (values_sharding, *leaves)
 
 
-def _sown(sink: dict, roots: list, where: str) -> dict:
+def _sown(sink: dict, roots: list) -> dict:
     """`{module index: {name: {collection: value}}}` of what `Module.sow` stored while tracing
-    (module indices in plan order, the same for the traced and the original modules)."""
+    (module indices in plan order, the same for the traced and the original modules).
+
+    Sows on modules that are not the function's arguments (rebuilt by a nested transform
+    such as `spx.grad`, or closed over) are dropped: they have no original to land in.
+    """
     index = {id(m): j for j, (_, m) in enumerate(_walk(tuple(roots)).modules)}
     out: dict = {}
     for (_, name), (module, collection, value) in sink.items():
         j = index.get(id(module))
-        if j is None:
-            raise ValueError(
-                f"{where}: {type(module).__name__}.sow was called on a module the function did not "
-                "receive as an argument (closed over, or made inside a nested transform); pass the "
-                "module to the jitted function."
-            )
-        out.setdefault(j, {}).setdefault(name, {})[collection] = value
+        if j is not None:
+            out.setdefault(j, {}).setdefault(name, {})[collection] = value
     return out
 
 

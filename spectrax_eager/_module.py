@@ -246,7 +246,8 @@ class Module:
         gaining one entry per call). It is created on first use, eagerly or inside `spx.jit`
         (the program returns it and it is added to the original module after the call).
         Collect and remove it with `spx.pop(model, collection)` so the next call finds the
-        structure it was compiled for.
+        structure it was compiled for. Inside other transforms (`spx.grad`, `vmap`, `scan`,
+        ..., or plain `jax` ones) nothing is recorded, so a model that sows still trains.
         """
         if not isinstance(collection, str) or not isinstance(name, str):
             raise TypeError(f"sow: collection and name must be str; received {collection!r}, {name!r}.")
@@ -259,6 +260,8 @@ class Module:
             )
         sink = sow_sink[0]
         if sink is None:
+            if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
+                return  # traced by a transform other than spx.jit: nothing to hand back
             if current is _ABSENT:
                 setattr(self, name, Variable(reduce(init, value), kind=collection))
             else:

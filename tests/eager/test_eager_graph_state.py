@@ -93,6 +93,33 @@ def test_sow_under_jit_returns_intermediates_and_keeps_cache():
     assert len(fwd._cache) == 1  # popping restores the structure: one program
 
 
+def test_sow_inside_grad_records_nothing_so_models_that_sow_still_train():
+    net = Net()
+    loss = lambda m: jnp.sum(m(X) ** 2)  # noqa: E731
+
+    @spx.jit
+    def step(m):
+        value, g = spx.value_and_grad(loss)(m)  # sows inside grad: not recorded
+        return value, g, m(X)  # this call sows directly under spx.jit: recorded
+
+    def head_input(x):
+        for blk in (net.first, net.second):
+            x = jnp.tanh(x @ blk.fc.weight.value + blk.fc.bias.value) * blk.scale.value
+        return x
+
+    want_g = jax.grad(lambda w: jnp.sum((head_input(X) @ w + net.head.bias.value) ** 2))(
+        net.head.weight.value
+    )
+    _, g, _ = step(net)
+    np.testing.assert_allclose(g["parameters"]["head.weight"], want_g, rtol=1e-5)
+    inter = spx.pop(net, "intermediates")
+    assert inter.paths() == ("first.hidden", "second.hidden")
+    assert len(inter["intermediates"]["first.hidden"]) == 1  # only the direct call
+    g_eager = spx.grad(loss)(net)  # eager grad: traced values are not recorded either
+    np.testing.assert_allclose(g_eager["parameters"]["head.weight"], want_g, rtol=1e-5)
+    assert spx.pop(net, "intermediates").paths() == ()
+
+
 def test_cycle_is_an_error():
     net = Net()
     net.first.back = net  # a child referring to its ancestor
