@@ -98,7 +98,7 @@ class Rngs(Module):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _ambient.remove(self)
+        del _ambient[len(_ambient) - 1 - _ambient[::-1].index(self)]  # this block's entry
 
 
 _ambient: list[Rngs] = []  # `with spx.seed(...)` / `with rngs:` blocks, innermost last

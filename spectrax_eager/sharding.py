@@ -207,7 +207,7 @@ def get_partition_spec(
     if isinstance(x_or_axes, jax.Array):
         sharding = x_or_axes.sharding
         return sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
-    if isinstance(x_or_axes, tuple) and all(a is None or isinstance(a, str) for a in x_or_axes):
+    if isinstance(x_or_axes, tuple | list) and all(a is None or isinstance(a, str) for a in x_or_axes):
         return sc.sharding.spec(_axes_for(x_or_axes, None), rules, mode, mesh)
     return sc.sharding.param_specs(x_or_axes, rules, mode, mesh)
 

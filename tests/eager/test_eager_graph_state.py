@@ -199,6 +199,9 @@ def test_rngs_key_fork_seed():
     assert spx.current_rngs() is None
     with spx.seed(7) as r:
         assert spx.current_rngs() is r
+        with rngs, r:  # nested, the same object twice: each block restores its outer one
+            assert spx.current_rngs() is r
+        assert spx.current_rngs() is r
         np.testing.assert_array_equal(jax.random.key_data(r.key()), jax.random.key_data(spx.Rngs(7).key()))
     assert spx.current_rngs() is None
 

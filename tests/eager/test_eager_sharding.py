@@ -54,6 +54,7 @@ def test_prebuilt_names_match_the_core_specs(mesh):
     assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P("fsdp", "tp")
     assert shd.get_partition_spec(shd.AttnQSharding, mesh=mesh) == P(("dp", "fsdp"), None, "tp", None)
     assert shd.get_partition_spec(shd.Replicated, mesh=mesh) == P()
+    assert shd.get_partition_spec(["EMBED", None], mesh=mesh) == P("fsdp", None)
     with shd.logical_axis_rules(RULES, mode="decode"):  # decode keeps weights whole over fsdp
         assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P(None, "tp")
     assert repr(shd.ColumnWise) == "ColumnWise('EMBED', 'MLP')"
