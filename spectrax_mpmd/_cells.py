@@ -141,21 +141,49 @@ class StageCells:
         return (*E, *R)
 
     def forward(self, *flat):
-        """Forward keeping what the backward needs: edge outputs, results, residuals."""
+        """Forward keeping what the backward needs: edge outputs, results, and the residuals it
+        computes (residuals that are cell inputs are not returned: see `residual_sources`)."""
         if self.remat:
             return self.forward_only(*flat)
         diff, vjp_fn, (rest, R) = self._vjp(flat)
-        return (*self.io.merge_outputs(diff, rest), *R, *jax.tree.leaves(vjp_fn))
+        produced = [leaf for leaf in jax.tree.leaves(vjp_fn) if _input_position(leaf, flat) is None]
+        return (*self.io.merge_outputs(diff, rest), *R, *produced)
 
     # -- backward as one function of (residuals, cotangents) -------------------------
     @functools.cached_property
-    def residual_avals(self) -> list:
-        """What the backward reads: the saved residuals, or with remat the stage inputs."""
+    def _residuals(self) -> tuple[list, tuple]:
         if self.remat:
-            return self.in_avals
-        shapes = jax.eval_shape(self.forward, *self.in_avals)
-        n_out = len(self.io.stage.edge_outputs) + len(self.io.stage.results)
-        return list(shapes[n_out:])
+            return list(self.in_avals), tuple(range(len(self.in_avals)))
+        found = []
+
+        def probe(*flat):
+            leaves = jax.tree.leaves(self._vjp(flat)[1])
+            found.append(tuple(_input_position(leaf, flat) for leaf in leaves))
+            return leaves
+
+        avals = jax.eval_shape(probe, *self.in_avals)
+        return list(avals), found[0]
+
+    @property
+    def residual_avals(self) -> list:
+        """What the backward reads: the residuals of the stage's vjp, or with remat its inputs."""
+        return self._residuals[0]
+
+    @property
+    def residual_sources(self) -> tuple:
+        """Per residual: the position of the cell input it is, or None when the forward computes it.
+
+        A parameter or a received activation that the backward needs as it is (`x @ w`
+        keeps both) is read from its own buffer; returning it from the forward would
+        make XLA copy it on every microbatch (a weight copy per forward, alive until its
+        backward). With remat every residual is an input.
+        """
+        return self._residuals[1]
+
+    @property
+    def produced_residual_avals(self) -> list:
+        """The avals of the residuals the forward returns (those that are not inputs)."""
+        return [a for a, src in zip(self.residual_avals, self.residual_sources) if src is None]
 
     def _vjp_treedef(self):
         holder = []
@@ -287,6 +315,14 @@ class StageCells:
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]
         acc_out = [a + g.astype(a.dtype) for a, g in zip(acc, gP)]
         return (*acc_out, *gA, loss_acc + (loss / self.loss_divisor).astype(loss_acc.dtype), *others)
+
+
+def _input_position(leaf, flat) -> int | None:
+    """The position of `leaf` among the traced cell inputs `flat` (by identity), or None."""
+    for k, x in enumerate(flat):
+        if leaf is x:
+            return k
+    return None
 
 
 def _microbatch(batch, idx, microbatches: int):

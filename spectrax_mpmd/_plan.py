@@ -302,21 +302,23 @@ class TrainPlanBuilder:
                 continue
             n_fwd_out = len(io.stage.edge_outputs) + len(results_sh)
             exe["F"] = self._forward_spec(s)
-            if self.remat:
-                res_specs = specs
+            if self.remat or not cells.produced_residual_avals:
+                produced = []
             elif self._free_sharding(s) is not None:
-                res_specs = [_sds(a, self._free_sharding(s)) for a in cells.residual_avals]
+                produced = [_sds(a, self._free_sharding(s)) for a in cells.produced_residual_avals]
             else:
-                res_specs = [
+                produced = [
                     jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
                     for o in self.compiler.compile_spec(exe["F"]).out_info[n_fwd_out:]
                 ]
+            exe["n_res"] = len(produced)
+            made = iter(produced)
+            res_specs = [specs[src] if src is not None else next(made) for src in cells.residual_sources]
             ct_specs = [
                 _sds(io.stage.edge_outputs[j].aval, self.out_sharding(io.stage.edge_outputs[j], s))
                 for j, consumers in zip(io.diff_out, io.ct_edges)
                 for _ in consumers
             ]
-            exe["n_res"] = len(res_specs)
             exe["B"] = CellSpec(
                 cells.backward,
                 tuple(res_specs + ct_specs + acc_specs),
@@ -358,7 +360,7 @@ class TrainPlanBuilder:
         outs = [self.out_sharding(v, s) for v in io.stage.edge_outputs]
         outs += [self.named(s, None)] * len(io.stage.results)
         if residuals:
-            outs += [self._free_sharding(s)] * len(cells.residual_avals)
+            outs += [self._free_sharding(s)] * len(cells.produced_residual_avals)
         return CellSpec(
             cells.forward if residuals else cells.forward_only,
             tuple(self.input_specs(s)),
@@ -497,10 +499,9 @@ class TrainPlanBuilder:
         exe = self.exe[s]
         ins = self.cell_inputs(s, i)
         if kind == "F":
-            n_res = 0 if self.remat else exe["n_res"]
-            self._emit_forward(exe["F"], s, i, n_res)
+            self._emit_forward(exe["F"], s, i, exe["n_res"])
             return "F"
-        res = ins if self.remat else [self.slots["res", s, i, k] for k in range(exe["n_res"])]
+        res = self.residual_slots(s, i)
         cts = [self.slots["ct", k, i] for group in io.ct_edges for k in group]
         acc = [self.slots["acc", s, a_] for a_ in io.params]
         ct_out = [self.slots["ct_in", self.edge_index[io.stage.edge_inputs[k]], i] for k in io.diff_in]
@@ -517,6 +518,15 @@ class TrainPlanBuilder:
         stash = [self.slots["stash", s, i, k] for k in range(exe["n_stash"])]
         self.steps.append((exe["W"], tuple(res + cts + stash + acc), tuple(acc), ()))
         return "W"
+
+    def residual_slots(self, s: int, i: int) -> list[int]:
+        """The slots of stage `s`'s residuals for microbatch `i`, in the backward's order: inputs
+        the backward reads as they are, then what the forward computed."""
+        ins, made = self.cell_inputs(s, i), iter(range(self.exe[s]["n_res"]))
+        return [
+            ins[src] if src is not None else self.slots["res", s, i, next(made)]
+            for src in self.cells[s].residual_sources
+        ]
 
     def _emit_forward(self, cell, s: int, i: int, n_res: int) -> list[int]:
         """A forward step of stage `s` on microbatch `i`, then the sends of its outputs."""
@@ -603,7 +613,7 @@ class TrainPlanBuilder:
         for key, slot in self.slots.named.items():
             if key[0] in ("res", "stash"):
                 self.plan.activation_slots[slot] = (self.rank[key[1]], key[1], key[2])
-            elif key[0] == "edge" and self.remat:
+            elif key[0] == "edge" and self._edge_is_residual(self.g.edges[key[1]]):
                 e = self.g.edges[key[1]]
                 self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
         self._seal({loss_slot, *grads.values(), *stacked.values()})
@@ -614,6 +624,14 @@ class TrainPlanBuilder:
             for kind, spec in exe.items()
             if isinstance(spec, CellSpec)
         }
+
+    def _edge_is_residual(self, e) -> bool:
+        """Whether the activation `e` brings to its stage is kept for that stage's backward."""
+        if e.dst == self.last:
+            return False
+        io = self.ios[e.dst]
+        position = io.n_in - len(io.stage.edge_inputs) + io.stage.edge_inputs.index(e)
+        return position in self.cells[e.dst].residual_sources
 
     def _seal(self, keep: set[int]) -> None:
         """Compile every cell, record the input slots and their shardings, free slots after last use."""
