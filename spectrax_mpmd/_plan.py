@@ -497,7 +497,6 @@ class TrainPlanBuilder:
                 return "FB"
             return "-"
         exe = self.exe[s]
-        ins = self.cell_inputs(s, i)
         if kind == "F":
             self._emit_forward(exe["F"], s, i, exe["n_res"])
             return "F"
