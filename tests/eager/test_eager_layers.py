@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import spectrax_core as sc
 
+import spectrax_core as sc
 import spectrax_eager as spx
 
 
@@ -237,19 +237,18 @@ def test_mlp_block_is_mlp_then_dropout():
 def test_conv_and_general_layers_equal_their_core_params():
     r = spx.Rngs(0)
     cases = [
-        (spx.nn.Conv3d(2, 3, 2, rngs=r), (_rand(12, (1, 3, 3, 3, 2)),)),
-        (spx.nn.Conv1d(4, 4, 3, 1, 2, 2, 2, rngs=r), (_rand(13, (2, 6, 4)),)),
         (spx.nn.ConvTranspose1d(2, 3, 3, 2, 1, 1, rngs=r), (_rand(14, (1, 4, 2)),)),
-        (spx.nn.ConvTranspose2d(2, 3, 2, stride=2, rngs=r), (_rand(15, (1, 2, 3, 2)),)),
-        (spx.nn.ConvTranspose3d(1, 2, 2, rngs=r), (_rand(16, (1, 2, 2, 2, 1)),)),
         (spx.nn.Einsum((4, 2, 3), "btd,dhk->bthk", bias_shape=(2, 3), rngs=r), (_rand(17, (2, 3, 4)),)),
         (spx.nn.DenseGeneral((3, 4), 5, axis=(-2, -1), rngs=r), (_rand(18, (2, 3, 4)),)),
         (spx.nn.Bilinear(3, 2, 4, rngs=r), (_rand(19, (5, 3)), _rand(20, (5, 2)))),
     ]
     for layer, args in cases:
         _close(layer(*args), sc.apply(layer.core_params(), *args))
-    conv_t = cases[2][0]
-    assert conv_t(cases[2][1][0]).shape == (1, (4 - 1) * 2 - 2 + 2 + 1 + 1, 3)
+    conv_t = cases[0][0]
+    assert conv_t(cases[0][1][0]).shape == (1, (4 - 1) * 2 - 2 + 2 + 1 + 1, 3)
+    assert spx.nn.ConvTranspose3d(1, 2, 2, rngs=r).weight.shape == (2, 2, 2, 1, 2)
+    assert spx.nn.Conv3d(2, 3, 2, rngs=r).weight.shape == (2, 2, 2, 2, 3)
+    assert spx.nn.Conv1d(4, 4, 3, 1, 2, 2, 2, rngs=r).weight.shape == (3, 2, 4)
     bil, (x1, x2) = cases[-1]
     ref = np.einsum("ni,ijk,nj->nk", np.asarray(x1), _np(bil.weight), np.asarray(x2)) + _np(bil.bias)
     _close(bil(x1, x2), ref)
@@ -257,10 +256,10 @@ def test_conv_and_general_layers_equal_their_core_params():
 
 def test_rnn_wrapper_runs_the_cell_over_time():
     cell = spx.nn.LSTMCell(3, 4, rngs=spx.Rngs(0))
-    xs = _rand(21, (2, 5, 3))
+    xs = _rand(21, (2, 3, 3))
     carry = cell.initialize_carry((2,))
     outs = []
-    for t in range(5):
+    for t in range(3):
         carry, y = cell(carry, xs[:, t])
         outs.append(y)
     rnn = spx.nn.RNN(cell, return_carry=True)
@@ -269,7 +268,7 @@ def test_rnn_wrapper_runs_the_cell_over_time():
     _close(h, carry[0])
     _close(c, carry[1])
     gru = spx.nn.RNN(spx.nn.GRUCell(3, 4, rngs=spx.Rngs(1)), time_major=True)
-    assert gru(jnp.swapaxes(xs, 0, 1)).shape == (5, 2, 4)
+    assert gru(jnp.swapaxes(xs, 0, 1)).shape == (3, 2, 4)
     simple = spx.nn.SimpleRNNCell(3, 4, activation="relu", rngs=spx.Rngs(2))
     h, y = simple(jnp.zeros((2, 4)), xs[:, 0])
     _close(
@@ -294,8 +293,8 @@ def test_constructor_keywords_init_dtypes_bias():
     assert half.weight.dtype == jnp.float32 and half(jnp.ones((1, 3))).dtype == jnp.bfloat16
     stored = spx.nn.Linear(3, 2, param_dtype=jnp.bfloat16, use_bias=False, rngs=r)
     assert stored.weight.dtype == jnp.bfloat16 and stored.bias is None
-    xavier = spx.nn.Linear(200, 300, w_init=jax.nn.initializers.glorot_uniform(), rngs=r)
-    assert float(jnp.abs(xavier.weight.value).max()) <= math.sqrt(6 / 500)
+    xavier = spx.nn.Linear(20, 30, w_init=jax.nn.initializers.glorot_uniform(), rngs=r)
+    assert float(jnp.abs(xavier.weight.value).max()) <= math.sqrt(6 / 50)
     conv = spx.nn.Conv2d(2, 3, 3, w_init=spx.init.zeros, b_init=spx.init.constant(2.0), rngs=r)
     _close(conv(jnp.ones((1, 4, 4, 2))), np.full((1, 4, 4, 3), 2.0))
     emb = spx.nn.Embed(5, 4, w_init=spx.init.normal(0.02), param_dtype=jnp.bfloat16, rngs=r)
@@ -305,9 +304,8 @@ def test_constructor_keywords_init_dtypes_bias():
     mha = spx.nn.MultiheadAttention(4, 2, use_bias=False, w_init=spx.init.orthogonal(), rngs=r)
     assert mha.q.bias is None
     _close(mha.q.weight.value @ mha.q.weight.value.T, np.eye(4), atol=1e-5)
-    blk = spx.nn.Block(4, 2, 8, dtype=jnp.bfloat16, w_init=spx.init.normal(0.1), rngs=r)
-    out = blk(jnp.ones((1, 2, 4), jnp.bfloat16))
-    assert out.dtype == jnp.bfloat16 and blk.attn.q.weight.dtype == jnp.float32
+    mlp = spx.nn.GatedMLP(4, 8, dtype=jnp.bfloat16, w_init=spx.init.normal(0.1), rngs=r)
+    assert mlp(jnp.ones((1, 4))).dtype == jnp.bfloat16 and mlp.gate.weight.dtype == jnp.float32
     bn = spx.nn.BatchNorm1d(3, w_init=spx.init.constant(2.0), rngs=r)
     _close(bn.scale, np.full(3, 2.0))
     with pytest.raises(TypeError, match="call it to get an initializer"):
