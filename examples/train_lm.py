@@ -206,8 +206,14 @@ def main(argv=None) -> dict:
             tokens, targets = next(stream)
     loss, grads = step(params, tokens, targets)
     jax.block_until_ready(loss)
-    compiled = 1 if args.spmd else len(step.runner.step.compiler.cache)
-    print(f"compiled {compiled} programs in {time.perf_counter() - start:.1f} s")
+    first_call = None if args.spmd else step.runner.step.timings()
+    compiled = 1 if args.spmd else first_call["compiled"] + first_call["relocated"]
+    print(f"compiled {compiled} programs in {time.perf_counter() - start:.1f} s", end="")
+    if first_call is not None:
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in first_call["seconds"].items())
+        print(f" ({first_call['compiled']} compiled, {first_call['relocated']} loaded onto other ranks; "
+              f"seconds: {phases})", end="")
+    print()
     state = opt.init(params, grads) if state is None else state
     layout = "SPMD" if args.spmd else f"{args.stages} ranks, {schedule!r}"
 
@@ -254,6 +260,9 @@ def main(argv=None) -> dict:
         files.append(trace.name)
         print(f"one step, measured cell by cell: {timeline.makespan / 1e3:.1f} ms, "
               f"bubble {timeline.bubble_fraction:.0%} (open {trace} in Perfetto)")
+        host = step.runner.step.profile(params, None, tokens, targets, rounds=3)
+        print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
+        print(host.table())
     files += plot(out, losses, timeline) if timeline is not None else []
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
@@ -278,6 +287,8 @@ def main(argv=None) -> dict:
         "wall_s": wall,
         "tokens_per_s": tokens_per_s,
         "programs": compiled,
+        "first_call": first_call,
+        "host": None if args.spmd else host.as_dict(),
         "decode_identical": same,
         "checkpoint": ckpt if manager is not None else None,
     }
