@@ -10,6 +10,7 @@ from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
+from ._profile import HostProfile, HostRow
 from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
@@ -35,6 +36,8 @@ __all__ = [
     "sxgrad",
     "StagedOptimizer",
     "StagedOptState",
+    "HostProfile",
+    "HostRow",
     "MpmdError",
     "MeshError",
     "MarkerError",
