@@ -68,7 +68,8 @@ def initialize(init: Any, key: jax.Array, shape: tuple[int, ...], dtype: Any, *,
     if init in _FACTORIES:
         raise TypeError(
             f"{where} received the factory {getattr(init, '__name__', init)!r} itself; call it to get "
-            f"an initializer, e.g. {where.split(': ')[-1]}=spx.init.{_public_name(init)}()."
+            f"an initializer, e.g. {where.split(': ')[-1]}={_public_name(init)}() from spectrax_core.init "
+            "(spx.init)."
         )
     if not callable(init):
         raise TypeError(

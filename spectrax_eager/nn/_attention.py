@@ -66,6 +66,10 @@ class MultiheadAttention(CoreLayer):
     """
 
     core_cls = sc.nn.MultiHeadAttention
+    # defaults for a layer built by `from_core` (no constructor run)
+    dropout: float = 0.0
+    batch_first: bool = True
+    rngs: Rngs | None = None
 
     def __init__(
         self,

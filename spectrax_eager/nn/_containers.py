@@ -159,7 +159,8 @@ class StackedModuleList(Module):
     order by `lax.scan`: `StackedModuleList([Block(...) for _ in range(n)])(x)` equals calling the
     blocks one after another, and compiles one block body however deep the stack is.
 
-    Every module must have the same structure. A variable that is the same object in
+    The first module becomes the stacked one (its variables take the stacked values);
+    the others are only read. Every module must have the same structure. A variable that is the same object in
     every module (a shared `spx.Rngs` stream) is kept once and carried through the
     scan, so its writes (drawn dropout keys) persist; every other variable is stacked
     (its `axes` metadata gains a leading None) and is read-only inside the call.

@@ -35,7 +35,7 @@ def _key(rngs: Rngs | None, where: str, w_init: Any, b_init: Any) -> jax.Array |
 class _BatchNorm(CoreLayer):
     core_cls = sc.nn.BatchNorm
     variable_types = {"mean": BatchStat, "var": BatchStat}
-    ranks: tuple[int, ...]
+    ranks: tuple[int, ...] = ()  # accepted input ranks; () = any (`from_core` of a core BatchNorm)
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class _BatchNorm(CoreLayer):
 
     def forward(self, x: jax.Array, *, use_running_average: bool | None = None) -> jax.Array:
         """Normalise `x`; `use_running_average` overrides the mode (default: `not self.training`)."""
-        if x.ndim not in self.ranks:
+        if self.ranks and x.ndim not in self.ranks:
             raise ValueError(
                 f"{type(self).__name__}: expected an input of rank {' or '.join(map(str, self.ranks))} "
                 f"(channels last), received shape {tuple(x.shape)}."
