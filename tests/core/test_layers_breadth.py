@@ -480,3 +480,21 @@ def test_layers_take_initializers_and_compute_dtype():
         nn.Linear.init(key, 3, 2, w_init="xavier")
     with pytest.raises(ValueError, match="need a key"):
         nn.RMSNorm.init(None, 4, w_init=sc.init.ones)
+
+
+def test_new_layers_declare_logical_axes_for_param_specs():
+    key = jax.random.key(0)
+    rules = sc.sharding.Rules.default()
+    P = jax.sharding.PartitionSpec
+    conv = jax.eval_shape(lambda: nn.Conv3d.init(key, 4, 8, 2, axes=(None, "MLP")))
+    specs = sc.sharding.param_specs(conv, rules)
+    assert specs.weight == P(None, None, None, None, "tp") and specs.bias == P("tp")
+    dg = jax.eval_shape(lambda: nn.DenseGeneral.init(key, 8, (2, 4), axes=("EMBED", "HEAD", None)))
+    assert sc.sharding.param_specs(dg, rules).weight == P("fsdp", "tp", None)
+    mha = jax.eval_shape(lambda: nn.MultiHeadAttention.init(key, 8, 2))
+    specs = sc.sharding.param_specs(mha, rules)
+    assert specs.q.weight == P("fsdp", "tp") and specs.o.weight == P("tp", "fsdp")
+    bn = jax.eval_shape(lambda: nn.BatchNorm.init(None, 4))
+    assert sc.sharding.param_specs(bn, rules).mean == P(None)
+    gru = jax.eval_shape(lambda: nn.GRUCell.init(key, 3, 4))
+    assert sc.sharding.param_specs(gru, rules).ih.weight == P(None, None)
