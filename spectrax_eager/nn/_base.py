@@ -121,6 +121,12 @@ def dtype_kwargs(dtype: Any, param_dtype: Any, w_init: Any = None, b_init: Any =
 PARAM_DTYPE = jnp.float32
 
 
+def init_key(rngs: Any, where: str, w_init: Any = None, b_init: Any = None) -> jax.Array | None:
+    """A key for layers whose default initial values are constants: drawn only when an
+    initializer was given (then `rngs` is required), else None."""
+    return key_from(rngs, where) if w_init is not None or b_init is not None else None
+
+
 def key_from(rngs: Any, where: str) -> jax.Array:
     """A fresh init key from `rngs` (an `spx.Rngs`), with a clear error when missing."""
     if rngs is None:

@@ -15,12 +15,7 @@ import jax
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from, sharding_axes
-
-
-def _rngs_key(rngs: Rngs | None, where: str, needed: bool) -> jax.Array | None:
-    """An init key when the layer draws random values (an initializer was given), else None."""
-    return key_from(rngs, where) if needed else None
+from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, init_key, key_from, sharding_axes
 
 
 class Linear(CoreLayer):
@@ -109,7 +104,7 @@ class LayerNorm(CoreLayer):
         b_init: Any = None,
         rngs: Rngs | None = None,
     ):
-        key = _rngs_key(rngs, "LayerNorm", w_init is not None or b_init is not None)
+        key = init_key(rngs, "LayerNorm", w_init, b_init)
         self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
 
 
@@ -130,7 +125,7 @@ class RMSNorm(CoreLayer):
     ):
         kw = dtype_kwargs(dtype, param_dtype, w_init)
         del kw["b_init"]
-        self._adopt(sc.nn.RMSNorm.init(_rngs_key(rngs, "RMSNorm", w_init is not None), d, eps=eps, **kw))
+        self._adopt(sc.nn.RMSNorm.init(init_key(rngs, "RMSNorm", w_init), d, eps=eps, **kw))
 
 
 class Dropout(CoreLayer):

@@ -18,7 +18,7 @@ import spectrax_core as sc
 
 from .._rngs import Rngs
 from .._variable import Variable
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from
+from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, init_key
 
 
 class BatchStat(Variable):
@@ -26,10 +26,6 @@ class BatchStat(Variable):
 
     __slots__ = ()
     default_kind = "batch_stats"
-
-
-def _key(rngs: Rngs | None, where: str, w_init: Any, b_init: Any) -> jax.Array | None:
-    return key_from(rngs, where) if w_init is not None or b_init is not None else None
 
 
 class _BatchNorm(CoreLayer):
@@ -53,7 +49,7 @@ class _BatchNorm(CoreLayer):
         where = type(self).__name__
         self._adopt(
             sc.nn.BatchNorm.init(
-                _key(rngs, where, w_init, b_init),
+                init_key(rngs, where, w_init, b_init),
                 num_features,
                 eps=eps,
                 momentum=momentum,
@@ -110,7 +106,7 @@ class GroupNorm(CoreLayer):
     ):
         self._adopt(
             sc.nn.GroupNorm.init(
-                _key(rngs, "GroupNorm", w_init, b_init),
+                init_key(rngs, "GroupNorm", w_init, b_init),
                 num_groups,
                 num_channels,
                 eps=eps,
@@ -140,7 +136,7 @@ class InstanceNorm(CoreLayer):
     ):
         self._adopt(
             sc.nn.InstanceNorm.init(
-                _key(rngs, "InstanceNorm", w_init, b_init),
+                init_key(rngs, "InstanceNorm", w_init, b_init),
                 num_features,
                 eps=eps,
                 affine=affine,
