@@ -151,18 +151,19 @@ class StageCells:
 
     # -- backward as one function of (residuals, cotangents) -------------------------
     @functools.cached_property
-    def _residuals(self) -> tuple[list, tuple]:
+    def _residuals(self) -> tuple[list, tuple, Any]:
+        """One trace of the stage's vjp: residual avals, their sources, the pullback's treedef."""
         if self.remat:
-            return list(self.in_avals), tuple(range(len(self.in_avals)))
+            return list(self.in_avals), tuple(range(len(self.in_avals))), None
         found = []
 
         def probe(*flat):
-            leaves = jax.tree.leaves(self._vjp(flat)[1])
-            found.append(tuple(_input_position(leaf, flat) for leaf in leaves))
+            leaves, treedef = jax.tree.flatten(self._vjp(flat)[1])
+            found.append((tuple(_input_position(leaf, flat) for leaf in leaves), treedef))
             return leaves
 
         avals = jax.eval_shape(probe, *self.in_avals)
-        return list(avals), found[0]
+        return list(avals), *found[0]
 
     @property
     def residual_avals(self) -> list:
@@ -184,16 +185,6 @@ class StageCells:
     def produced_residual_avals(self) -> list:
         """The avals of the residuals the forward returns (those that are not inputs)."""
         return [a for a, src in zip(self.residual_avals, self.residual_sources) if src is None]
-
-    def _vjp_treedef(self):
-        holder = []
-
-        def probe(*flat):
-            holder.append(jax.tree.structure(self._vjp(flat)[1]))
-            return 0
-
-        jax.eval_shape(probe, *self.in_avals)
-        return holder[0]
 
     def ct_avals(self):
         outs = self.io.stage.edge_outputs
@@ -223,7 +214,7 @@ class StageCells:
                 return list(gP), list(gA)
 
         else:
-            treedef = self._vjp_treedef()
+            treedef = self._residuals[2]
 
             def bwd(res, cts):
                 gP, gA = jax.tree.unflatten(treedef, res)(self._sum_cts(cts))
