@@ -170,7 +170,7 @@ class Jitted:
             epoch, n, roots, leaf_types, compiled, plan = hot
             if epoch == _graph.epoch and len(args) == n:
                 k = len(roots)
-                if args[:k] == roots and tuple(map(type, args[k:])) == leaf_types:
+                if all(map(operator.is_, args[:k], roots)) and tuple(map(type, args[k:])) == leaf_types:
                     out, updates = compiled(list(map(_value_of, plan.vars)), *args[k:])
                     if updates:
                         _write_back(plan, updates)
