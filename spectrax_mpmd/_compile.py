@@ -110,7 +110,8 @@ class Compiler:
 
     def __init__(self, relocate: bool = True):
         self.cache: dict = {}  # (program, devices) -> compiled executable
-        self.sources: dict = {}  # program -> a serialized compiled instance (or None: not relocatable)
+        self.sources: dict = {}  # program -> (a compiled instance, its devices)
+        self._serialized: dict = {}  # program -> that instance serialized (None: not relocatable)
         self.relocate = relocate and relocation_available()
         self.stats = BuildStats()
         self._lowered: dict = {}  # spec -> ((program, devices), lowered), for the current build
@@ -171,20 +172,22 @@ class Compiler:
         return compiled
 
     def _relocated(self, key: tuple):
-        source = self.sources.get(key[0]) if self.relocating else None
-        if source is None:
+        program = key[0]
+        if not self.relocating or program not in self.sources:
             return None
         with self.stats.timed("relocate"):
-            compiled = relocate(source, key[1])
+            if program not in self._serialized:  # serialized on the first relocation only
+                self._serialized[program] = serialized(*self.sources[program])
+            source = self._serialized[program]
+            compiled = None if source is None else relocate(source, key[1])
         if compiled is not None:
             self.stats.relocated += 1
         return compiled
 
     def _store(self, key: tuple, compiled) -> None:
         self.cache[key] = compiled
-        if self.relocating and key[0] not in self.sources:
-            with self.stats.timed("relocate"):
-                self.sources[key[0]] = serialized(compiled, key[1])
+        if self.relocating:
+            self.sources.setdefault(key[0], (compiled, key[1]))
 
     def _lower(self, spec: CellSpec) -> tuple[tuple, Any]:
         hit = self._lowered.get(spec)
