@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._module import Module
+from .._rngs import current_rngs
 from .._variable import Parameter, Variable
 from ..sharding import apply_logical_sharding, current_axis_rules
 
@@ -128,7 +129,13 @@ def init_key(rngs: Any, where: str, w_init: Any = None, b_init: Any = None) -> j
 
 
 def key_from(rngs: Any, where: str) -> jax.Array:
-    """A fresh init key from `rngs` (an `spx.Rngs`), with a clear error when missing."""
+    """A fresh init key from `rngs` (an `spx.Rngs`), else from the innermost `with spx.seed(...)`
+    block; a clear error when neither is there."""
     if rngs is None:
-        raise TypeError(f"{where}: pass rngs=spx.Rngs(seed) to initialise the parameters.")
+        rngs = current_rngs()
+    if rngs is None:
+        raise TypeError(
+            f"{where}: pass rngs=spx.Rngs(seed), or build the layer inside `with spx.seed(seed):`, "
+            "to initialise the parameters."
+        )
     return rngs.params()

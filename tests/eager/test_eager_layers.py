@@ -413,3 +413,21 @@ def test_stacked_module_list_refuses_writes_to_stacked_state():
     stack = spx.nn.StackedModuleList([spx.nn.BatchNorm1d(4) for _ in range(2)])
     with pytest.raises(ValueError, match="read-only inside the scan"):
         stack(jnp.ones((3, 4)))
+
+
+def test_layers_built_inside_a_seed_block_draw_from_it():
+    with spx.seed(3):
+        a = spx.nn.Linear(4, 5)
+        a2 = spx.nn.Linear(4, 5)
+    with spx.seed(3):
+        b = spx.nn.Linear(4, 5)
+    explicit = spx.nn.Linear(4, 5, rngs=spx.Rngs(3))
+    leaves = lambda m: jax.tree.leaves(spx.export(m)[1])  # noqa: E731
+    for x, y in zip(leaves(a), leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for x, y in zip(leaves(a), leaves(explicit)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    weight = lambda m: next(np.asarray(x) for x in leaves(m) if x.ndim == 2)  # noqa: E731
+    assert not np.array_equal(weight(a), weight(a2))  # the block's stream moves on
+    with pytest.raises(TypeError, match="spx.seed"):
+        spx.nn.Linear(4, 5)
