@@ -184,6 +184,7 @@ class TrainPlanBuilder:
         self.steps: list = []
         self._forward_specs: dict = {}
         self._fused: dict = {}
+        self._constants: dict = {}  # slot -> (host value, sharding), placed together when sealed
         self.forward_steps: dict = {}
         self.plan = Plan(stage_ranks=self.rank)
         self.ios = [
@@ -257,7 +258,7 @@ class TrainPlanBuilder:
         key = ("idx", self.rank[s], i)
         if key not in self.slots.named:
             slot = self.slots[key]
-            self.plan.const_slots[slot] = jax.device_put(np.int32(i), self.named(s, None))
+            self._constants[slot] = (np.int32(i), self.named(s, None))
         return self.slots[key]
 
     # -- build ---------------------------------------------------------------------------
@@ -644,6 +645,9 @@ class TrainPlanBuilder:
             for _, (kind, a, r) in self.plan.input_keys
         ]
         self.compiler.prefetch([st[0] for st in self.steps if isinstance(st[0], CellSpec)])
+        if self._constants:
+            values, shardings = zip(*self._constants.values())
+            self.plan.const_slots = dict(zip(self._constants, jax.device_put(list(values), list(shardings))))
         steps = [
             (self.compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs, frees)
             for fn, ins, outs, frees in self.steps
