@@ -29,7 +29,7 @@ def _detect_copier() -> tuple[Callable, object] | None:
         return None
     copy = getattr(xla_client, "batched_copy_array_to_devices_with_sharding", None)
     semantics = getattr(getattr(xla_client, "ArrayCopySemantics", None), "REUSE_INPUT", None)
-    if copy is None or semantics is None:
+    if copy is None or semantics is None or not hasattr(NamedSharding, "_internal_device_list"):
         return None
     return copy, semantics
 
