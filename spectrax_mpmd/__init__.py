@@ -3,7 +3,7 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
-from ._api import sxgrad, sxjit, sxvalue_and_grad
+from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
 from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
@@ -12,6 +12,7 @@ from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._profile import HostProfile, HostRow
 from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall
+from ._stage_profile import CellProfile, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
 
@@ -38,6 +39,9 @@ __all__ = [
     "StagedOptState",
     "HostProfile",
     "HostRow",
+    "profile_stages",
+    "StageProfile",
+    "CellProfile",
     "MpmdError",
     "MeshError",
     "MarkerError",

@@ -20,6 +20,8 @@ from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
 from ._profile import HostProfile, profile_plan
 from ._split import split, trace
+from ._stage_profile import StageProfile
+from ._stage_profile import profile_plan as profile_stage_plan
 from ._timeline import Timeline, measured_timeline
 from .errors import MpmdError
 
@@ -277,6 +279,23 @@ class _StepFunction:
         `.table()`). Runs the step `2 * rounds` times."""
         return _profile(self, args, rounds)
 
+    def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
+        """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
+        compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
+        rank's parameter and accumulator bytes, bytes per edge, and each cell's measured time
+        (`StageProfile`; print `.table()`). Runs the step `rounds` times, cell by cell."""
+        entry, leaves = self._entry(args)
+        try:
+            return profile_stage_plan(
+                entry.plan,
+                self.compiler.compile_spec,
+                dict(enumerate(leaves)),
+                entry.place(self.placer, leaves),
+                rounds,
+            )
+        finally:
+            self.compiler.forget_lowerings()
+
     def timings(self, *args) -> dict:
         """Where the first call's time went, for these arguments' signature (default: the last
         call's): seconds per phase (trace, split, lower, compile, relocate, plan, first_run;
@@ -464,3 +483,10 @@ def sxjit(
             batch_argnums=batch_argnums,
         )
     return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums)
+
+
+def profile_stages(fn: Callable, *args, mesh, schedule, rounds: int = 3, **step_kwargs) -> StageProfile:
+    """`sxvalue_and_grad(fn, mesh=, schedule=, **step_kwargs).profile_stages(*args)`: the
+    per-stage profile of `fn`'s pipelined training step on these arguments."""
+    step = sxvalue_and_grad(fn, mesh=mesh, schedule=schedule, **step_kwargs)
+    return step.profile_stages(*args, rounds=rounds)

@@ -46,6 +46,9 @@ class Plan:
     forward_steps: dict = field(default_factory=dict)
     action_steps: list = field(default_factory=list)  # (rank, action, first step, end step)
     device_rank: dict = field(default_factory=dict)  # device -> pipeline rank
+    graph: object = None  # the StageGraph the plan runs
+    saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
+    ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -624,6 +627,15 @@ class TrainPlanBuilder:
             for kind, spec in exe.items()
             if isinstance(spec, CellSpec)
         }
+        emitted = {st[0] for st in self.steps if isinstance(st[0], CellSpec)}
+        emitted.update(part for parts in self._fused for part in parts)
+        self.plan.ran = frozenset(key for key, spec in self.plan.cells.items() if spec in emitted)
+        self.plan.saved = {
+            (s, kind): exe[count]
+            for s, exe in enumerate(self.exe)
+            for kind, count in (("F", "n_res"), ("I", "n_stash"))
+            if kind in exe
+        }
 
     def _edge_is_residual(self, e) -> bool:
         """Whether the activation `e` brings to its stage is kept for that stage's backward."""
@@ -655,6 +667,7 @@ class TrainPlanBuilder:
         self.plan.steps = _free_after_last_use(steps, keep)
         self.plan.n_slots = self.slots.count
         self.plan.device_rank = {d: r for r in range(self.n) for d in self.mesh.submesh(r).devices.flat}
+        self.plan.graph = self.g
 
 
 def _add(x, y):

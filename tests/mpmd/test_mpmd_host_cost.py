@@ -75,7 +75,7 @@ def _bitwise_equal(a, b):
 def test_relocated_programs_equal_fresh_compiles(built):
     fast, plain, args = built
     _bitwise_equal(fast(*args), plain(*args))
-    stats, plain_stats = fast.timings(), plain.timings()
+    stats, plain_stats = fast.timings(*args), plain.timings(*args)
     assert plain_stats["relocated"] == 0
     if relocation_available():
         assert stats["relocated"] > 0
@@ -133,6 +133,7 @@ def test_unused_arguments_in_other_positions_are_other_programs():
 
 def test_timings_account_for_every_phase(built):
     fast, _, args = built
+    fast(*args)  # the first call of this signature in this process (tests may run in any order)
     report = fast.timings(*args)
     assert set(report["seconds"]) == {"trace", "split", "lower", "compile", "relocate", "plan", "first_run"}
     assert all(s >= 0 for s in report["seconds"].values())

@@ -1,0 +1,154 @@
+"""Per-stage profile of a pipelined training step: what XLA says of each compiled cell, the
+bytes each rank holds and each edge carries, and each cell's measured time.
+
+The runtime compiles one program per stage and cell kind, so XLA's own cost and
+memory analysis of those programs describe the step exactly; a short timed run
+(each action alone, waited for) adds what the cells cost on these devices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CellProfile:
+    """One stage's cell of one kind (`F`, `B`, `I`, `W`, or the last stage's fused `FB`).
+
+    `flops` and `bytes_accessed` come from XLA's cost analysis; `argument_bytes`,
+    `output_bytes` and `temp_bytes` from its memory analysis; `saved_bytes` is
+    what one microbatch leaves behind for later (a forward's residuals, an I
+    cell's stash for W); `seconds` is the measured time of the action alone with
+    its sends (min over microbatches and rounds), None when the cell only ran
+    fused with another.
+    """
+
+    stage: int
+    rank: int
+    kind: str
+    flops: float
+    bytes_accessed: float
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    saved_bytes: int
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """The profile of one step: cells, per-rank parameter and accumulator bytes, edge bytes.
+
+    `param_bytes[r]` counts the parameter leaves rank r reads (each once);
+    `accumulator_bytes[r]` the gradient accumulators (and loss) it holds during a
+    step; `edges` is `(source stage, destination stage, bytes per microbatch)`.
+    """
+
+    cells: tuple[CellProfile, ...]
+    param_bytes: tuple[int, ...]
+    accumulator_bytes: tuple[int, ...]
+    edges: tuple[tuple[int, int, int], ...]
+
+    def cell(self, stage: int, kind: str) -> CellProfile:
+        return next(c for c in self.cells if c.stage == stage and c.kind == kind)
+
+    def as_dict(self) -> dict:
+        return {
+            "cells": [asdict(c) for c in self.cells],
+            "param_bytes": list(self.param_bytes),
+            "accumulator_bytes": list(self.accumulator_bytes),
+            "edges": [list(e) for e in self.edges],
+        }
+
+    def table(self) -> str:
+        head = f"{'stage':>5} {'rank':>4} {'kind':4} {'MFLOP':>9} {'MB accessed':>11} {'temp KB':>8} {'saved KB':>9} {'ms':>8}"
+        lines = [head]
+        for c in self.cells:
+            ms = "n/a" if c.seconds is None else f"{c.seconds * 1e3:.3f}"
+            lines.append(
+                f"{c.stage:>5} {c.rank:>4} {c.kind:4} {c.flops / 1e6:>9.2f} {c.bytes_accessed / 1e6:>11.3f} "
+                f"{c.temp_bytes / 1e3:>8.1f} {c.saved_bytes / 1e3:>9.1f} {ms:>8}"
+            )
+        for r, (p, a) in enumerate(zip(self.param_bytes, self.accumulator_bytes)):
+            lines.append(f"rank {r}: parameters {p / 1e6:.3f} MB, gradient accumulators {a / 1e6:.3f} MB")
+        return "\n".join(lines)
+
+
+def _nbytes(aval) -> int:
+    return int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+        cost = cost[0] if cost else {}
+    return cost or {}
+
+
+def _cell_seconds(plan, spans) -> dict:
+    """`(stage, kind) -> min seconds` over the single-part actions of the measured spans."""
+    last = len(plan.stage_ranks) - 1
+    best: dict = {}
+    for rank, action, start, end in spans:
+        parts = getattr(action, "parts", None)
+        if parts is None or len(parts) != 1:
+            continue
+        part = parts[0]
+        kind = "FB" if part.stage == last else part.kind
+        if part.stage == last and part.kind != "F":
+            continue
+        key = (part.stage, kind)
+        best[key] = min(best.get(key, math.inf), end - start)
+    return best
+
+
+def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
+    """The `StageProfile` of a training plan.
+
+    `compile_spec` gives a cell spec's executable (the step's compiler),
+    `param_leaves` maps each parameter leaf index to an array or ShapeDtypeStruct,
+    `placed_inputs` are the plan's inputs (for the timed rounds).
+    """
+    best: dict = {}
+    for _ in range(rounds):
+        for key, seconds in _cell_seconds(plan, plan.timeline(placed_inputs)).items():
+            best[key] = min(best.get(key, math.inf), seconds)
+    cells = []
+    for (stage, kind), spec in sorted(plan.cells.items()):
+        if (stage, kind) not in plan.ran:
+            continue
+        compiled = compile_spec(spec)
+        memory, cost = compiled.memory_analysis(), _cost(compiled)
+        kept = plan.saved.get((stage, kind), 0)
+        outs = list(compiled.out_info) if kept else []
+        cells.append(
+            CellProfile(
+                stage=stage,
+                rank=plan.stage_ranks[stage],
+                kind=kind,
+                flops=float(cost.get("flops", 0.0)),
+                bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+                argument_bytes=int(memory.argument_size_in_bytes),
+                output_bytes=int(memory.output_size_in_bytes),
+                temp_bytes=int(memory.temp_size_in_bytes),
+                saved_bytes=sum(_nbytes(o) for o in outs[len(outs) - kept :]),
+                seconds=best.get((stage, kind)),
+            )
+        )
+    ranks = 1 + max(plan.stage_ranks)
+    params = [0] * ranks
+    for _, (kind, a, r) in plan.input_keys:
+        if kind == "param":
+            params[r] += _nbytes(param_leaves[a])
+    accumulators = [0] * ranks
+    first = min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps))
+    for fn, ins, outs, _ in plan.steps[:first]:
+        if not ins and hasattr(fn, "out_info"):  # a rank's accumulator setup program
+            infos = list(fn.out_info)
+            device = min(infos[0].sharding.device_set, key=lambda d: d.id)
+            accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
+    edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
+    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges)
