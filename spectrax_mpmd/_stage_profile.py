@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from spectrax_core.schedules import StageCost
+
 
 @dataclass(frozen=True)
 class CellProfile:
@@ -54,6 +56,41 @@ class StageProfile:
 
     def cell(self, stage: int, kind: str) -> CellProfile:
         return next(c for c in self.cells if c.stage == stage and c.kind == kind)
+
+    def stage_cost(self, comm: float = 0.0) -> StageCost:
+        """The measured cell times as a `spectrax_core.schedules.StageCost` (seconds), for
+        `simulate` with any schedule over the same stages.
+
+        The last stage's fused loss cell is its F (its B, I and W are then 0). A stage
+        profiled with a full backward gets `I = W = B / 2`; one profiled with split
+        I and W cells gets `B = I + W` (a stage without an I cell has I = 0).
+        """
+        measured = {(c.stage, c.kind): c.seconds for c in self.cells}
+        last = max(c.stage for c in self.cells)
+        rows: dict = {"F": [], "B": [], "I": [], "W": []}
+        for s in range(last + 1):
+            if s == last:
+                f, b, i, w = self._seconds(measured, s, "FB"), 0.0, 0.0, 0.0
+            elif (s, "B") in measured:
+                f, b = self._seconds(measured, s, "F"), self._seconds(measured, s, "B")
+                i = w = b / 2
+            else:
+                f, w = self._seconds(measured, s, "F"), self._seconds(measured, s, "W")
+                i = self._seconds(measured, s, "I") if (s, "I") in measured else 0.0
+                b = i + w
+            for kind, value in zip("FBIW", (f, b, i, w)):
+                rows[kind].append(value)
+        return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
+
+    @staticmethod
+    def _seconds(measured: dict, stage: int, kind: str) -> float:
+        seconds = measured.get((stage, kind))
+        if seconds is None:
+            raise ValueError(
+                f"stage_cost: stage {stage}'s {kind} cell has no measured time (it ran only fused, or "
+                "not at all); profile the step with a schedule that runs it alone, e.g. Std1F1B."
+            )
+        return seconds
 
     def as_dict(self) -> dict:
         return {

@@ -13,9 +13,9 @@ from ._actions import Action, FusedAction, ScheduleError, check_table
 from ._base import Schedule
 from ._dualpipe import DualPipeV
 from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
-from ._interleaved import InterleavedGPipe, InterleavedH1, Interleaved1F1BPlusOne, KimiK2
+from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH1, KimiK2
 from ._render import chrome_trace, render_grid, save_chrome_trace
-from ._simulate import Cost, Event, Timeline, simulate, validate
+from ._simulate import Cost, Event, StageCost, Timeline, simulate, validate
 
 ALL_SCHEDULES = (
     GPipe,
@@ -45,6 +45,7 @@ __all__ = [
     "FusedAction",
     "ScheduleError",
     "Cost",
+    "StageCost",
     "Event",
     "Timeline",
     "simulate",

@@ -37,9 +37,7 @@ class Cost:
             if value is None and name == "FB":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(
-                    f"Cost: {name} must be a non-negative number, received {value!r}."
-                )
+                raise ValueError(f"Cost: {name} must be a non-negative number, received {value!r}.")
 
     def of(self, cell: Cell) -> float:
         """Duration of one cell."""
@@ -49,6 +47,45 @@ class Cost:
                 return float(self.FB)
             return float(getattr(self, fwd.kind) + getattr(self, bwd.kind))
         return float(getattr(self, cell.kind))
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per-stage durations: `F[s]`, `B[s]`, `I[s]`, `W[s]` are stage s's cells, `comm` one
+    cross-rank transfer. A fused cell costs the sum of its parts.
+
+    For pipelines whose stages differ (an embedding first, a head and loss last,
+    blocks of other widths between); `Cost` is the uniform case.
+    """
+
+    F: tuple[float, ...]
+    B: tuple[float, ...]
+    I: tuple[float, ...]  # noqa: E741 - the field's name is the action kind
+    W: tuple[float, ...]
+    comm: float = 0.0
+
+    def __post_init__(self):
+        n = len(self.F)
+        for name in ("F", "B", "I", "W"):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or len(values) != n:
+                raise ValueError(
+                    f"StageCost: {name} must be a tuple with one duration per stage (as F has, {n}), "
+                    f"received {values!r}."
+                )
+            for s, v in enumerate(values):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                    raise ValueError(f"StageCost: {name}[{s}] must be a non-negative number, received {v!r}.")
+        if isinstance(self.comm, bool) or not isinstance(self.comm, (int, float)) or self.comm < 0:
+            raise ValueError(f"StageCost: comm must be a non-negative number, received {self.comm!r}.")
+
+    @property
+    def stages(self) -> int:
+        return len(self.F)
+
+    def of(self, cell: Cell) -> float:
+        """Duration of one cell (the sum of its parts when fused)."""
+        return float(sum(getattr(self, a.kind)[a.stage] for a in cell.parts))
 
 
 @dataclass(frozen=True)
@@ -74,7 +111,7 @@ class Timeline:
 
     schedule_name: str
     n: int
-    cost: Cost
+    cost: Cost | StageCost
     events: tuple[tuple[Event, ...], ...]
     makespan: float
     busy: tuple[float, ...]
@@ -100,18 +137,23 @@ def _makes(a: Action) -> tuple[str, int, int]:
     return ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch)
 
 
-def simulate(schedule, n: int, cost: Cost = Cost()) -> Timeline:
+def simulate(schedule, n: int, cost: Cost | StageCost = Cost()) -> Timeline:
     """Run `schedule.actions(n)` on the cost model `cost` and return its `Timeline`.
 
     Raises `ScheduleError` (a `ValueError`) when the table is malformed (see
     `check_table`) or deadlocks (every unfinished rank waits on an input that
     no rank will produce); the message lists what each stuck rank waits for.
     """
-    if not isinstance(cost, Cost):
-        raise TypeError(f"simulate: cost must be a Cost, received {type(cost).__name__}.")
+    if not isinstance(cost, (Cost, StageCost)):
+        raise TypeError(f"simulate: cost must be a Cost or a StageCost, received {type(cost).__name__}.")
     table = schedule.actions(n)
     check_table(schedule, n, table)
     n_stages = n * schedule.virtual_stages
+    if isinstance(cost, StageCost) and cost.stages != n_stages:
+        raise ValueError(
+            f"simulate: the StageCost has {cost.stages} stages but {type(schedule).__name__} on {n} ranks "
+            f"has {n_stages} (ranks x virtual stages); give one duration per stage."
+        )
     rank_of = [schedule.rank_of(s, n) for s in range(n_stages)]
     last = n_stages - 1
     comm = float(cost.comm)
@@ -154,8 +196,7 @@ def simulate(schedule, n: int, cost: Cost = Cost()) -> Timeline:
     stuck = [r for r in range(n) if pos[r] < len(table[r])]
     if stuck:
         lines = "; ".join(
-            f"rank {r} at cell {pos[r]} ({table[r][pos[r]]!r}) waits for "
-            f"{_describe(blocked_on[r])}"
+            f"rank {r} at cell {pos[r]} ({table[r][pos[r]]!r}) waits for {_describe(blocked_on[r])}"
             for r in stuck
         )
         raise ScheduleError(

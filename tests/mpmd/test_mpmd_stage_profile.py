@@ -8,6 +8,7 @@ import pytest
 from mpmd_cases import make_schedule
 
 import spectrax_mpmd as mp
+from spectrax_core import schedules as S
 
 D, B, M = 16, 16, 4
 MB = B // M
@@ -99,3 +100,19 @@ def test_profile_stages_function_builds_the_step():
         mlp_loss, params, batch, mesh=MESH, schedule=make_schedule("GPipe", M), rounds=1
     )
     assert {c.kind for c in profile.cells} == {"F", "B", "FB"}
+
+
+def test_stage_cost_carries_the_measured_cells_into_the_simulator(profiled):
+    name, step, _, _, profile = profiled
+    cost = profile.stage_cost(comm=1e-5)
+    last = 3
+    assert cost.F[last] == profile.cell(last, "FB").seconds and cost.B[last] == 0.0
+    for s in range(last):
+        assert cost.F[s] == profile.cell(s, "F").seconds
+        if name == "ZeroBubbleH1":
+            i = profile.cell(s, "I").seconds if s > 0 else 0.0  # stage 0 has no input cotangent
+            assert cost.W[s] == profile.cell(s, "W").seconds and cost.B[s] == pytest.approx(i + cost.W[s])
+        else:
+            assert cost.B[s] == profile.cell(s, "B").seconds and cost.I[s] == cost.W[s] == cost.B[s] / 2
+    timeline = S.simulate(step.schedule, 4, cost)
+    assert timeline.busy[last] == pytest.approx(M * cost.F[last])
