@@ -50,15 +50,29 @@ class _Cell(eqx.Module):
         """No array fields of its own; `ih` and `hh` declare theirs."""
         return {}
 
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        d_in: int,
+        hidden: int,
+        *,
+        use_bias: bool = True,
+        dtype=jnp.float32,
+        w_init: Any = None,
+        b_init: Any = None,
+        compute_dtype: Any = None,
+        **fields: Any,
+    ):
+        """Lecun-normal projections and zero biases (or `w_init` / `b_init`); `fields` are the
+        cell's own static fields."""
+        ih, hh = _projections(key, d_in, hidden, cls.gates, use_bias, dtype, w_init, b_init, compute_dtype)
+        return cls(ih=ih, hh=hh, d_in=d_in, hidden=hidden, **fields)
+
     def initialize_carry(self, batch_shape: tuple[int, ...] = (), dtype=None) -> Any:
         """A zero carry for inputs of leading shape `batch_shape`."""
         dtype = self.hh.weight.dtype if dtype is None else dtype
         return jnp.zeros((*batch_shape, self.hidden), dtype)
-
-
-def _cell_init(cls, key, d_in, hidden, use_bias, dtype, w_init, b_init, compute_dtype, **extra):
-    ih, hh = _projections(key, d_in, hidden, cls.gates, use_bias, dtype, w_init, b_init, compute_dtype)
-    return cls(ih=ih, hh=hh, d_in=d_in, hidden=hidden, **extra)
 
 
 class SimpleRNNCell(_Cell):
@@ -68,49 +82,19 @@ class SimpleRNNCell(_Cell):
     gates = 1
 
     @classmethod
-    def init(
-        cls,
-        key: PRNGKeyArray,
-        d_in: int,
-        hidden: int,
-        *,
-        activation: str = "tanh",
-        use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
-    ) -> "SimpleRNNCell":
-        """Lecun-normal projections and zero biases (or `w_init` / `b_init`)."""
+    def init(cls, key: PRNGKeyArray, d_in: int, hidden: int, *, activation: str = "tanh", **kwargs: Any):
+        """As `_Cell.init` (`use_bias`, `dtype`, `w_init`, `b_init`, `compute_dtype`), plus the activation."""
         if activation not in _CELL_ACTIVATIONS:
             raise ValueError(
                 f"SimpleRNNCell: activation must be one of {sorted(_CELL_ACTIVATIONS)}, received {activation!r}."
             )
-        return _cell_init(
-            cls, key, d_in, hidden, use_bias, dtype, w_init, b_init, compute_dtype, activation=activation
-        )
+        return super().init(key, d_in, hidden, activation=activation, **kwargs)
 
 
 class LSTMCell(_Cell):
     """Parameters of an LSTM cell (gates i, f, g, o); the carry is `(h, c)`."""
 
     gates = 4
-
-    @classmethod
-    def init(
-        cls,
-        key: PRNGKeyArray,
-        d_in: int,
-        hidden: int,
-        *,
-        use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
-    ) -> "LSTMCell":
-        """Lecun-normal projections and zero biases (or `w_init` / `b_init`)."""
-        return _cell_init(cls, key, d_in, hidden, use_bias, dtype, w_init, b_init, compute_dtype)
 
     def initialize_carry(self, batch_shape: tuple[int, ...] = (), dtype=None) -> tuple[Array, Array]:
         """Zero `(h, c)` for inputs of leading shape `batch_shape`."""
@@ -122,22 +106,6 @@ class GRUCell(_Cell):
     """Parameters of a GRU cell (gates r, z, n)."""
 
     gates = 3
-
-    @classmethod
-    def init(
-        cls,
-        key: PRNGKeyArray,
-        d_in: int,
-        hidden: int,
-        *,
-        use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
-    ) -> "GRUCell":
-        """Lecun-normal projections and zero biases (or `w_init` / `b_init`)."""
-        return _cell_init(cls, key, d_in, hidden, use_bias, dtype, w_init, b_init, compute_dtype)
 
 
 def _check(cell: _Cell, x: Array) -> None:
