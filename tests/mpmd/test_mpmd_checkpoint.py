@@ -271,13 +271,18 @@ def test_manager_keeps_the_newest_and_saves_in_the_background(tmp_path):
 
 KILLED_SAVE = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, pathlib, signal, sys, time
     import jax, jax.numpy as jnp
     import spectrax_mpmd as mp
-    manager = mp.CheckpointManager(sys.argv[1])
+    root = pathlib.Path(sys.argv[1])
+    manager = mp.CheckpointManager(root)
     manager.save(1, params={"w": jnp.ones((4,), jnp.float32)})
     manager.wait_until_finished()
     manager.save(2, params={"w": jnp.zeros((1 << 24,), jnp.float32)})  # 64 MB, written in the background
+    deadline = time.monotonic() + 30
+    # kill once the background write has started (its temporary folder exists), before it commits
+    while not any(p.name.startswith("2.") for p in root.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.0005)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
