@@ -29,4 +29,4 @@ __all__ = [
     "ZeroBubbleH1",
 ]
 
-MPMD_NAMES = ("sxstage_iter", "create_mesh", "gather", "stage_sizes")
+MPMD_NAMES = ("sxstage_iter", "sxstage_region", "create_mesh", "gather", "stage_sizes")

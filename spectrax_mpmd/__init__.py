@@ -8,6 +8,7 @@ from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_c
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
+from ._region import sxstage_region
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._profile import HostProfile, HostRow
@@ -32,6 +33,7 @@ __all__ = [
     "create_mesh",
     "MpmdMesh",
     "sxstage_iter",
+    "sxstage_region",
     "sxjit",
     "sxvalue_and_grad",
     "sxgrad",

@@ -19,6 +19,7 @@ from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
 from ._profile import HostProfile, profile_plan
+from ._region import region_schedule
 from ._split import split, trace
 from ._stage_profile import StageProfile
 from ._stage_profile import profile_plan as profile_stage_plan
@@ -36,9 +37,12 @@ def _check_mesh(name: str, mesh) -> MpmdMesh:
     return mesh
 
 
-def _check_schedule(name: str, schedule, n: int) -> int:
+def _check_schedule(name: str, schedule, n: int) -> tuple[int, MpmdError | None]:
+    """The schedule's virtual stages, and the error its table gives on all `n` ranks: raised at
+    the first call unless the function has regions (each region's schedule is then checked
+    on its own ranks)."""
     if schedule is None:
-        return 1
+        return 1, None
     if not hasattr(schedule, "actions"):
         raise MpmdError(
             f"{name}: schedule must be a schedule object (e.g. Std1F1B(microbatches=8)), got {schedule!r}."
@@ -46,8 +50,31 @@ def _check_schedule(name: str, schedule, n: int) -> int:
     try:
         schedule.validate(n)
     except ValueError as err:
-        raise MpmdError(f"{name}: schedule {schedule!r} is not valid for {n} pipeline ranks: {err}") from err
-    return schedule.virtual_stages
+        return schedule.virtual_stages, MpmdError(
+            f"{name}: schedule {schedule!r} is not valid for {n} pipeline ranks: {err}"
+        )
+    return schedule.virtual_stages, None
+
+
+def _pipeline_schedule(owner, graph, regions: dict):
+    """The schedule a traced function runs: the call's, or its regions' merged into one.
+
+    Called twice: before the split with no graph (the trace opened no region, so the
+    call's schedule must be valid on every rank) and after it."""
+    if graph is not None and graph.has_regions:
+        return region_schedule(
+            graph, regions, owner.schedule, owner.mesh.mpmd_dim, owner.region_ranks, owner.name
+        )
+    if graph is None and regions:
+        return None
+    if owner.region_ranks is not None:
+        raise MpmdError(
+            f"{owner.name}: region_ranks places sxstage_regions, but the function opens none; "
+            "drop region_ranks or wrap each branch in `with sxstage_region(name):`."
+        )
+    if owner.schedule_error is not None:
+        raise owner.schedule_error
+    return owner.schedule
 
 
 class _Placer:
@@ -166,7 +193,19 @@ class _StepFunction:
     """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
 
     def __init__(
-        self, fn, argnums, mesh, schedule, has_aux, remat, rules, value, batch_argnums, static_argnums, reduce
+        self,
+        fn,
+        argnums,
+        mesh,
+        schedule,
+        has_aux,
+        remat,
+        rules,
+        value,
+        batch_argnums,
+        static_argnums,
+        reduce,
+        region_ranks=None,
     ):
         self.name = "sxvalue_and_grad" if value else "sxgrad"
         self.fn, self.argnums = fn, as_tuple(argnums)
@@ -180,8 +219,9 @@ class _StepFunction:
                 f"{self.name}: reduce must be 'mean' (the loss and gradients are averaged over "
                 f"microbatches) or 'sum' (added up), got {reduce!r}."
             )
-        self.v = _check_schedule(self.name, schedule, self.mesh.mpmd_dim)
+        self.v, self.schedule_error = _check_schedule(self.name, schedule, self.mesh.mpmd_dim)
         self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
+        self.region_ranks = region_ranks
         self.value, self.reduce = value, reduce
         self.compiler = Compiler()
         self.placer = _Placer()
@@ -210,20 +250,24 @@ class _StepFunction:
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
         micro = traced_avals(sig, kinds, m)
         with self.compiler.stats.timed("trace"):
-            closed, _, out_tree = trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro))
+            closed, _, out_tree, regions = trace(
+                self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro)
+            )
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
             raise MpmdError(
                 f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
                 "reduce it (e.g. mean over the batch) before returning."
             )
+        _pipeline_schedule(self, None, regions)
         with self.compiler.stats.timed("split"):
             graph = split(closed, self.n_stages)
+        schedule = _pipeline_schedule(self, graph, regions)
         dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
         builder = TrainPlanBuilder(
             graph,
-            self.schedule,
+            schedule,
             self.mesh,
             diff_args=kinds.params,
             batch_args=kinds.batch,
@@ -269,9 +313,9 @@ class _StepFunction:
         into a Chrome trace (one track per rank, slices named like `2F5`).
         """
         entry, leaves = self._entry(args)
-        return measured_timeline(
-            entry.plan.timeline(entry.place(self.placer, leaves)), self.mesh.mpmd_dim, repr(self.schedule)
-        )
+        schedule, n = entry.plan.schedule, self.mesh.mpmd_dim
+        spans = entry.plan.timeline(entry.place(self.placer, leaves))
+        return measured_timeline(spans, n, repr(schedule), schedule.stage_labels(n))
 
     def profile(self, *args, rounds: int = 7) -> HostProfile:
         """Host cost of one step on these arguments: issue CPU time per rank and cell kind, call
@@ -342,6 +386,7 @@ def sxvalue_and_grad(
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
     reduce: str = "mean",
+    region_ranks: dict | None = None,
 ) -> Callable:
     """Pipelined `jax.value_and_grad`: `step(params, batch, ...) -> (loss, grads)`.
 
@@ -359,9 +404,25 @@ def sxvalue_and_grad(
     `remat=True` recomputes each stage's forward in its backward instead of
     keeping residuals. `rules` (a `spectrax_core.sharding` rules object) shards
     each stage's parameters over its submesh; default replicated.
+
+    A function with `sxstage_region`s runs each region's stages on its own ranks
+    with its own schedule (`schedule` is the default region's); `region_ranks`
+    (`{region name: (rank, ...)}`, `"default"` for the code outside regions)
+    places them, by default on consecutive ranks of their own.
     """
     return _StepFunction(
-        fn, argnums, mesh, schedule, has_aux, remat, rules, True, batch_argnums, static_argnums, reduce
+        fn,
+        argnums,
+        mesh,
+        schedule,
+        has_aux,
+        remat,
+        rules,
+        True,
+        batch_argnums,
+        static_argnums,
+        reduce,
+        region_ranks,
     )
 
 
@@ -377,21 +438,33 @@ def sxgrad(
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
     reduce: str = "mean",
+    region_ranks: dict | None = None,
 ) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
     return _StepFunction(
-        fn, argnums, mesh, schedule, has_aux, remat, rules, False, batch_argnums, static_argnums, reduce
+        fn,
+        argnums,
+        mesh,
+        schedule,
+        has_aux,
+        remat,
+        rules,
+        False,
+        batch_argnums,
+        static_argnums,
+        reduce,
+        region_ranks,
     )
 
 
 class _JitFunction:
     """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
 
-    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums):
+    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks=None):
         self.fn, self.name = fn, "sxjit"
         self.mesh = _check_mesh("sxjit", mesh)
-        self.v = _check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
-        self.schedule = schedule
+        self.v, self.schedule_error = _check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
+        self.schedule, self.region_ranks = schedule, region_ranks
         if batch_argnums is not None and schedule is None:
             raise MpmdError(
                 "sxjit: batch_argnums splits the batch into the schedule's microbatches; pass a "
@@ -412,9 +485,11 @@ class _JitFunction:
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
         with self.compiler.stats.timed("trace"):
-            closed, _, out_tree = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+            closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+        _pipeline_schedule(self, None, regions)
         with self.compiler.stats.timed("split"):
             graph = split(closed, self.mesh.mpmd_dim * self.v)
+        schedule = _pipeline_schedule(self, graph, regions)
         n_args = len(sig.positions) + len(sig.statics)
         donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
         donated = frozenset(
@@ -424,7 +499,7 @@ class _JitFunction:
             for a in leaf_range
         )
         builder = ForwardPlanBuilder(
-            graph, self.schedule, self.mesh, compiler=self.compiler, donated=donated, **split_batch
+            graph, schedule, self.mesh, compiler=self.compiler, donated=donated, **split_batch
         )
         self.last_graph = graph
         return _Entry(_build_plan(self.compiler, builder), out_tree, donated=donated)
@@ -456,6 +531,7 @@ def sxjit(
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
     batch_argnums: int | Sequence[int] | None = None,
+    region_ranks: dict | None = None,
 ):
     """Compile `fn` into one program per pipeline stage and run its forward.
 
@@ -472,6 +548,8 @@ def sxjit(
     every output (which must have a leading batch axis) comes back concatenated
     in batch order. Other arguments are broadcast to every microbatch, a PRNG
     key folded with the microbatch index, as in `sxvalue_and_grad`.
+
+    `sxstage_region`s and `region_ranks` work as in `sxvalue_and_grad`.
     """
     if fn is None:
         return functools.partial(
@@ -481,8 +559,9 @@ def sxjit(
             static_argnums=static_argnums,
             donate_argnums=donate_argnums,
             batch_argnums=batch_argnums,
+            region_ranks=region_ranks,
         )
-    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums)
+    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks)
 
 
 def profile_stages(fn: Callable, *args, mesh, schedule, rounds: int = 3, **step_kwargs) -> StageProfile:

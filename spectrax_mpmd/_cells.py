@@ -247,7 +247,7 @@ class StageCells:
             return (*gP, *gA)
 
         closed = jax.make_jaxpr(flat_bwd)(*res_avals, *ct_avals)
-        eqns, mapping, inner_consts = inline_calls(closed.jaxpr, lambda eqn: True)
+        eqns, mapping, inner_consts, _ = inline_calls(closed.jaxpr, lambda eqn: True)
         outvars = [resolve(v, mapping) for v in closed.jaxpr.outvars]
         consts = dict(zip(closed.jaxpr.constvars, closed.consts)) | inner_consts
         invars = list(closed.jaxpr.invars)

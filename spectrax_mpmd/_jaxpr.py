@@ -60,21 +60,31 @@ def _fresh_outvars(eqn: JaxprEqn, mapping: dict) -> JaxprEqn:
     return eqn.replace(invars=invars, outvars=outvars)
 
 
+def name_stack(eqn: JaxprEqn) -> str:
+    """The `jax.named_scope` names the equation was traced under, joined by `/` (relative to the
+    call it sits in)."""
+    return str(eqn.source_info.name_stack)
+
+
 def inline_calls(
     jaxpr: Jaxpr, should_inline: Callable[[JaxprEqn], bool]
-) -> tuple[list[JaxprEqn], dict, dict]:
+) -> tuple[list[JaxprEqn], dict, dict, list[str]]:
     """Flatten call equations (jit, checkpoint) for which `should_inline` holds, recursively.
 
     Returns the flat equation list, a renaming map (apply it with `resolve` to
-    the outer jaxpr's outputs) and a `{constvar: value}` map of the constants of
-    inlined closed jaxprs. Every inlined equation writes fresh variables, so a
-    helper called several times is inlined several times without clashes.
+    the outer jaxpr's outputs), a `{constvar: value}` map of the constants of
+    inlined closed jaxprs and, per equation, its full name stack (an inlined
+    equation's own under its call's). Every inlined equation writes fresh
+    variables, so a helper called several times is inlined several times
+    without clashes.
     """
     inner_consts: dict = {}
     out: list[JaxprEqn] = []
+    scopes: list[str] = []
 
-    def walk(eqns: Sequence[JaxprEqn], mapping: dict, fresh: bool) -> None:
+    def walk(eqns: Sequence[JaxprEqn], mapping: dict, fresh: bool, prefix: str) -> None:
         for eqn in eqns:
+            scope = "/".join(x for x in (prefix, name_stack(eqn)) if x)
             if eqn.primitive.name in CALL_PRIMITIVES and should_inline(eqn):
                 body = eqn.params["jaxpr"]
                 inner = body.jaxpr if isinstance(body, ClosedJaxpr) else body
@@ -84,19 +94,21 @@ def inline_calls(
                     inner_consts[fresh] = val
                 for iv, ov in zip(inner.invars, eqn.invars):
                     inner_map[iv] = ov if isinstance(ov, Literal) else mapping.get(ov, ov)
-                walk(inner.eqns, inner_map, True)
+                walk(inner.eqns, inner_map, True, scope)
                 for outer, res in zip(eqn.outvars, inner.outvars):
                     if isinstance(outer, Var) and not isinstance(outer, DropVar):
                         mapping[outer] = res if isinstance(res, Literal) else inner_map.get(res, res)
             elif fresh:
                 out.append(_fresh_outvars(eqn, mapping))
+                scopes.append(scope)
             else:
                 invars = [v if isinstance(v, Literal) else mapping.get(v, v) for v in eqn.invars]
                 out.append(eqn.replace(invars=invars))
+                scopes.append(scope)
 
     top: dict = {}
-    walk(jaxpr.eqns, top, False)
-    return out, top, inner_consts
+    walk(jaxpr.eqns, top, False, "")
+    return out, top, inner_consts, scopes
 
 
 def resolve(v, mapping: dict):

@@ -49,6 +49,7 @@ class Plan:
     graph: object = None  # the StageGraph the plan runs
     saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
     ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
+    schedule: object = None  # the schedule it runs (regions merged into one)
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -189,7 +190,7 @@ class TrainPlanBuilder:
         self._fused: dict = {}
         self._constants: dict = {}  # slot -> (host value, sharding), placed together when sealed
         self.forward_steps: dict = {}
-        self.plan = Plan(stage_ranks=self.rank)
+        self.plan = Plan(stage_ranks=self.rank, schedule=schedule)
         self.ios = [
             StageIO.build(
                 graph,

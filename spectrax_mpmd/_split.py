@@ -24,11 +24,13 @@ from ._jaxpr import (
     contains_primitive,
     eval_eqns,
     inline_calls,
+    name_stack,
     read,
     resolve,
     sub_jaxprs,
 )
 from ._marker import sxstage_iter_p
+from ._region import DEFAULT_REGION, SCOPE_PREFIX, recording_regions, region_of
 from .errors import StageSplitError
 
 MARKER = sxstage_iter_p.name
@@ -100,6 +102,11 @@ class StageGraph:
     in_avals: tuple
     out_avals: tuple
     result_stage: tuple[int, ...]
+    stage_regions: tuple[tuple[str, int], ...] = ()  # per stage: (region, its index in the region)
+
+    @property
+    def has_regions(self) -> bool:
+        return any(region != DEFAULT_REGION for region, _ in self.stage_regions)
 
     def consumers(self, stage: int) -> dict[Var, list[Edge]]:
         """Edges leaving `stage`, grouped by the value they carry."""
@@ -117,39 +124,115 @@ def _has_marker(eqn: JaxprEqn) -> bool:
     return any(contains_primitive(j, MARKER) for j in sub_jaxprs(eqn))
 
 
+def _opens_region(jaxpr) -> bool:
+    return any(
+        SCOPE_PREFIX in name_stack(eqn) or any(_opens_region(j) for j in sub_jaxprs(eqn))
+        for eqn in jaxpr.eqns
+    )
+
+
+def _inline(eqn: JaxprEqn) -> bool:
+    """Calls whose bodies hold a marker or open a region are flattened into the stage split."""
+    return _has_marker(eqn) or any(_opens_region(j) for j in sub_jaxprs(eqn))
+
+
 def _is_cheap(eqn: JaxprEqn) -> bool:
     return eqn.primitive.name not in _EXPENSIVE and not any(True for _ in sub_jaxprs(eqn))
 
 
-def _forward_levels(eqns: Sequence[JaxprEqn]) -> list[int | None]:
+def _forward_levels(eqns: Sequence[JaxprEqn], regions: Sequence[str], lexical: bool) -> tuple[list, list]:
+    """Pass 1: the stage `(region, local index)` of every equation whose inputs are staged, and
+    the stage each marker ends (where it reads its inputs).
+
+    An equation belongs to the region it is traced in, at the latest stage of its inputs
+    from that region — or, reading only other regions' values, at the stage its region has
+    reached. With `lexical` (named regions present) an equation of a named region that reads
+    no staged value is placed there too; otherwise it is free and goes where it is read.
+    """
+    reached: dict[str, int] = {}
     level: dict = {}
-    levels: list[int | None] = []
-    k = 0
-    for eqn in eqns:
+    levels: list = []
+    reads: list = []
+    for eqn, region in zip(eqns, regions):
+        k = reached.setdefault(region, 0)
         ins = [level[v] for v in eqn.invars if not isinstance(v, Literal) and level.get(v) is not None]
+        own = [j for r, j in ins if r == region]
+        where = "" if region == DEFAULT_REGION else f" of region {region!r}"
         if eqn.primitive.name == MARKER:
             declared = eqn.params["stage"]
             if declared is not None and declared != k:
                 raise StageSplitError(
-                    f"sxstage_iter(stage={declared}) is the marker that ends stage {k} "
+                    f"sxstage_iter(stage={declared}) is the marker that ends stage {k}{where} "
                     f"(markers are numbered in program order from 0); pass stage={k} or omit it."
                 )
-            if ins and max(ins) > k:
+            if own and max(own) > k:
                 raise StageSplitError(
-                    f"sxstage_iter: the marker ending stage {k} receives a value computed in stage "
-                    f"{max(ins)}; markers must follow the order of the data flow."
+                    f"sxstage_iter: the marker ending stage {k}{where} receives a value computed in "
+                    f"stage {max(own)}; markers must follow the order of the data flow."
                 )
-            lvl = k + 1
-            k += 1
+            lvl, read = (region, k + 1), (region, k)
+            reached[region] = k + 1
+        elif own:
+            lvl = read = (region, max(own))
+        elif ins or (lexical and region != DEFAULT_REGION):
+            lvl = read = (region, k)
         else:
-            lvl = max(ins) if ins else None
+            lvl = read = None
         levels.append(lvl)
+        reads.append(read)
         for v in eqn.outvars:
             level[v] = lvl
-    return levels
+    return levels, reads
 
 
-def _placements(eqns, levels, outvars, last: int) -> list[set[int]]:
+def _stage_order(eqns, regions, levels, reads, loss_stage) -> tuple[tuple[str, int], ...]:
+    """Number the stages of every region in one topological order of their data flow, ties in
+    trace order, the stage computing the loss last. Raises on a cycle between regions."""
+    first: dict = {}
+    feeds: dict = {}
+    level = {}
+    for i, (eqn, lvl, read) in enumerate(zip(eqns, levels, reads)):
+        if lvl is None:
+            continue
+        for key in (read, lvl):
+            first.setdefault(key, i)
+            feeds.setdefault(key, set())
+        if read != lvl:
+            feeds[read].add(lvl)
+        for v in eqn.invars:
+            src = level.get(v) if not isinstance(v, Literal) else None
+            if src is not None and src != read:
+                feeds.setdefault(src, set()).add(read)
+        for v in eqn.outvars:
+            level[v] = lvl
+    for region in dict.fromkeys(regions):  # a region's stages follow one another
+        local = sorted(j for r, j in first if r == region)
+        for j in range(1, len(local)):
+            feeds[(region, local[j - 1])].add((region, local[j]))
+    indegree = {key: 0 for key in feeds}
+    for dsts in feeds.values():
+        for d in dsts:
+            indegree[d] += 1
+    ready = [(key == loss_stage, first[key], key) for key, k in indegree.items() if k == 0]
+    order = []
+    while ready:
+        ready.sort()
+        _, _, key = ready.pop(0)
+        order.append(key)
+        for d in feeds[key]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                ready.append((d == loss_stage, first[d], d))
+    if len(order) < len(feeds):
+        stuck = sorted({r for (r, _), k in indegree.items() if k > 0})
+        raise StageSplitError(
+            f"the regions {stuck} read each other's values in a cycle; data must flow one way between "
+            "regions (a region may read another's output only if that one reads nothing of it)."
+        )
+    return tuple(order)
+
+
+def _placements(eqns, levels, reads, outvars, last: int) -> list[set[int]]:
     demand: dict = {}
     for v in outvars:
         if isinstance(v, Var):
@@ -158,8 +241,7 @@ def _placements(eqns, levels, outvars, last: int) -> list[set[int]]:
     for i in reversed(range(len(eqns))):
         eqn = eqns[i]
         if levels[i] is not None:
-            place = {levels[i]}
-            reads_at = {levels[i] - 1} if eqn.primitive.name == MARKER else place
+            place, reads_at = {levels[i]}, {reads[i]}
         else:
             want = set().union(*(demand.get(v, set()) for v in eqn.outvars))
             place = want if (not want or _is_cheap(eqn)) else {min(want)}
@@ -172,9 +254,15 @@ def _placements(eqns, levels, outvars, last: int) -> list[set[int]]:
 
 
 def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
-    """Cut `closed` into `n_stages` stage clusters at its `sxstage_iter` markers."""
+    """Cut `closed` into stage clusters at its `sxstage_iter` markers.
+
+    Without regions: `n_stages` clusters in a chain (a marker count that does not
+    give `n_stages` is an error). With `sxstage_region`s: each region's markers cut
+    its own stages; `StageGraph.stage_regions` says which region and local stage
+    each cluster is (the regions' schedules check the counts).
+    """
     jaxpr = closed.jaxpr
-    eqns, mapping, inner_consts = inline_calls(jaxpr, _has_marker)
+    eqns, mapping, inner_consts, scopes = inline_calls(jaxpr, _inline)
     for eqn in eqns:
         if _has_marker(eqn):
             raise StageSplitError(
@@ -182,8 +270,10 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
                 "at the top level of the function or inside jax.jit / jax.checkpoint helpers, not "
                 "inside scan / cond / while_loop bodies. Move the marker out of the loop or branch."
             )
+    regions = [region_of(scope) for scope in scopes]
+    named = any(r != DEFAULT_REGION for r in regions)
     n_markers = sum(eqn.primitive.name == MARKER for eqn in eqns)
-    if n_markers != n_stages - 1:
+    if not named and n_markers != n_stages - 1:
         raise StageSplitError(
             f"found {n_markers} stage marker(s) (sxstage_iter), which cut the function into "
             f"{n_markers + 1} stage(s); the mesh and schedule need {n_stages} stages "
@@ -193,9 +283,19 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
     outvars = tuple(resolve(v, mapping) for v in jaxpr.outvars)
     consts = dict(zip(jaxpr.constvars, closed.consts))
     consts.update(inner_consts)
+    keys, read_keys = _forward_levels(eqns, regions, lexical=named)
+    if named:
+        producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars}
+        loss = producer.get(outvars[0]) if outvars and isinstance(outvars[0], Var) else None
+        order = _stage_order(eqns, regions, keys, read_keys, keys[loss] if loss is not None else None)
+    else:
+        order = tuple((DEFAULT_REGION, s) for s in range(n_markers + 1))
+    number = {key: s for s, key in enumerate(order)}
+    n_stages = len(order)
+    levels = [number[k] if k is not None else None for k in keys]
+    read_levels = [number[k] if k is not None else None for k in read_keys]
     last = n_stages - 1
-    levels = _forward_levels(eqns)
-    placement = _placements(eqns, levels, outvars, last)
+    placement = _placements(eqns, levels, read_levels, outvars, last)
 
     arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
     placed_at: dict = {}
@@ -254,11 +354,13 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
         in_avals=tuple(v.aval for v in jaxpr.invars),
         out_avals=tuple(v.aval for v in outvars),
         result_stage=result_stage,
+        stage_regions=order,
     )
 
 
-def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any]:
-    """Trace `fn(*args)` to a closed jaxpr over flat leaves; returns `(jaxpr, in_tree, out_tree)`."""
+def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any, dict]:
+    """Trace `fn(*args)` to a closed jaxpr over flat leaves; returns `(jaxpr, in_tree, out_tree,
+    regions)`, the last `{name: schedule}` of the `sxstage_region`s entered."""
     flat, in_tree = jax.tree.flatten(tuple(args))
     box: list = []
 
@@ -268,5 +370,6 @@ def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any]:
         box.append(out_tree)
         return out_leaves
 
-    closed = jax.make_jaxpr(flat_fn)(*flat)
-    return closed, in_tree, box[0]
+    with recording_regions() as regions:
+        closed = jax.make_jaxpr(flat_fn)(*flat)
+    return closed, in_tree, box[0], regions

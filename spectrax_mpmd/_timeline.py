@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from spectrax_core.schedules import Cost, Event, Timeline
 
 
-def measured_timeline(spans: Sequence[tuple[int, object, float, float]], n: int, name: str) -> Timeline:
+def measured_timeline(
+    spans: Sequence[tuple[int, object, float, float]], n: int, name: str, stage_labels: tuple[str, ...] = ()
+) -> Timeline:
     """`(rank, action, start_s, end_s)` spans as a Timeline in microseconds."""
     rows: list[list[Event]] = [[] for _ in range(n)]
     for rank, action, start, end in spans:
@@ -25,4 +27,5 @@ def measured_timeline(spans: Sequence[tuple[int, object, float, float]], n: int,
         idle=idle,
         bubble_fraction=sum(idle) / (n * makespan) if makespan else 0.0,
         peak_activations=(0,) * n,
+        stage_labels=stage_labels,
     )

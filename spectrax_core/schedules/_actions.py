@@ -34,15 +34,11 @@ class Action:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ScheduleError(
-                f"Action: kind must be one of {KINDS}, received {self.kind!r}."
-            )
+            raise ScheduleError(f"Action: kind must be one of {KINDS}, received {self.kind!r}.")
         for name in ("stage", "microbatch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ScheduleError(
-                    f"Action: {name} must be a non-negative int, received {value!r}."
-                )
+                raise ScheduleError(f"Action: {name} must be a non-negative int, received {value!r}.")
 
     @property
     def parts(self) -> tuple["Action"]:
@@ -97,6 +93,13 @@ Cell = Union[Action, FusedAction]
 Table = tuple[tuple[Cell, ...], ...]
 
 
+def cell_label(cell: Cell, stage_labels: tuple[str, ...] = ()) -> str:
+    """A cell's name with its stage: `2F5`, or with named stages `V1F5` (`&` joins fused parts)."""
+    if not stage_labels:
+        return repr(cell)
+    return "&".join(f"{stage_labels[a.stage]}{a}" for a in cell.parts)
+
+
 def check_table(schedule, n: int, table) -> None:
     """Raise `ScheduleError` unless `table` is a well-formed table for `schedule` on `n` ranks.
 
@@ -108,7 +111,7 @@ def check_table(schedule, n: int, table) -> None:
     """
     name = type(schedule).__name__
     m = schedule.microbatches
-    n_stages = n * schedule.virtual_stages
+    n_stages = schedule.num_stages(n)
     _check_layout(schedule, n)
     if len(table) != n:
         raise ScheduleError(f"{name}: table has {len(table)} rows, expected one per rank ({n}).")
@@ -123,8 +126,7 @@ def check_table(schedule, n: int, table) -> None:
                 where = f"{name}: rank {rank} cell {index} ({a!r})"
                 if a.stage >= n_stages or a.microbatch >= m:
                     raise ScheduleError(
-                        f"{where} is out of range: stages are 0..{n_stages - 1}, "
-                        f"microbatches 0..{m - 1}."
+                        f"{where} is out of range: stages are 0..{n_stages - 1}, microbatches 0..{m - 1}."
                     )
                 if schedule.rank_of(a.stage, n) != rank:
                     raise ScheduleError(
@@ -147,9 +149,7 @@ def _check_pair(name, position, s, mb) -> None:
         raise ScheduleError(f"{what} has no F action; every pair needs exactly one F.")
     if has["B"] == (has["I"] or has["W"]) or has["I"] != has["W"]:
         got = [k for k in "BIW" if has[k]]
-        raise ScheduleError(
-            f"{what} has backward actions {got}; it needs exactly one B, or one I and one W."
-        )
+        raise ScheduleError(f"{what} has backward actions {got}; it needs exactly one B, or one I and one W.")
     f_at = position[("F", s, mb)]
     first_bwd = position[("B", s, mb)] if has["B"] else position[("I", s, mb)]
     if f_at >= first_bwd:
@@ -160,11 +160,10 @@ def _check_pair(name, position, s, mb) -> None:
 
 def _check_layout(schedule, n: int) -> None:
     name = type(schedule).__name__
-    v = schedule.virtual_stages
     owner: dict[int, int] = {}
     for rank in range(n):
         stages = schedule.stages_of(rank, n)
-        if stages != tuple(schedule.stage_of(rank, c, n) for c in range(v)):
+        if stages != tuple(schedule.stage_of(rank, c, n) for c in range(len(stages))):
             raise ScheduleError(f"{name}: stages_of({rank}) disagrees with stage_of.")
         for s in stages:
             if s in owner or schedule.rank_of(s, n) != rank:
@@ -174,5 +173,6 @@ def _check_layout(schedule, n: int) -> None:
                     + (f" and rank {owner[s]})." if s in owner else ").")
                 )
             owner[s] = rank
-    if sorted(owner) != list(range(n * v)):
-        raise ScheduleError(f"{name}: the ranks do not hold every stage 0..{n * v - 1} once.")
+    n_stages = schedule.num_stages(n)
+    if sorted(owner) != list(range(n_stages)):
+        raise ScheduleError(f"{name}: the ranks do not hold every stage 0..{n_stages - 1} once.")

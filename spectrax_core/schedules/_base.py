@@ -23,8 +23,7 @@ def check_count(owner: str, name: str, value, minimum: int) -> None:
         raise TypeError(f"{owner}: {name} must be an int, received {value!r}.")
     if value < minimum:
         raise ScheduleError(
-            f"{owner}: {name} must be >= {minimum}, received {value}; "
-            f"the smallest valid {name} is {minimum}."
+            f"{owner}: {name} must be >= {minimum}, received {value}; the smallest valid {name} is {minimum}."
         )
 
 
@@ -83,9 +82,7 @@ class Schedule(abc.ABC):
         check_count(name, "n (number of ranks)", n, 1)
         n_stages = n * self.virtual_stages
         if not 0 <= stage < n_stages:
-            raise ScheduleError(
-                f"{name}: stage must be in 0..{n_stages - 1} on {n} ranks, received {stage}."
-            )
+            raise ScheduleError(f"{name}: stage must be in 0..{n_stages - 1} on {n} ranks, received {stage}.")
         if self.layout == "loop":
             return stage % n
         if self.layout == "v":
@@ -95,6 +92,24 @@ class Schedule(abc.ABC):
     def stages_of(self, rank: int, n: int) -> tuple[int, ...]:
         """All logical stages of `rank`, in local-chunk order."""
         return tuple(self.stage_of(rank, c, n) for c in range(self.virtual_stages))
+
+    def num_stages(self, n: int) -> int:
+        """How many logical stages the table runs on `n` ranks (n · virtual_stages)."""
+        return n * self.virtual_stages
+
+    # --- data flow between stages ----------------------------------------------------
+    def stage_inputs(self, n: int) -> tuple[tuple[int, ...], ...]:
+        """Per stage, the stages whose forward output it reads: a chain, stage s reads s − 1."""
+        return tuple((s - 1,) if s else () for s in range(self.num_stages(n)))
+
+    def gradient_inputs(self, n: int) -> tuple[tuple[int, ...], ...]:
+        """Per stage, the stages whose input gradient its backward waits for: s + 1 in a chain."""
+        last = self.num_stages(n) - 1
+        return tuple((s + 1,) if s < last else () for s in range(last + 1))
+
+    def stage_labels(self, n: int) -> tuple[str, ...]:
+        """Names of the stages in grids and traces; empty: the stage number."""
+        return ()
 
     # --- checks and figures --------------------------------------------------------
     def validate(self, n: int) -> None:

@@ -36,8 +36,7 @@ class GPipe(Schedule):
     def _rows(self, n):
         m = self.microbatches
         return [
-            [Action("F", r, j) for j in range(m)] + [Action("B", r, j) for j in range(m)]
-            for r in range(n)
+            [Action("F", r, j) for j in range(m)] + [Action("B", r, j) for j in range(m)] for r in range(n)
         ]
 
 
@@ -73,9 +72,7 @@ class Eager1F1B(Schedule):
 
     def _rows(self, n):
         m = self.microbatches
-        return [
-            _one_f_one_b(r, m, min(2 * (n - r) - 1, m), forward_first=False) for r in range(n)
-        ]
+        return [_one_f_one_b(r, m, min(2 * (n - r) - 1, m), forward_first=False) for r in range(n)]
 
 
 @dataclass(frozen=True)

@@ -6,21 +6,21 @@ import json
 import math
 import os
 
+from ._actions import cell_label
 from ._simulate import Timeline
 
 IDLE = "."
 CONTINUED = "-"
 
 
-def render_grid(
-    timeline: Timeline, step: float | None = None, show_stage: bool | None = None
-) -> str:
+def render_grid(timeline: Timeline, step: float | None = None, show_stage: bool | None = None) -> str:
     """One line per rank, one column per `step` cost units (default: the shortest cell).
 
     A cell is labelled in its first column (`F3`, `B3`, `I3`, `W3`, `F3&B1`);
     the further columns of a longer cell show `-`, idle columns `.`. With
-    `show_stage` (default: when a rank holds several stages) labels carry the
-    stage too (`5F3`). Raises `ValueError` if `step` is too coarse to give
+    `show_stage` (default: when a rank holds several stages, or the stages are
+    named) labels carry the stage too: its number (`5F3`) or its name (`V1F3`
+    in a region pipeline). Raises `ValueError` if `step` is too coarse to give
     every cell its own column.
     """
     if not isinstance(timeline, Timeline):
@@ -34,10 +34,11 @@ def render_grid(
     if not step > 0:
         raise ValueError(f"render_grid: step must be > 0, received {step!r}.")
     if show_stage is None:
-        show_stage = any(
+        show_stage = bool(timeline.stage_labels) or any(
             len({a.stage for e in row for a in e.cell.parts}) > 1 for row in timeline.events
         )
-    label = repr if show_stage else str
+    names = timeline.stage_labels
+    label = (lambda cell: cell_label(cell, names)) if show_stage else str
     columns = math.ceil(round(timeline.makespan / step, 9))
     labels = [[IDLE] * columns for _ in range(timeline.n)]
     for r, row in enumerate(timeline.events):
@@ -63,27 +64,24 @@ def chrome_trace(timeline: Timeline, us_per_unit: float = 1000.0) -> dict:
     """The timeline as a Chrome-trace dict (open the saved JSON in Perfetto / chrome://tracing).
 
     One thread per rank; one complete event (`"ph": "X"`) per cell, named by
-    stage, kind and microbatch (`2F5`), with the stage(s) and microbatch(es) in `args`. One cost
+    stage, kind and microbatch (`2F5`, or `V1F5` when the stages are named), with the stage(s) and microbatch(es) in `args`. One cost
     unit lasts `us_per_unit` microseconds on the trace's clock.
     """
     if not isinstance(timeline, Timeline):
         raise TypeError(
-            f"chrome_trace: expected a Timeline (from simulate), received "
-            f"{type(timeline).__name__}."
+            f"chrome_trace: expected a Timeline (from simulate), received {type(timeline).__name__}."
         )
     events: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": timeline.schedule_name}}
     ]
     for r in range(timeline.n):
-        events.append(
-            {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
-        )
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
     for row in timeline.events:
         for e in row:
             parts = e.cell.parts
             events.append(
                 {
-                    "name": repr(e.cell),
+                    "name": cell_label(e.cell, timeline.stage_labels),
                     "cat": e.cell.kind,
                     "ph": "X",
                     "pid": 0,

@@ -2,8 +2,9 @@
 
 Semantics: every rank runs its cells in table order, one at a
 time; a cell starts when its rank is free and all its inputs exist. F of stage
-s needs F of s−1 (same microbatch); B/I of s needs its own F and the B/I of
-s+1; W needs its own I. An input produced on another rank arrives `comm` later.
+s needs F of the stages it reads (`schedule.stage_inputs`: s−1 in a chain,
+same microbatch); B/I of s needs its own F and the B/I of the stages that read
+it (`schedule.gradient_inputs`: s+1 in a chain); W needs its own I. An input produced on another rank arrives `comm` later.
 A fused cell waits for the inputs of both parts and costs the sum of its parts
 unless `Cost.FB` is given.
 """
@@ -106,7 +107,8 @@ class Timeline:
     `idle[r]` sum to `makespan`; `bubble_fraction` = Σ idle / (n · makespan);
     `peak_activations[r]` is the most (stage, microbatch) activations live on
     rank r at once (live from the start of F to the end of B, or of W when the
-    backward is split).
+    backward is split). `stage_labels` name the stages in grids and traces
+    (empty: their numbers).
     """
 
     schedule_name: str
@@ -118,19 +120,27 @@ class Timeline:
     idle: tuple[float, ...]
     bubble_fraction: float
     peak_activations: tuple[int, ...]
+    stage_labels: tuple[str, ...] = ()
 
 
-def _needs(a: Action, rank_of: list[int], last: int) -> list[tuple[tuple[str, int, int], int]]:
-    """Inputs of `a` as (key, producing rank); key kinds: F done, G = input grad done, W done."""
-    s, mb = a.stage, a.microbatch
-    if a.kind == "F":
-        return [(("F", s - 1, mb), rank_of[s - 1])] if s > 0 else []
-    if a.kind == "W":
-        return [(("G", s, mb), rank_of[s])]
-    deps = [(("F", s, mb), rank_of[s])]
-    if s < last:
-        deps.append((("G", s + 1, mb), rank_of[s + 1]))
-    return deps
+@dataclass(frozen=True)
+class _Flow:
+    """Where each stage lives and which stages feed its forward and its backward."""
+
+    rank_of: tuple[int, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    gradient_inputs: tuple[tuple[int, ...], ...]
+
+    def needs(self, a: Action) -> list[tuple[tuple[str, int, int], int]]:
+        """Inputs of `a` as (key, producing rank); key kinds: F done, G = input grad done, W done."""
+        s, mb = a.stage, a.microbatch
+        if a.kind == "F":
+            return [(("F", p, mb), self.rank_of[p]) for p in self.inputs[s]]
+        if a.kind == "W":
+            return [(("G", s, mb), self.rank_of[s])]
+        return [(("F", s, mb), self.rank_of[s])] + [
+            (("G", c, mb), self.rank_of[c]) for c in self.gradient_inputs[s]
+        ]
 
 
 def _makes(a: Action) -> tuple[str, int, int]:
@@ -148,14 +158,17 @@ def simulate(schedule, n: int, cost: Cost | StageCost = Cost()) -> Timeline:
         raise TypeError(f"simulate: cost must be a Cost or a StageCost, received {type(cost).__name__}.")
     table = schedule.actions(n)
     check_table(schedule, n, table)
-    n_stages = n * schedule.virtual_stages
+    n_stages = schedule.num_stages(n)
     if isinstance(cost, StageCost) and cost.stages != n_stages:
         raise ValueError(
             f"simulate: the StageCost has {cost.stages} stages but {type(schedule).__name__} on {n} ranks "
-            f"has {n_stages} (ranks x virtual stages); give one duration per stage."
+            f"has {n_stages}; give one duration per stage."
         )
-    rank_of = [schedule.rank_of(s, n) for s in range(n_stages)]
-    last = n_stages - 1
+    flow = _Flow(
+        tuple(schedule.rank_of(s, n) for s in range(n_stages)),
+        schedule.stage_inputs(n),
+        schedule.gradient_inputs(n),
+    )
     comm = float(cost.comm)
     done: dict[tuple[str, int, int], float] = {}
     waiting: dict[tuple[str, int, int], list[int]] = {}
@@ -172,7 +185,7 @@ def simulate(schedule, n: int, cost: Cost | StageCost = Cost()) -> Timeline:
             start = free[r]
             missing = None
             for a in cell.parts:
-                for key, src in _needs(a, rank_of, last):
+                for key, src in flow.needs(a):
                     t = done.get(key)
                     if t is None:
                         missing = key
@@ -228,6 +241,7 @@ def _timeline(schedule, n, cost, events) -> Timeline:
         idle=idle,
         bubble_fraction=bubble,
         peak_activations=peaks,
+        stage_labels=schedule.stage_labels(n),
     )
 
 
