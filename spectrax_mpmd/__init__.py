@@ -8,10 +8,10 @@ from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_c
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
 from ._marker import sxstage_iter
-from ._region import sxstage_region
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._profile import HostProfile, HostRow
+from ._region import sxstage_region
 from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall
 from ._stage_profile import CellProfile, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks

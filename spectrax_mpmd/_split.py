@@ -191,18 +191,18 @@ def _stage_order(eqns, regions, levels, reads, loss_stage) -> tuple[tuple[str, i
     first: dict = {}
     feeds: dict = {}
     level = {}
-    for i, (eqn, lvl, read) in enumerate(zip(eqns, levels, reads)):
+    for i, (eqn, lvl, at) in enumerate(zip(eqns, levels, reads)):
         if lvl is None:
             continue
-        for key in (read, lvl):
+        for key in (at, lvl):
             first.setdefault(key, i)
             feeds.setdefault(key, set())
-        if read != lvl:
-            feeds[read].add(lvl)
+        if at != lvl:
+            feeds[at].add(lvl)
         for v in eqn.invars:
             src = level.get(v) if not isinstance(v, Literal) else None
-            if src is not None and src != read:
-                feeds.setdefault(src, set()).add(read)
+            if src is not None and src != at:
+                feeds.setdefault(src, set()).add(at)
         for v in eqn.outvars:
             level[v] = lvl
     for region in dict.fromkeys(regions):  # a region's stages follow one another
