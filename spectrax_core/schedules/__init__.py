@@ -14,7 +14,7 @@ from ._base import Schedule
 from ._dualpipe import DualPipeV
 from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
 from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH1, KimiK2
-from ._regions import Region, RegionSchedule
+from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
 from ._simulate import Cost, Event, StageCost, Timeline, simulate, validate
 
@@ -44,6 +44,7 @@ __all__ = [
     "Schedule",
     "Region",
     "RegionSchedule",
+    "region_labels",
     "Action",
     "FusedAction",
     "ScheduleError",

@@ -205,16 +205,40 @@ class RegionSchedule(Schedule):
         return tuple(labels)
 
     # --- the merged table ------------------------------------------------------------
+    def _depth_after(self, stage: int, n: int) -> int:
+        """How many stages the longest path from `stage` to the end of the model passes."""
+        feeds = _grouped(self.edges, self.num_stages(n), by_dst=False)
+        depth: dict[int, int] = {}
+
+        def walk(s: int) -> int:
+            if s not in depth:
+                depth[s] = max((1 + walk(d) for d in feeds[s]), default=0)
+            return depth[s]
+
+        return walk(stage)
+
+    def _region_rows(self, r: Region, n: int) -> tuple:
+        """The region's own table. A one-stage-per-rank schedule whose region feeds `e` more
+        stages runs as the first ranks of the same schedule on `ranks + e` ranks: its warm-up
+        then covers the whole path to the loss (a 1F1B region feeding another would
+        otherwise run its first backward before the forward the other region waits for)."""
+        n_r = len(r.ranks)
+        extra = self._depth_after(r.stages[-1], n) if r.schedule.layout == "flat" else 0
+        return r.schedule.actions(n_r + extra)[:n_r]
+
     def _check_n(self, n: int) -> None:
         self._check_ranks(n)
 
     def _rows(self, n: int) -> list[list]:
-        """Each region's rows on global stages, merged per rank in dependency order: every
-        (region, rank) row is a queue; round-robin, a queue issues its next cell once all
-        that cell reads has been issued."""
+        """Each region's rows (`_region_rows`) on global stages, merged per rank in dependency
+        order: every (region, rank) row is a queue; round-robin, a queue issues its next cell
+        once all that cell reads has been issued. When every queue waits — a region's
+        backward needs a gradient that another region sends only after more forwards — the
+        first forward that can run moves ahead of its queue's waiting cell (a fused cell gives
+        up its forward part), so any acyclic set of regions merges."""
         queues = []
         for r in self.regions:
-            for local_rank, row in enumerate(r.schedule.actions(len(r.ranks))):
+            for local_rank, row in enumerate(self._region_rows(r, n)):
                 queues.append((r, r.ranks[local_rank], [_globalize(c, r.stages) for c in row]))
         inputs, gradient_inputs = self.stage_inputs(n), self.gradient_inputs(n)
         done: set = set()
@@ -240,19 +264,31 @@ class RegionSchedule(Schedule):
                     rows[rank].append(cell)
                     pos[q] += 1
                     progressed = True
-            if not progressed:
+            if not progressed and not _overtake(queues, pos, ready):
                 labels = self.stage_labels(n)
                 stuck = "; ".join(
                     f"region {r.name!r} on rank {rank} at {cell_label(row[pos[q]], labels)}"
                     for q, (r, rank, row) in enumerate(queues)
                     if pos[q] < len(row)
                 )
-                raise ScheduleError(
-                    f"RegionSchedule: the regions' tables deadlock once merged ({stuck}): each waits "
-                    "for a cell another region runs later. Give the upstream region a schedule that "
-                    "runs its forwards before its backwards (GPipe), or move where the regions meet."
-                )
+                raise ScheduleError(f"RegionSchedule: the regions' tables deadlock once merged ({stuck}).")
         return rows
+
+
+def _overtake(queues: list, pos: list[int], ready) -> bool:
+    """Move the first ready forward of some queue ahead of that queue's blocked cell."""
+    for q, (_, _, row) in enumerate(queues):
+        for j in range(pos[q] + 1, len(row)):
+            cell = row[j]
+            forward = cell.parts[0]
+            if forward.kind == "F" and ready(forward):
+                if isinstance(cell, FusedAction):
+                    row[j] = cell.parts[1]  # the backward part keeps its place
+                else:
+                    del row[j]
+                row.insert(pos[q], forward)
+                return True
+    return False
 
 
 def _grouped(edges, n_stages: int, by_dst: bool) -> tuple[tuple[int, ...], ...]:
