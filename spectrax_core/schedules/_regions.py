@@ -278,7 +278,7 @@ class RegionSchedule(Schedule):
 def _overtake(queues: list, pos: list[int], ready) -> bool:
     """Move the first ready forward of some queue ahead of that queue's blocked cell."""
     for q, (_, _, row) in enumerate(queues):
-        for j in range(pos[q] + 1, len(row)):
+        for j in range(pos[q], len(row)):
             cell = row[j]
             forward = cell.parts[0]
             if forward.kind == "F" and ready(forward):

@@ -91,7 +91,9 @@ def test_labels_are_shortest_unique_prefixes():
     assert region_labels(("text", "tokens", "audio")) == ("TE", "TO", "A")
 
 
-@pytest.mark.parametrize("upstream", [S.Std1F1B(M), S.ZeroBubbleH1(M), S.InterleavedH1(M, virtual_stages=2)])
+@pytest.mark.parametrize(
+    "upstream", [S.Std1F1B(M), S.ZeroBubbleH1(M), S.InterleavedH1(M, virtual_stages=2), S.KimiK2(M, virtual_stages=2)]
+)
 def test_forwards_overtake_a_backward_that_waits_on_another_region(upstream):
     """Text runs GPipe: no gradient comes back before its last forward, so the vision tower's
     1F1B-style backwards would wait forever; its forwards move ahead of them instead."""
