@@ -21,42 +21,36 @@ def test_help(script):
     assert "usage:" in result.stdout
 
 
-def test_train_lm_pipeline(tmp_path):
-    flags = "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --sample-tokens 6 --lr 1e-2"
-    cmd = [sys.executable, str(ROOT / "examples" / "train_lm.py"), *flags.split(), "--out", str(tmp_path)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["mode"] == "mpmd" and metrics["stages"] == 4
-    assert metrics["losses"][-1] < metrics["losses"][0]
-    assert metrics["decode_identical"] is True
-    trace = json.loads((tmp_path / "timeline.json").read_text())
-    cells = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {e["tid"] for e in cells} == {0, 1, 2, 3}
-    assert all(e["dur"] >= 0 and e["name"][0].isdigit() for e in cells)
-    assert "compiling" in result.stdout and "pipelined decode" in result.stdout
-
-
-def test_train_lm_stops_and_resumes_on_another_layout(tmp_path):
-    """Stop after 5 steps (saved at 3 and 5), resume from step 3 on 2 ranks: the loss curve goes on."""
-    flags = "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --sample-tokens 2 --lr 1e-2"
+def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
+    """The main job (small) trains through 4 ranks, checks its decode, stops after 5 steps
+    (saved at 3 and 5); a second run resumes from step 3 on 2 ranks and the loss curve goes on."""
+    flags = "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --lr 1e-2"
     script = [sys.executable, str(ROOT / "examples" / "train_lm.py"), *flags.split()]
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
     runs = {
-        "stopped": ["--stages", "4", "--stop-after", "5", "--save-every", "3"],
-        "resumed": ["--stages", "2", "--schedule", "ZeroBubbleH1", "--resume", "3"],
+        "stopped": ["--stages", "4", "--stop-after", "5", "--save-every", "3", "--sample-tokens", "6"],
+        "resumed": ["--stages", "2", "--schedule", "ZeroBubbleH1", "--resume", "3", "--sample-tokens", "2"],
     }
-    metrics = {}
+    metrics, stdout = {}, {}
     for name, extra in runs.items():
         cmd = [*script, *ckpt, *extra, "--out", str(tmp_path / name)]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert result.returncode == 0, result.stderr[-3000:]
         metrics[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+        stdout[name] = result.stdout
     stopped, resumed = metrics["stopped"], metrics["resumed"]
+    assert stopped["mode"] == "mpmd" and stopped["stages"] == 4
+    assert stopped["losses"][-1] < stopped["losses"][0]
+    assert stopped["decode_identical"] is True
+    trace = json.loads((tmp_path / "stopped" / "timeline.json").read_text())
+    cells = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["tid"] for e in cells} == {0, 1, 2, 3}
+    assert all(e["dur"] >= 0 and e["name"][0].isdigit() for e in cells)
+    assert "compiling" in stdout["stopped"] and "pipelined decode" in stdout["stopped"]
     assert stopped["checkpoint"]["saved"] == [3, 5] and len(stopped["losses"]) == 5
     assert resumed["first_step"] == 3 and resumed["stages"] == 2 and len(resumed["losses"]) == 3
     assert resumed["checkpoint"]["restore_s"] > 0 and resumed["checkpoint"]["saved"] == [6]
     # steps 3 and 4 ran in both: the resumed run continues the curve, to fp32 rounding
     np.testing.assert_allclose(resumed["losses"][:2], stopped["losses"][3:5], rtol=1e-5)
-    assert "resumed at step 3" in result.stdout and "deleted the later checkpoints [5]" in result.stdout
+    assert "resumed at step 3" in stdout["resumed"] and "deleted the later checkpoints [5]" in stdout["resumed"]
     assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [3, 6]
