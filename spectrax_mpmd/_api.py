@@ -15,6 +15,7 @@ from spectrax_core import sharding as core_sharding
 from ._args import Signature, as_tuple, classify, signature, traced_avals
 from ._compile import Compiler
 from ._context import check_no_trace
+from ._live_bytes import measure_peak_bytes
 from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
@@ -260,6 +261,12 @@ class _StepFunction:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
         entry, leaves = self._entry(args)
         return entry.plan.peak_activations(entry.place(self.placer, leaves))
+
+    def measure_peak_bytes(self, *args) -> tuple[int, ...]:
+        """Run one step and return, per rank, the most bytes its live buffers held between actions
+        (per device of the rank; see `spectrax_mpmd._live_bytes`). Results are not returned."""
+        entry, leaves = self._entry(args)
+        return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
 
     def measure_timeline(self, *args) -> Timeline:
         """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.

@@ -9,11 +9,13 @@ memory analysis of those programs describe the step exactly; a short timed run
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from spectrax_core.schedules import StageCost
+from spectrax_core.schedules import StageCost, StageMemory
+
+from ._live_bytes import stage_memory
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,35 @@ class StageProfile:
 
     `param_bytes[r]` counts the parameter leaves rank r reads (each once);
     `accumulator_bytes[r]` the gradient accumulators (and loss) it holds during a
-    step; `edges` is `(source stage, destination stage, bytes per microbatch)`.
+    step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
+    `memory` the bytes per stage and microbatch and per rank, on one device of
+    each rank (see `stage_memory`).
     """
 
     cells: tuple[CellProfile, ...]
     param_bytes: tuple[int, ...]
     accumulator_bytes: tuple[int, ...]
     edges: tuple[tuple[int, int, int], ...]
+    memory: StageMemory
+
+    def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
+        """The profiled bytes as a `spectrax_core.schedules.StageMemory`, for `simulate(memory=)`.
+
+        `optimizer_states` estimates the optimizer's state as that many copies of each
+        rank's parameters (0: plain SGD, 1: momentum, 2: Adam's two moments).
+        """
+        if (
+            isinstance(optimizer_states, bool)
+            or not isinstance(optimizer_states, (int, float))
+            or optimizer_states < 0
+        ):
+            raise ValueError(
+                f"stage_memory: optimizer_states must be a non-negative number (2 for Adam), "
+                f"received {optimizer_states!r}."
+            )
+        return replace(
+            self.memory, optimizer=tuple(int(round(optimizer_states * p)) for p in self.memory.params)
+        )
 
     def cell(self, stage: int, kind: str) -> CellProfile:
         return next(c for c in self.cells if c.stage == stage and c.kind == kind)
@@ -98,6 +122,7 @@ class StageProfile:
             "param_bytes": list(self.param_bytes),
             "accumulator_bytes": list(self.accumulator_bytes),
             "edges": [list(e) for e in self.edges],
+            "memory": self.memory.as_dict(),
         }
 
     def table(self) -> str:
@@ -188,4 +213,5 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
             device = min(infos[0].sharding.device_set, key=lambda d: d.id)
             accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
-    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges)
+    memory = stage_memory(plan, placed_inputs)
+    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory)
