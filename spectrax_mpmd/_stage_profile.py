@@ -26,8 +26,8 @@ class CellProfile:
     `output_bytes` and `temp_bytes` from its memory analysis; `saved_bytes` is
     what one microbatch leaves behind for later (a forward's residuals, an I
     cell's stash for W); `seconds` is the measured time of the action alone with
-    its sends (min over microbatches and rounds), None when the cell only ran
-    fused with another.
+    its sends (the mean over the step's microbatches, in the fastest round), None
+    when the cell only ran fused with another.
     """
 
     stage: int
@@ -50,7 +50,8 @@ class StageProfile:
     `accumulator_bytes[r]` the gradient accumulators (and loss) it holds during a
     step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
     `memory` the bytes per stage and microbatch and per rank, on one device of
-    each rank (see `stage_memory`).
+    each rank (see `stage_memory`); `busy[r]` the seconds rank r's actions took in
+    the timed rounds (their sum per round, the fastest round).
     """
 
     cells: tuple[CellProfile, ...]
@@ -58,6 +59,7 @@ class StageProfile:
     accumulator_bytes: tuple[int, ...]
     edges: tuple[tuple[int, int, int], ...]
     memory: StageMemory
+    busy: tuple[float, ...]
 
     def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
         """The profiled bytes as a `spectrax_core.schedules.StageMemory`, for `simulate(memory=)`.
@@ -123,6 +125,7 @@ class StageProfile:
             "accumulator_bytes": list(self.accumulator_bytes),
             "edges": [list(e) for e in self.edges],
             "memory": self.memory.as_dict(),
+            "busy": list(self.busy),
         }
 
     def table(self) -> str:
@@ -151,9 +154,9 @@ def _cost(compiled) -> dict:
 
 
 def _cell_seconds(plan, spans) -> dict:
-    """`(stage, kind) -> min seconds` over the single-part actions of the measured spans."""
+    """`(stage, kind) -> mean seconds` over the single-part actions of one round's spans."""
     last = len(plan.stage_ranks) - 1
-    best: dict = {}
+    times: dict = {}
     for rank, action, start, end in spans:
         parts = getattr(action, "parts", None)
         if parts is None or len(parts) != 1:
@@ -162,9 +165,8 @@ def _cell_seconds(plan, spans) -> dict:
         kind = "FB" if part.stage == last else part.kind
         if part.stage == last and part.kind != "F":
             continue
-        key = (part.stage, kind)
-        best[key] = min(best.get(key, math.inf), end - start)
-    return best
+        times.setdefault((part.stage, kind), []).append(end - start)
+    return {key: sum(values) / len(values) for key, values in times.items()}
 
 
 def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
@@ -175,9 +177,14 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     `placed_inputs` are the plan's inputs (for the timed rounds).
     """
     best: dict = {}
+    ranks = 1 + max(plan.stage_ranks)
+    busy = [math.inf] * ranks
     for _ in range(rounds):
-        for key, seconds in _cell_seconds(plan, plan.timeline(placed_inputs)).items():
+        spans = plan.timeline(placed_inputs)
+        for key, seconds in _cell_seconds(plan, spans).items():
             best[key] = min(best.get(key, math.inf), seconds)
+        for r in range(ranks):
+            busy[r] = min(busy[r], sum(end - start for rank, _, start, end in spans if rank == r))
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
         if (stage, kind) not in plan.ran:
@@ -200,7 +207,6 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
                 seconds=best.get((stage, kind)),
             )
         )
-    ranks = 1 + max(plan.stage_ranks)
     params = [0] * ranks
     for _, (kind, a, r) in plan.input_keys:
         if kind == "param":
@@ -214,4 +220,4 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
             accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
     memory = stage_memory(plan, placed_inputs)
-    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory)
+    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(busy))
