@@ -3,6 +3,7 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
+from ._advise import Advice, Candidate, advise
 from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
 from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
 from ._checkpoint_layout import CheckpointError
@@ -40,6 +41,9 @@ __all__ = [
     "HostProfile",
     "HostRow",
     "profile_stages",
+    "advise",
+    "Advice",
+    "Candidate",
     "StageProfile",
     "CellProfile",
     "MpmdError",
