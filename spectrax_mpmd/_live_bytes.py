@@ -4,9 +4,10 @@ Bytes are per device: an array counts, on each device of its sharding, the
 size of its shard there, and a rank's figure is its most loaded device (a rank
 whose submesh has several devices holds a shard of each array on each). A rank's
 live bytes are sampled between actions (a cell with the sends after it), after
-the setup that creates the accumulators, over every buffer the plan holds:
-parameters and the batch, accumulators, and the activations, residuals, stashes
-and cotangents in flight. Temporaries inside a cell are not counted.
+the setup that creates the accumulators, over every array alive on its devices:
+parameters and the batch (alive for the whole step: the caller holds them),
+accumulators, and the activations, residuals, stashes and cotangents in flight.
+Temporaries inside a cell are not counted.
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ class _Sizer:
         return hit
 
 
-def _live(buf: list, sizer: _Sizer, ranks: int) -> list[int]:
-    """Bytes per rank of every distinct buffer in `buf` (a device's shards summed; shards are even,
-    so every device of a rank holds the same)."""
+def _live(buffers, sizer: _Sizer, ranks: int) -> list[int]:
+    """Bytes per rank of every distinct array in `buffers` (shards are even, so every device of a
+    rank holds the same)."""
     total = [0] * ranks
     seen: set = set()
-    for array in buf:
+    for array in buffers:
         if array is None or id(array) in seen:
             continue
         seen.add(id(array))
@@ -58,13 +59,16 @@ def _live(buf: list, sizer: _Sizer, ranks: int) -> list[int]:
 
 
 def measure_peak_bytes(plan, placed_inputs: Sequence) -> tuple[int, ...]:
-    """Run `plan` once and return, per rank, the most bytes its buffers held between actions."""
+    """Run `plan` once and return, per rank, the most bytes alive between actions: the plan's
+    buffers, and the placed arguments and constants, which stay alive (held by the caller and
+    the plan) after the plan's last read of them."""
     ranks = 1 + max(plan.stage_ranks)
     sizer = _Sizer(plan.device_rank)
     samples = {b - 1 for _, _, a, b in plan.action_steps if b > a}
     samples.add(min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps)) - 1)
+    held = [*placed_inputs, *plan.const_slots.values()]
     buf = plan._buffers(placed_inputs)
-    peaks = _live(buf, sizer, ranks) if -1 in samples else [0] * ranks
+    peaks = _live(held + buf, sizer, ranks) if -1 in samples else [0] * ranks
     for k, (fn, ins, outs, frees) in enumerate(plan.steps):
         results = fn(*[buf[i] for i in ins])
         for o, r in zip(outs, results):
@@ -72,7 +76,7 @@ def measure_peak_bytes(plan, placed_inputs: Sequence) -> tuple[int, ...]:
         for f in frees:
             buf[f] = None
         if k in samples:
-            peaks = [max(p, q) for p, q in zip(peaks, _live(buf, sizer, ranks))]
+            peaks = [max(p, q) for p, q in zip(peaks, _live(held + buf, sizer, ranks))]
     return tuple(peaks)
 
 
