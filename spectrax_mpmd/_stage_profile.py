@@ -26,8 +26,8 @@ class CellProfile:
     `output_bytes` and `temp_bytes` from its memory analysis; `saved_bytes` is
     what one microbatch leaves behind for later (a forward's residuals, an I
     cell's stash for W); `seconds` is the measured time of the action alone with
-    its sends (the mean over the step's microbatches, in the fastest round), None
-    when the cell only ran fused with another.
+    its sends (the mean over the step's microbatches in the fastest timed round),
+    None when the cell only ran fused with another.
     """
 
     stage: int
@@ -51,7 +51,9 @@ class StageProfile:
     step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
     `memory` the bytes per stage and microbatch and per rank, on one device of
     each rank (see `stage_memory`); `busy[r]` the seconds rank r's actions took in
-    the timed rounds (their sum per round, the fastest round).
+    the fastest timed round (the round the cell times come from);
+    `stage_param_bytes[s]` the parameters stage s reads (a leaf read by several
+    stages counts in each).
     """
 
     cells: tuple[CellProfile, ...]
@@ -60,6 +62,7 @@ class StageProfile:
     edges: tuple[tuple[int, int, int], ...]
     memory: StageMemory
     busy: tuple[float, ...]
+    stage_param_bytes: tuple[int, ...]
 
     def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
         """The profiled bytes as a `spectrax_core.schedules.StageMemory`, for `simulate(memory=)`.
@@ -126,6 +129,7 @@ class StageProfile:
             "edges": [list(e) for e in self.edges],
             "memory": self.memory.as_dict(),
             "busy": list(self.busy),
+            "stage_param_bytes": list(self.stage_param_bytes),
         }
 
     def table(self) -> str:
@@ -176,15 +180,13 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     `param_leaves` maps each parameter leaf index to an array or ShapeDtypeStruct,
     `placed_inputs` are the plan's inputs (for the timed rounds).
     """
-    best: dict = {}
     ranks = 1 + max(plan.stage_ranks)
-    busy = [math.inf] * ranks
-    for _ in range(rounds):
-        spans = plan.timeline(placed_inputs)
-        for key, seconds in _cell_seconds(plan, spans).items():
-            best[key] = min(best.get(key, math.inf), seconds)
-        for r in range(ranks):
-            busy[r] = min(busy[r], sum(end - start for rank, _, start, end in spans if rank == r))
+    fastest = min(
+        (plan.timeline(placed_inputs) for _ in range(rounds)),
+        key=lambda spans: sum(end - start for _, _, start, end in spans),
+    )
+    best = _cell_seconds(plan, fastest)
+    busy = [sum(end - start for rank, _, start, end in fastest if rank == r) for r in range(ranks)]
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
         if (stage, kind) not in plan.ran:
@@ -220,4 +222,10 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
             accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
     memory = stage_memory(plan, placed_inputs)
-    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(busy))
+    stage_params = [0] * len(plan.stage_ranks)
+    for key in plan.slot_names.values():
+        if isinstance(key, tuple) and key[0] == "acc":
+            stage_params[key[1]] += _nbytes(param_leaves[key[2]])
+    return StageProfile(
+        tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(busy), tuple(stage_params)
+    )

@@ -1,6 +1,8 @@
 """A heterogeneous pipeline for the planner's tests: an embedding, one wide block, narrow blocks,
 a head with its loss; `lm_loss(n_stages)` cuts it into any number of stages up to its 8 blocks."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,3 +47,17 @@ def lm_loss(n_stages: int):
         return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
 
     return loss
+
+
+@functools.cache
+def profiled(schedule, remat: bool = False):
+    """`(step, args, outputs, profile, measured peak bytes)` of `lm_loss` under `schedule` on MESH:
+    one build per configuration for the whole session; `outputs` from a plain step before the
+    profile and the measurement ran."""
+    step = mp.sxvalue_and_grad(
+        lm_loss(4 * schedule.virtual_stages), mesh=MESH, schedule=schedule, remat=remat
+    )
+    args = init()
+    outputs = step(*args)
+    profile = step.profile_stages(*args, rounds=2)
+    return step, args, outputs, profile, step.measure_peak_bytes(*args)

@@ -4,9 +4,8 @@ per rank (within 15%), on a heterogeneous pipeline (embedding, a wide block, nar
 import jax
 import numpy as np
 import pytest
-from planner_cases import BATCH, LENGTH, MESH, D, M, init, lm_loss
+from planner_cases import BATCH, LENGTH, D, M, profiled
 
-import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 
 SCHEDULES = {
@@ -20,15 +19,7 @@ SCHEDULES = {
 @pytest.fixture(scope="module", params=[(name, remat) for name in SCHEDULES for remat in (False, True)])
 def measured(request):
     name, remat = request.param
-    schedule = SCHEDULES[name]
-    step = mp.sxvalue_and_grad(
-        lm_loss(4 * schedule.virtual_stages), mesh=MESH, schedule=schedule, remat=remat
-    )
-    args = init()
-    before = step(*args)
-    profile = step.profile_stages(*args, rounds=2)
-    peaks = step.measure_peak_bytes(*args)
-    return name, remat, step, args, before, profile, peaks
+    return (name, remat, *profiled(SCHEDULES[name], remat))
 
 
 def test_predicted_peak_bytes_equal_the_measured_within_5_percent(measured):
