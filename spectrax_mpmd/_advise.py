@@ -204,6 +204,7 @@ def advise(
     `sxvalue_and_grad` (e.g. `remat=True`).
     """
     from ._api import _check_mesh, sxvalue_and_grad
+    from ._compile import Compiler
 
     mesh = _check_mesh("advise", mesh)
     n = mesh.mpmd_dim
@@ -216,12 +217,14 @@ def advise(
             "allow more microbatches (interleaved schedules need m >= ranks, DualPipeV m >= 2 x ranks)."
         )
     profiles: dict = {}
+    compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
 
     def profile(schedule):
         key = repr(schedule)
         if key not in profiles:
             loss, loss_args = fn(n * schedule.virtual_stages) if not args else (fn, args)
             step = sxvalue_and_grad(loss, mesh=mesh, schedule=schedule, **step_kwargs)
+            step.compiler = compiler
             try:
                 profiles[key] = step.profile_stages(*loss_args, rounds=rounds)
             except StageSplitError:
