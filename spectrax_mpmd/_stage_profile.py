@@ -26,8 +26,8 @@ class CellProfile:
     `output_bytes` and `temp_bytes` from its memory analysis; `saved_bytes` is
     what one microbatch leaves behind for later (a forward's residuals, an I
     cell's stash for W); `seconds` is the measured time of the action alone with
-    its sends (the mean over the step's microbatches in the fastest timed round),
-    None when the cell only ran fused with another.
+    its sends (the least over microbatches and timed rounds: other load on the
+    machine only ever adds time), None when the cell only ran fused with another.
     """
 
     stage: int
@@ -50,9 +50,7 @@ class StageProfile:
     `accumulator_bytes[r]` the gradient accumulators (and loss) it holds during a
     step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
     `memory` the bytes per stage and microbatch and per rank, on one device of
-    each rank (see `stage_memory`); `busy[r]` the seconds rank r's actions took in
-    the fastest timed round (the round the cell times come from);
-    `stage_param_bytes[s]` the parameters stage s reads (a leaf read by several
+    each rank (see `stage_memory`); `stage_param_bytes[s]` the parameters stage s reads (a leaf read by several
     stages counts in each).
     """
 
@@ -61,7 +59,6 @@ class StageProfile:
     accumulator_bytes: tuple[int, ...]
     edges: tuple[tuple[int, int, int], ...]
     memory: StageMemory
-    busy: tuple[float, ...]
     stage_param_bytes: tuple[int, ...]
 
     def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
@@ -128,7 +125,6 @@ class StageProfile:
             "accumulator_bytes": list(self.accumulator_bytes),
             "edges": [list(e) for e in self.edges],
             "memory": self.memory.as_dict(),
-            "busy": list(self.busy),
             "stage_param_bytes": list(self.stage_param_bytes),
         }
 
@@ -158,7 +154,7 @@ def _cost(compiled) -> dict:
 
 
 def _cell_seconds(plan, spans) -> dict:
-    """`(stage, kind) -> mean seconds` over the single-part actions of one round's spans."""
+    """`(stage, kind) -> seconds of each` single-part action among one round's spans."""
     last = len(plan.stage_ranks) - 1
     times: dict = {}
     for rank, action, start, end in spans:
@@ -170,7 +166,7 @@ def _cell_seconds(plan, spans) -> dict:
         if part.stage == last and part.kind != "F":
             continue
         times.setdefault((part.stage, kind), []).append(end - start)
-    return {key: sum(values) / len(values) for key, values in times.items()}
+    return times
 
 
 def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
@@ -180,13 +176,12 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     `param_leaves` maps each parameter leaf index to an array or ShapeDtypeStruct,
     `placed_inputs` are the plan's inputs (for the timed rounds).
     """
+    per_cell: dict = {}
+    for _ in range(rounds):
+        for key, seconds in _cell_seconds(plan, plan.timeline(placed_inputs)).items():
+            per_cell.setdefault(key, []).extend(seconds)
+    best = {key: min(values) for key, values in per_cell.items()}
     ranks = 1 + max(plan.stage_ranks)
-    fastest = min(
-        (plan.timeline(placed_inputs) for _ in range(rounds)),
-        key=lambda spans: sum(end - start for _, _, start, end in spans),
-    )
-    best = _cell_seconds(plan, fastest)
-    busy = [sum(end - start for rank, _, start, end in fastest if rank == r) for r in range(ranks)]
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
         if (stage, kind) not in plan.ran:
@@ -226,6 +221,4 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     for key in plan.slot_names.values():
         if isinstance(key, tuple) and key[0] == "acc":
             stage_params[key[1]] += _nbytes(param_leaves[key[2]])
-    return StageProfile(
-        tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(busy), tuple(stage_params)
-    )
+    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(stage_params))

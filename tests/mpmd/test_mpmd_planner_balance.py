@@ -52,21 +52,28 @@ def cut(sizes):
     return loss, init()
 
 
-def measured_stage_s(sizes) -> list[float]:
-    """Each stage's measured seconds per microbatch (forward plus backward cells)."""
-    loss, args = cut(sizes)
-    cost = (
-        mp.sxvalue_and_grad(loss, mesh=MESH, schedule=SCHEDULE).profile_stages(*args, rounds=3).stage_cost()
-    )
-    return [f + b for f, b in zip(cost.F, cost.B)]
+def measured_slowest(splits, repeats: int = 3) -> list[float]:
+    """Per split, its slowest stage's measured seconds per microbatch (forward plus backward cells):
+    the splits are timed in turn, `repeats` times, so they share the machine's load, and each
+    stage keeps its least time."""
+    steps = []
+    for sizes in splits:
+        loss, args = cut(sizes)
+        steps.append((mp.sxvalue_and_grad(loss, mesh=MESH, schedule=SCHEDULE), args))
+    best = [[float("inf")] * 4 for _ in splits]
+    for _ in range(repeats):
+        for k, (step, args) in enumerate(steps):
+            cost = step.profile_stages(*args, rounds=3).stage_cost()
+            best[k] = [min(t, f + b) for t, f, b in zip(best[k], cost.F, cost.B)]
+    return [max(stages) for stages in best]
 
 
 def test_auto_lowers_the_slowest_stage_by_the_predicted_margin():
-    balance = mp.balance(cut, mesh=MESH, schedule=SCHEDULE, n_blocks=len(WIDTHS), rounds=3)
+    balance = mp.balance(cut, mesh=MESH, schedule=SCHEDULE, n_blocks=len(WIDTHS), rounds=7)
     assert sum(balance.sizes) == len(WIDTHS) and min(balance.sizes) >= 1 and len(balance.sizes) == 4
     assert balance.even_sizes == (2, 2, 2, 2) and balance.sizes != balance.even_sizes
     assert balance.predicted_speedup > 1.3
-    even, auto = max(measured_stage_s(balance.even_sizes)), max(measured_stage_s(balance.sizes))
+    even, auto = measured_slowest([balance.even_sizes, balance.sizes])
     measured = even / auto
     assert measured > 1.2 and abs(measured / balance.predicted_speedup - 1) < 0.25, (
         measured,
