@@ -75,10 +75,11 @@ def test_auto_lowers_the_slowest_stage_by_the_predicted_margin():
     assert balance.predicted_speedup > 1.3
     even, auto = measured_slowest([balance.even_sizes, balance.sizes])
     measured = even / auto
-    assert measured > 1.2 and abs(measured / balance.predicted_speedup - 1) < 0.25, (
-        measured,
-        balance.table(),
-    )
+    # Cell times are the least over timed rounds, and both splits are timed in turn; still, on a
+    # shared machine single cells vary by a third, so the margin is checked as a ratio of
+    # ratios with that much room, never as raw times.
+    assert measured > 1.25, (even, auto, balance.table())
+    assert 1 / 1.5 <= measured / balance.predicted_speedup <= 1.5, (measured, balance.table())
     assert "auto" in balance.table() and "even" in balance.table()
 
 
