@@ -8,8 +8,8 @@ schedule; the bytes a plan holds per stage depend on the layout of stages on
 ranks and on whether the backward is split, so one profile per layout serves
 every schedule with it. Peak bytes follow the runtime's issue order, which is
 exact; step times follow the measured cell times (one profile's per cut and
-microbatch count, so schedules are compared on the same times; a split
-backward divides B into I and W as the split cells measured).
+microbatch count, so schedules are compared on the same times; ZeroBubbleH1
+divides B into I and W as its split cells measured).
 """
 
 from __future__ import annotations

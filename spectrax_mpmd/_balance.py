@@ -82,6 +82,18 @@ def split_blocks(
     as `static + activations[k] * per microbatch` — must not exceed it.
     """
     n_blocks = len(block_s)
+    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or n_stages < 1:
+        raise StageSplitError(f"split_blocks: n_stages must be a positive int, received {n_stages!r}.")
+    if budget is not None and (
+        block_bytes is None
+        or activations is None
+        or len(block_bytes) != n_blocks
+        or len(activations) != n_stages
+    ):
+        raise StageSplitError(
+            "split_blocks: a budget needs block_bytes (one (static, per microbatch) pair per block) and "
+            "activations (one count per stage)."
+        )
     if n_blocks < n_stages:
         raise StageSplitError(
             f"the model has {n_blocks} blocks but the mesh and schedule need {n_stages} stages, so no "
@@ -92,7 +104,7 @@ def split_blocks(
     held = np.concatenate([[0], np.cumsum([b[1] for b in block_bytes])]) if block_bytes else None
 
     def fits(k: int, i: int, j: int) -> bool:
-        if budget is None or static is None:
+        if budget is None:
             return True
         return static[j] - static[i] + activations[k] * (held[j] - held[i]) <= budget
 
@@ -227,9 +239,12 @@ def balance(
     of `sizes[k]` blocks (markers after the blocks ending each stage), as
     `sxvalue_and_grad` takes them; `step_kwargs` go to `sxvalue_and_grad`.
     """
-    from ._api import _check_mesh, sxvalue_and_grad
+    from ._api import _check_mesh, _check_schedule, sxvalue_and_grad
 
     mesh = _check_mesh("balance", mesh)
+    if schedule is None:
+        raise StageSplitError("balance: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
+    _check_schedule("balance", schedule, mesh.mpmd_dim)
     n_stages = mesh.mpmd_dim * schedule.virtual_stages
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
