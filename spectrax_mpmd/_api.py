@@ -263,8 +263,10 @@ class _StepFunction:
         return entry.plan.peak_activations(entry.place(self.placer, leaves))
 
     def measure_peak_bytes(self, *args) -> tuple[int, ...]:
-        """Run one step and return, per rank, the most bytes its live buffers held between actions
-        (per device of the rank; see `spectrax_mpmd._live_bytes`). Results are not returned."""
+        """Run one step and return, per rank, the most bytes alive on its devices between actions
+        (its most loaded device: parameters, batch, accumulators and every activation, residual,
+        stash and cotangent in flight; temporaries inside a cell are not counted). The step's
+        results are discarded."""
         entry, leaves = self._entry(args)
         return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
 
@@ -289,8 +291,9 @@ class _StepFunction:
     def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
         """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
         compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
-        rank's parameter and accumulator bytes, bytes per edge, and each cell's measured time
-        (`StageProfile`; print `.table()`). Runs the step `rounds` times, cell by cell."""
+        rank's parameter and accumulator bytes, bytes per edge, the bytes each stage and rank
+        holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
+        `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
         entry, leaves = self._entry(args)
         try:
             return profile_stage_plan(
