@@ -1,13 +1,12 @@
-"""Memory in bytes over a simulated step: `StageMemory` and `peak_bytes`.
+"""Memory in bytes over a step: `StageMemory` and `peak_bytes`.
 
 Each rank holds its parameters, their gradient accumulators, the optimizer's
 state and the step's inputs for the whole step; on top of that, each
-`(stage, microbatch)` holds buffers over intervals of the timeline:
+`(stage, microbatch)` holds buffers from one cell to another:
 
 * an activation received from the previous stage, from its arrival (the end of
-  the producing forward, plus `comm` across ranks) to the end of the forward
-  (`inputs`) or, when the backward reads it, to the end of the backward
-  (`kept_inputs`);
+  the producing forward) to the end of the forward (`inputs`) or, when the
+  backward reads it, to the end of the backward (`kept_inputs`);
 * what the forward saves for the backward (`residuals`), from the end of the
   forward to the end of the backward;
 * the cotangent received from the next stage (`grads`), from its arrival to the
@@ -16,10 +15,12 @@ state and the step's inputs for the whole step; on top of that, each
 
 "The end of the backward" is the end of B, or of W when the backward is split.
 The last stage computes its input cotangent together with its forward (a fused
-loss cell), so the cotangent it sends arrives at the end of that forward. At
-equal times releases come before allocations: a rank's peak is taken between
-cells, over the buffers it holds, not inside a cell (temporaries are not
-counted).
+loss cell), so the cotangent it sends arrives at the end of that forward.
+"When" is either the order a host thread issues the cells (the default: with
+asynchronous dispatch that is when buffers exist) or the simulated device
+times (`peak_bytes(..., order="time")`). At equal times releases come before
+allocations: a rank's peak is taken between cells, over the buffers it holds,
+not inside a cell (temporaries are not counted).
 """
 
 from __future__ import annotations

@@ -146,7 +146,8 @@ def simulate(
     """Run `schedule.actions(n)` on the cost model `cost` and return its `Timeline`.
 
     With `memory` (a `StageMemory`), the timeline's `peak_bytes` holds each
-    rank's peak in bytes over the simulated step (see `peak_bytes`).
+    rank's peak in bytes, the buffers following the host's issue order (see
+    `peak_bytes`).
 
     Raises `ScheduleError` (a `ValueError`) when the table is malformed (see
     `check_table`) or deadlocks (every unfinished rank waits on an input that
