@@ -59,5 +59,5 @@ def profiled(schedule, remat: bool = False):
     )
     args = init()
     outputs = step(*args)
-    profile = step.profile_stages(*args, rounds=2)
+    profile = step.profile_stages(*args, rounds=1)
     return step, args, outputs, profile, step.measure_peak_bytes(*args)

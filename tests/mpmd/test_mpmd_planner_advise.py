@@ -17,35 +17,30 @@ def build(n_stages):
 
 @pytest.fixture(scope="module")
 def advice():
-    return mp.advise(build, mesh=MESH, schedules=SCHEDULES, microbatches=(2, 8), rounds=1)
+    return mp.advise(build, mesh=MESH, schedules=SCHEDULES, microbatches=(8,), rounds=1)
 
 
 def test_every_valid_configuration_is_simulated_and_ranked(advice):
     names = {(c.name, c.microbatches, c.virtual_stages) for c in advice.candidates}
-    assert ("DualPipeV", 8, 2) in names and ("DualPipeV", 2, 2) not in names  # DualPipeV needs m >= 2n
-    assert ("InterleavedH1", 2, 2) not in names  # interleaving needs m >= n
-    assert ("InterleavedH1", 8, 2) in names and ("Std1F1B", 2, 1) in names and len(names) == 8
+    assert names == {
+        (cls.__name__, 8, 2 if cls in (S.InterleavedH1, S.DualPipeV) else 1) for cls in SCHEDULES
+    }
     times = [c.step_s for c in advice.candidates]
     assert times == sorted(times) and all(c.fits for c in advice.candidates)
-    assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 8
+    assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 5
 
 
 def test_zero_bubble_wins_over_1f1b_where_the_simulation_says_so(advice):
-    """On the same cell times ZeroBubbleH1 fills 1F1B's bubble with deferred W cells: wherever its
-    simulated step is shorter it ranks higher, and at m = 8 it is shorter."""
-    rows = {(c.name, c.microbatches): k for k, c in enumerate(advice.candidates)}
-    wins = []
-    for m in (2, 8):
-        zb, f1b = (advice.candidates[rows[(name, m)]] for name in ("ZeroBubbleH1", "Std1F1B"))
-        if zb.step_s < f1b.step_s:
-            assert rows[("ZeroBubbleH1", m)] < rows[("Std1F1B", m)]
-            wins.append(m)
-    assert 8 in wins
+    """On the same cell times ZeroBubbleH1 fills 1F1B's bubble with deferred W cells, so its
+    simulated step is shorter and it ranks higher."""
+    rows = {c.name: k for k, c in enumerate(advice.candidates)}
+    zb, f1b = advice.candidates[rows["ZeroBubbleH1"]], advice.candidates[rows["Std1F1B"]]
+    assert zb.step_s < f1b.step_s and rows["ZeroBubbleH1"] < rows["Std1F1B"]
 
 
 def test_the_top_three_under_a_budget_fit_when_run(advice):
     peaks = sorted(max(c.peak_bytes) for c in advice.candidates)
-    limited = advice.under(peaks[4])
+    limited = advice.under(peaks[2])
     budget = limited.memory_budget
     assert 3 <= len(limited.fitting) < len(limited.candidates)
     assert all(max(c.peak_bytes) > budget for c in limited.candidates if not c.fits)
@@ -68,8 +63,10 @@ def test_a_budget_nothing_fits_gets_the_smallest_peak_and_the_binding_rank(advic
 def test_bad_arguments_say_what_to_change():
     with pytest.raises(mp.MpmdError, match="memory_budget"):
         mp.advise(build, mesh=MESH, memory_budget=-1)
-    with pytest.raises(mp.MpmdError, match="no valid configuration"):
-        mp.advise(build, mesh=MESH, schedules=(S.DualPipeV,), microbatches=(2,))
+    with pytest.raises(
+        mp.MpmdError, match="no valid configuration"
+    ):  # DualPipeV needs m >= 2n, interleaving m >= n
+        mp.advise(build, mesh=MESH, schedules=(S.DualPipeV, S.InterleavedH1), microbatches=(2,))
     loss, args = build(4)  # a function cut into 4 stages: only v = 1 applies
     fixed = mp.advise(
         loss, *args, mesh=MESH, schedules=(S.GPipe, S.InterleavedGPipe), microbatches=(2,), rounds=1
