@@ -12,10 +12,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from spectrax_core.schedules import GPipe
+
 from ._module import Module, build, plan_of
 from ._stage import StagePlan, call, run_marked, stage_plan
 from ._state import State, trainable
-from .nn._containers import PipelineSequential
+from .nn._containers import ModuleList, PipelineSequential
 
 # Compiled runs per loss function (weakly held, as jax.jit holds functions), then per configuration.
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -39,6 +41,37 @@ def _plan_stages(model: Module, mesh, schedule, sizes, inputs) -> StagePlan | No
     return None if n_stages == 1 else stage_plan(model, n_stages, sizes, inputs)
 
 
+def _balanced_sizes(
+    model, plan, selected, args, *, mesh, schedule, loss_fn, has_aux
+) -> tuple[int, ...] | None:
+    """`stage_sizes="auto"`: the split `spectrax_mpmd.balance` picks from the profiled blocks of
+    the model's `blocks` ModuleList (None without a pipeline)."""
+    import spectrax_mpmd as mp
+
+    if mp.pipeline_stages(mesh, schedule) == 1:
+        return None
+    if loss_fn is None:
+        raise mp.MpmdError(
+            "spx.run: stage_sizes='auto' balances a training step; pass loss_fn= (mode='train')."
+        )
+    blocks = model.__dict__.get("blocks")
+    if not isinstance(blocks, ModuleList):
+        raise mp.StageSplitError(
+            f"spx.run: stage_sizes='auto' splits a `blocks` ModuleList, which {type(model).__name__} does not "
+            "hold; give the block counts yourself, or keep the repeated layers in `self.blocks`."
+        )
+    inputs = args[2]
+
+    def cut(sizes):
+        forward = _forward(plan.graphdef, selected, stage_plan(model, len(sizes), sizes, inputs))
+        return mp.train_loss(forward, loss_fn), args
+
+    chosen = mp.balance(
+        cut, mesh=mesh, schedule=schedule, n_blocks=len(blocks), batch_argnums=(2, 3), has_aux=has_aux
+    )
+    return chosen.sizes
+
+
 def run(
     model: Module,
     *,
@@ -50,7 +83,7 @@ def run(
     microbatches: int = 1,
     schedule=None,
     has_aux: bool = False,
-    stage_sizes: Sequence[int] | None = None,
+    stage_sizes: Sequence[int] | str | None = None,
 ) -> Any:
     """Train (`mode="train"`) or run (`"forward"`) `model` on `mesh`, pipelined when it has a pipeline axis.
 
@@ -63,17 +96,29 @@ def run(
     same computation is one `jax.jit` over the mesh; the numbers agree.
     Buffers and other non-parameter variables are read, not written back; a
     PRNG key among them reaches microbatch `i` as `jax.random.fold_in(key, i)`.
+    `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
+    `spectrax_mpmd.balance`), once per configuration.
     """
     import spectrax_mpmd as mp
 
     plan = plan_of(model)
     selected = trainable(plan, "parameters")
     values = [v._value for v in plan.vars]
-    sizes = None if stage_sizes is None else tuple(stage_sizes)
-    key = (plan.graphdef, selected, mesh, mode, microbatches, schedule, has_aux, sizes)
+    if isinstance(stage_sizes, str) and stage_sizes != "auto":
+        raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
+    sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
+    key = (plan.graphdef, selected, mesh, mode, microbatches, schedule, has_aux, sizes or stage_sizes)
     cache = _runners.setdefault(loss_fn, {}) if loss_fn is not None else _no_loss
     runner = cache.get(key)
+    diff = [v for v, s in zip(values, selected) if s]
+    rest = [v for v, s in zip(values, selected) if not s]
     if runner is None:
+        if stage_sizes == "auto":
+            schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
+            args = (diff, rest, inputs, targets)
+            sizes = _balanced_sizes(
+                model, plan, selected, args, mesh=mesh, schedule=schedule, loss_fn=loss_fn, has_aux=has_aux
+            )
         runner = cache[key] = mp.Runner(
             _forward(plan.graphdef, selected, _plan_stages(model, mesh, schedule, sizes, inputs)),
             mesh=mesh,
@@ -84,8 +129,6 @@ def run(
             has_aux=has_aux,
             name="spx.run",
         )
-    diff = [v for v, s in zip(values, selected) if s]
-    rest = [v for v, s in zip(values, selected) if not s]
     result = runner(diff, rest, inputs, targets)
     if mode == "forward":
         return result

@@ -3,7 +3,9 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
+from ._advise import Advice, Candidate, advise
 from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
+from ._balance import Balance, balance, split_blocks
 from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
@@ -12,7 +14,7 @@ from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._profile import HostProfile, HostRow
 from ._region import sxstage_region
-from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall
+from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall, train_loss
 from ._stage_profile import CellProfile, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
@@ -23,6 +25,7 @@ __all__ = [
     "runner",
     "pipeline_stages",
     "call_with",
+    "train_loss",
     "Runner",
     "sxcall",
     "gather",
@@ -42,6 +45,12 @@ __all__ = [
     "HostProfile",
     "HostRow",
     "profile_stages",
+    "advise",
+    "balance",
+    "Balance",
+    "split_blocks",
+    "Advice",
+    "Candidate",
     "StageProfile",
     "CellProfile",
     "MpmdError",

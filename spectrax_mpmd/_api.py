@@ -15,6 +15,7 @@ from spectrax_core import sharding as core_sharding
 from ._args import Signature, as_tuple, classify, signature, traced_avals
 from ._compile import Compiler
 from ._context import check_no_trace
+from ._live_bytes import measure_peak_bytes
 from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._plan import Plan, TrainPlanBuilder
 from ._plan_forward import ForwardPlanBuilder
@@ -305,6 +306,14 @@ class _StepFunction:
         entry, leaves = self._entry(args)
         return entry.plan.peak_activations(entry.place(self.placer, leaves))
 
+    def measure_peak_bytes(self, *args) -> tuple[int, ...]:
+        """Run one step and return, per rank, the most bytes alive on its devices between actions
+        (its most loaded device: parameters, batch, accumulators and every activation, residual,
+        stash and cotangent in flight; temporaries inside a cell are not counted). The step's
+        results are discarded."""
+        entry, leaves = self._entry(args)
+        return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
+
     def measure_timeline(self, *args) -> Timeline:
         """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.
 
@@ -326,8 +335,9 @@ class _StepFunction:
     def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
         """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
         compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
-        rank's parameter and accumulator bytes, bytes per edge, and each cell's measured time
-        (`StageProfile`; print `.table()`). Runs the step `rounds` times, cell by cell."""
+        rank's parameter and accumulator bytes, bytes per edge, the bytes each stage and rank
+        holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
+        `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
         entry, leaves = self._entry(args)
         try:
             return profile_stage_plan(

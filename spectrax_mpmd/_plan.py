@@ -50,6 +50,7 @@ class Plan:
     saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
     ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
     schedule: object = None  # the schedule it runs (regions merged into one)
+    slot_names: dict = field(default_factory=dict)  # slot -> the builder's key for it (last alias wins)
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -621,6 +622,7 @@ class TrainPlanBuilder:
                 e = self.g.edges[key[1]]
                 self.plan.activation_slots.setdefault(slot, (self.rank[e.dst], e.dst, key[2]))
         self._seal({loss_slot, *grads.values(), *stacked.values()})
+        self.plan.slot_names = {slot: key for key, slot in self.slots.named.items()}
         self.plan.forward_steps = self.forward_steps
         self.plan.cells = {
             (s, kind): spec

@@ -27,10 +27,11 @@ from spectrax_core.schedules import GPipe
 
 from ._api import sxjit, sxvalue_and_grad
 from ._args import is_prng_key
+from ._balance import balance
 from ._cells import fold_key
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._stages import stage_blocks
+from ._stages import _blocks_of, stage_blocks
 from .errors import MpmdError
 
 MODES = ("train", "forward")
@@ -131,8 +132,7 @@ class Runner:
 
     # -- the traced functions ------------------------------------------------------------
     def _loss(self, params, extra, inputs, targets):
-        out = self.forward(params, extra, inputs)
-        return self.loss_fn(out, targets) if targets is not None else self.loss_fn(out)
+        return train_loss(self.forward, self.loss_fn)(params, extra, inputs, targets)
 
     def _forward_only(self, params, extra, inputs):
         return self.forward(params, extra, inputs)
@@ -235,6 +235,53 @@ def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None)
     return forward
 
 
+def train_loss(forward: Callable, loss_fn: Callable) -> Callable:
+    """`loss(params, extra, inputs, targets)`: `loss_fn` of `forward`'s outputs, as a run trains it."""
+
+    def loss(params, extra, inputs, targets):
+        out = forward(params, extra, inputs)
+        return loss_fn(out, targets) if targets is not None else loss_fn(out)
+
+    return loss
+
+
+def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget) -> Callable:
+    """A train step whose stage sizes are chosen on its first call by `balance` (kept as
+    `step.balance`); later calls reuse that split."""
+    schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
+
+    def step(model, inputs, targets=None):
+        if step.runner is None:
+            n_blocks = _blocks_of(model).n_layers
+
+            def cut(sizes):
+                forward = core_forward(apply_fn, len(sizes), sizes)
+                return train_loss(forward, loss_fn), (model, None, inputs, targets)
+
+            step.balance = balance(
+                cut,
+                mesh=mesh,
+                schedule=schedule,
+                n_blocks=n_blocks,
+                memory_budget=memory_budget,
+                batch_argnums=(2, 3),
+                has_aux=has_aux,
+                rules=rules,
+            )
+            step.runner = Runner(
+                core_forward(apply_fn, pipeline_stages(mesh, schedule), step.balance.sizes),
+                mesh=mesh,
+                loss_fn=loss_fn,
+                schedule=schedule,
+                has_aux=has_aux,
+                rules=rules,
+            )
+        return step.runner(model, None, inputs, targets)
+
+    step.runner = step.balance = None
+    return step
+
+
 def runner(
     *,
     mesh,
@@ -243,14 +290,34 @@ def runner(
     microbatches: int = 1,
     schedule=None,
     has_aux: bool = False,
-    stage_sizes: Sequence[int] | None = None,
+    stage_sizes: Sequence[int] | str | None = None,
     apply_fn: Callable = apply,
     rules=None,
+    memory_budget: int | None = None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
     Use this in a training loop; `run` builds (and compiles) a new step on every call.
+    With `stage_sizes="auto"` the first call profiles the model's blocks and picks
+    the split (`step.balance` says which, with its predicted per-stage times).
     """
+    if isinstance(stage_sizes, str):
+        if stage_sizes != "auto":
+            raise MpmdError(f"run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
+        if mode != "train":
+            raise MpmdError(
+                "run: stage_sizes='auto' balances a training step from its profiled costs; with "
+                "mode='forward' give the block counts (e.g. the `balance.sizes` of a training run)."
+            )
+        if pipeline_stages(mesh, schedule) > 1:
+            if loss_fn is None:
+                raise MpmdError(
+                    "run: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss."
+                )
+            return _auto_runner(
+                mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget
+            )
+        stage_sizes = None
     inner = Runner(
         core_forward(apply_fn, pipeline_stages(mesh, schedule), stage_sizes),
         mesh=mesh,
@@ -281,18 +348,21 @@ def run(
     microbatches: int = 1,
     schedule=None,
     has_aux: bool = False,
-    stage_sizes: Sequence[int] | None = None,
+    stage_sizes: Sequence[int] | str | None = None,
     apply_fn: Callable = apply,
     rules=None,
+    memory_budget: int | None = None,
 ):
     """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
 
     `apply_fn(model, inputs)` is the forward (`spectrax_core.apply` by default;
     a tuple of inputs is passed as `*inputs`, a dict as `**inputs`). On an MPMD
     mesh, the model's `blocks` (a `BlockStack`, or a `StagedStack` from
-    `stage_blocks`) are cut into `mesh.mpmd_dim x virtual_stages` stages — evenly
-    or by `stage_sizes` — through the model's own forward: what runs before the
-    blocks is on the first stage, what runs after on the last.
+    `stage_blocks`) are cut into `mesh.mpmd_dim x virtual_stages` stages — evenly,
+    by `stage_sizes`, or with `stage_sizes="auto"` where the profiled per-block
+    costs say (within `memory_budget` bytes per device, if given; see `balance`) —
+    through the model's own forward: what runs before the blocks is on the first
+    stage, what runs after on the last.
 
     `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
     targets)` over `microbatches` and its gradients, shaped like `model`.
@@ -309,6 +379,7 @@ def run(
         stage_sizes=stage_sizes,
         apply_fn=apply_fn,
         rules=rules,
+        memory_budget=memory_budget,
     )
     return step(model, inputs, targets)
 

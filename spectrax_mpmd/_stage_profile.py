@@ -9,11 +9,13 @@ memory analysis of those programs describe the step exactly; a short timed run
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from spectrax_core.schedules import StageCost
+from spectrax_core.schedules import StageCost, StageMemory
+
+from ._live_bytes import stage_memory
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,8 @@ class CellProfile:
     `output_bytes` and `temp_bytes` from its memory analysis; `saved_bytes` is
     what one microbatch leaves behind for later (a forward's residuals, an I
     cell's stash for W); `seconds` is the measured time of the action alone with
-    its sends (min over microbatches and rounds), None when the cell only ran
-    fused with another.
+    its sends (the least over microbatches and timed rounds: other load on the
+    machine only ever adds time), None when the cell only ran fused with another.
     """
 
     stage: int
@@ -46,13 +48,37 @@ class StageProfile:
 
     `param_bytes[r]` counts the parameter leaves rank r reads (each once);
     `accumulator_bytes[r]` the gradient accumulators (and loss) it holds during a
-    step; `edges` is `(source stage, destination stage, bytes per microbatch)`.
+    step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
+    `memory` the bytes per stage and microbatch and per rank, on one device of
+    each rank (see `stage_memory`); `stage_param_bytes[s]` the parameters stage s reads (a leaf read by several
+    stages counts in each).
     """
 
     cells: tuple[CellProfile, ...]
     param_bytes: tuple[int, ...]
     accumulator_bytes: tuple[int, ...]
     edges: tuple[tuple[int, int, int], ...]
+    memory: StageMemory
+    stage_param_bytes: tuple[int, ...]
+
+    def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
+        """The profiled bytes as a `spectrax_core.schedules.StageMemory`, for `simulate(memory=)`.
+
+        `optimizer_states` estimates the optimizer's state as that many copies of each
+        rank's parameters (0: plain SGD, 1: momentum, 2: Adam's two moments).
+        """
+        if (
+            isinstance(optimizer_states, bool)
+            or not isinstance(optimizer_states, (int, float))
+            or optimizer_states < 0
+        ):
+            raise ValueError(
+                f"stage_memory: optimizer_states must be a non-negative number (2 for Adam), "
+                f"received {optimizer_states!r}."
+            )
+        return replace(
+            self.memory, optimizer=tuple(int(round(optimizer_states * p)) for p in self.memory.params)
+        )
 
     def cell(self, stage: int, kind: str) -> CellProfile:
         return next(c for c in self.cells if c.stage == stage and c.kind == kind)
@@ -98,6 +124,8 @@ class StageProfile:
             "param_bytes": list(self.param_bytes),
             "accumulator_bytes": list(self.accumulator_bytes),
             "edges": [list(e) for e in self.edges],
+            "memory": self.memory.as_dict(),
+            "stage_param_bytes": list(self.stage_param_bytes),
         }
 
     def table(self) -> str:
@@ -126,9 +154,9 @@ def _cost(compiled) -> dict:
 
 
 def _cell_seconds(plan, spans) -> dict:
-    """`(stage, kind) -> min seconds` over the single-part actions of the measured spans."""
+    """`(stage, kind) -> seconds of each` single-part action among one round's spans."""
     last = len(plan.stage_ranks) - 1
-    best: dict = {}
+    times: dict = {}
     for rank, action, start, end in spans:
         parts = getattr(action, "parts", None)
         if parts is None or len(parts) != 1:
@@ -137,9 +165,8 @@ def _cell_seconds(plan, spans) -> dict:
         kind = "FB" if part.stage == last else part.kind
         if part.stage == last and part.kind != "F":
             continue
-        key = (part.stage, kind)
-        best[key] = min(best.get(key, math.inf), end - start)
-    return best
+        times.setdefault((part.stage, kind), []).append(end - start)
+    return times
 
 
 def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
@@ -149,10 +176,12 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     `param_leaves` maps each parameter leaf index to an array or ShapeDtypeStruct,
     `placed_inputs` are the plan's inputs (for the timed rounds).
     """
-    best: dict = {}
+    per_cell: dict = {}
     for _ in range(rounds):
         for key, seconds in _cell_seconds(plan, plan.timeline(placed_inputs)).items():
-            best[key] = min(best.get(key, math.inf), seconds)
+            per_cell.setdefault(key, []).extend(seconds)
+    best = {key: min(values) for key, values in per_cell.items()}
+    ranks = 1 + max(plan.stage_ranks)
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
         if (stage, kind) not in plan.ran:
@@ -175,7 +204,6 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
                 seconds=best.get((stage, kind)),
             )
         )
-    ranks = 1 + max(plan.stage_ranks)
     params = [0] * ranks
     for _, (kind, a, r) in plan.input_keys:
         if kind == "param":
@@ -188,4 +216,9 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
             device = min(infos[0].sharding.device_set, key=lambda d: d.id)
             accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
-    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges)
+    memory = stage_memory(plan, placed_inputs)
+    stage_params = [0] * len(plan.stage_ranks)
+    for key in plan.slot_names.values():
+        if isinstance(key, tuple) and key[0] == "acc":
+            stage_params[key[1]] += _nbytes(param_leaves[key[2]])
+    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(stage_params))

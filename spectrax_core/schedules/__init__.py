@@ -5,7 +5,7 @@ Nine schedules — `GPipe`, `Std1F1B`, `Eager1F1B`, `ZeroBubbleH1`,
 `KimiK2` — each a frozen dataclass built as `Schedule(microbatches=m)` (loop
 schedules also take `virtual_stages=v`). `schedule.actions(n)` is the table:
 one tuple per rank of `Action` / `FusedAction` cells in execution order.
-`simulate` runs a table on a `Cost` model; `render_grid` and `chrome_trace`
+`simulate` runs a table on a `Cost` model (and a `StageMemory` for bytes); `render_grid` and `chrome_trace`
 show the result. See docs/schedules.md.
 """
 
@@ -14,6 +14,7 @@ from ._base import Schedule
 from ._dualpipe import DualPipeV
 from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
 from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH1, KimiK2
+from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
 from ._simulate import Cost, Event, StageCost, Timeline, simulate, validate
@@ -50,6 +51,8 @@ __all__ = [
     "ScheduleError",
     "Cost",
     "StageCost",
+    "StageMemory",
+    "peak_bytes",
     "Event",
     "Timeline",
     "simulate",

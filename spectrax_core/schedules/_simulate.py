@@ -11,9 +11,10 @@ unless `Cost.FB` is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._actions import Action, Cell, FusedAction, ScheduleError, check_table
+from ._memory import StageMemory, peak_bytes
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ class Timeline:
     `peak_activations[r]` is the most (stage, microbatch) activations live on
     rank r at once (live from the start of F to the end of B, or of W when the
     backward is split). `stage_labels` name the stages in grids and traces
-    (empty: their numbers).
+    (empty: their numbers). `peak_bytes[r]` is rank r's peak in bytes when `simulate`
+    was given a `StageMemory` (None otherwise).
     """
 
     schedule_name: str
@@ -121,6 +123,7 @@ class Timeline:
     bubble_fraction: float
     peak_activations: tuple[int, ...]
     stage_labels: tuple[str, ...] = ()
+    peak_bytes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,14 @@ def _makes(a: Action) -> tuple[str, int, int]:
     return ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch)
 
 
-def simulate(schedule, n: int, cost: Cost | StageCost = Cost()) -> Timeline:
+def simulate(
+    schedule, n: int, cost: Cost | StageCost = Cost(), memory: StageMemory | None = None
+) -> Timeline:
     """Run `schedule.actions(n)` on the cost model `cost` and return its `Timeline`.
+
+    With `memory` (a `StageMemory`), the timeline's `peak_bytes` holds each
+    rank's peak in bytes, the buffers following the host's issue order (see
+    `peak_bytes`).
 
     Raises `ScheduleError` (a `ValueError`) when the table is malformed (see
     `check_table`) or deadlocks (every unfinished rank waits on an input that
@@ -216,7 +225,8 @@ def simulate(schedule, n: int, cost: Cost | StageCost = Cost()) -> Timeline:
             f"{type(schedule).__name__}: the table deadlocks on n={n} ranks: {lines}. "
             "Reorder the rows so every input is produced before it is needed."
         )
-    return _timeline(schedule, n, cost, events)
+    timeline = _timeline(schedule, n, cost, events)
+    return timeline if memory is None else replace(timeline, peak_bytes=peak_bytes(timeline, memory))
 
 
 def _describe(key: tuple[str, int, int]) -> str:

@@ -202,6 +202,23 @@ def test_block_called_twice_or_skipped_is_an_error(order, what):
         spx.run(bad, inputs=tokens, mesh=mesh_of("pp2"), mode="forward", microbatches=2)
 
 
+def test_auto_stage_sizes_profile_the_blocks_and_train_exactly(caplog):
+    """`stage_sizes="auto"` splits the `blocks` ModuleList where the profiled costs say (logged),
+    once per configuration, and trains exactly as the unsplit model."""
+    model, tokens, targets = model_and_batch()
+    kwargs = dict(inputs=tokens, targets=targets, mesh=mesh_of("pp2"), loss_fn=lm_loss, microbatches=2)
+    with caplog.at_level("INFO", logger="spectrax_mpmd"):
+        loss, grads = spx.run(model, stage_sizes="auto", **kwargs)
+    ref_loss, ref_grads = reference()
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
+    assert caplog.text.count("stage_sizes='auto'") == 1
+    spx.run(model, stage_sizes="auto", **kwargs)  # the same configuration: no second profile
+    assert caplog.text.count("stage_sizes='auto'") == 1
+    with pytest.raises(mp.MpmdError, match="'auto'"):
+        spx.run(model, stage_sizes="even", **kwargs)
+
+
 def test_model_without_blocks_on_mpmd_mesh_is_an_error():
     class Plain(spx.Module):
         def __init__(self):

@@ -184,6 +184,26 @@ def test_uneven_stage_sizes_forward_matches_reference_and_cuts_there():
     assert scan_lengths(step.runner.step.last_graph) == [[3], [1]]
 
 
+def test_auto_stage_sizes_train_matches_reference_and_cuts_where_balance_says(caplog):
+    """`stage_sizes="auto"` on 2 ranks: the blocks are profiled once, the chosen split is logged and
+    kept as `step.balance`, and the step it runs is the exact training step, cut there."""
+    lm, tokens, targets = lm_and_batch()
+    step = mp.runner(mesh=mesh_of("pp2"), loss_fn=softmax_cross_entropy, microbatches=2, stage_sizes="auto")
+    with caplog.at_level("INFO", logger="spectrax_mpmd"):
+        loss, grads = step(lm, tokens, targets)
+    ref_loss, ref_grads = reference()
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
+    sizes = step.balance.sizes
+    assert sum(sizes) == N_LAYERS and min(sizes) >= 1 and len(step.balance.block_s) == N_LAYERS
+    assert scan_lengths(step.runner.step.last_graph) == [[k] for k in sizes]
+    assert "stage_sizes='auto'" in caplog.text and "even" in caplog.text
+    with pytest.raises(mp.MpmdError, match="mode='forward'"):
+        mp.runner(mesh=mesh_of("pp2"), mode="forward", microbatches=2, stage_sizes="auto")
+    with pytest.raises(mp.MpmdError, match="'auto'"):
+        mp.runner(mesh=mesh_of("pp2"), loss_fn=softmax_cross_entropy, stage_sizes="balanced")
+
+
 @pytest.mark.parametrize(
     "n_blocks, n_stages, expected",
     [

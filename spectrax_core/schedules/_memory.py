@@ -1,0 +1,205 @@
+"""Memory in bytes over a step: `StageMemory` and `peak_bytes`.
+
+Each rank holds its parameters, their gradient accumulators, the optimizer's
+state and the step's inputs for the whole step; on top of that, each
+`(stage, microbatch)` holds buffers from one cell to another:
+
+* an activation received from the previous stage, from its arrival (the end of
+  the producing forward) to the end of the forward (`inputs`) or, when the
+  backward reads it, to the end of the backward (`kept_inputs`);
+* what the forward saves for the backward (`residuals`), from the end of the
+  forward to the end of the backward;
+* the cotangent received from the next stage (`grads`), from its arrival to the
+  end of the backward;
+* an I cell's stash for its W (`stash`), from the end of I to the end of W.
+
+"The end of the backward" is the end of B, or of W when the backward is split.
+The last stage computes its input cotangent together with its forward (a fused
+loss cell), so the cotangent it sends arrives at the end of that forward.
+"When" is either the order a host thread issues the cells (the default: with
+asynchronous dispatch that is when buffers exist) or the simulated device
+times (`peak_bytes(..., order="time")`). At equal times releases come before
+allocations: a rank's peak is taken between cells, over the buffers it holds,
+not inside a cell (temporaries are not counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._simulate import Timeline
+
+_PER_STAGE = ("inputs", "kept_inputs", "residuals", "grads", "stash")
+_PER_RANK = ("params", "accumulators", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per stage (for one microbatch) and per rank, on one device of the rank.
+
+    Per stage `s` (tuples of one entry per logical stage): `inputs[s]` received
+    activations only the forward reads; `kept_inputs[s]` received activations the
+    backward reads too; `residuals[s]` what the forward saves for the backward;
+    `grads[s]` the cotangents received from the next stage; `stash[s]` what an I
+    cell keeps for its W. Per rank (one entry per rank): `params`,
+    `accumulators` (gradients summed over microbatches, and the loss),
+    `optimizer` (the optimizer's state, an estimate) and `other` (the batch and
+    other arguments placed on the rank, constants), all held for the whole step.
+    """
+
+    inputs: tuple[int, ...]
+    kept_inputs: tuple[int, ...]
+    residuals: tuple[int, ...]
+    grads: tuple[int, ...]
+    stash: tuple[int, ...]
+    params: tuple[int, ...]
+    accumulators: tuple[int, ...]
+    optimizer: tuple[int, ...]
+    other: tuple[int, ...]
+
+    def __post_init__(self):
+        for group, names in (("stage", _PER_STAGE), ("rank", _PER_RANK)):
+            sizes = {name: getattr(self, name) for name in names}
+            count = len(sizes[names[0]])
+            for name, values in sizes.items():
+                if not isinstance(values, tuple) or len(values) != count:
+                    raise ValueError(
+                        f"StageMemory: {name} must be a tuple with one byte count per {group} (as "
+                        f"{names[0]} has, {count}), received {values!r}."
+                    )
+                for k, v in enumerate(values):
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise ValueError(
+                            f"StageMemory: {name}[{k}] must be a non-negative int of bytes, received {v!r}."
+                        )
+
+    @property
+    def stages(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def ranks(self) -> int:
+        return len(self.params)
+
+    def static(self, rank: int) -> int:
+        """Bytes rank `rank` holds for the whole step: parameters, accumulators, optimizer, other."""
+        return sum(getattr(self, name)[rank] for name in _PER_RANK)
+
+    def as_dict(self) -> dict:
+        return {f.name: list(getattr(self, f.name)) for f in fields(self)}
+
+
+def peak_bytes(timeline: Timeline, memory: StageMemory, order: str = "issue") -> tuple[int, ...]:
+    """Per rank, the most bytes it holds at once over `timeline`'s step (see the module docstring).
+
+    `order="issue"` (default) follows the order one host thread issues the cells:
+    every rank's cells in table order, merged round-robin, one cell per rank per
+    round once what it reads was issued. With asynchronous dispatch a buffer exists
+    from the issue of the cell (or send) that makes it to the issue of its last
+    reader, so this is what `spectrax_mpmd`'s runtime holds, whatever the durations.
+    `order="time"` follows the simulated device times instead (a buffer arrives when
+    its producer ends, plus `comm` across ranks): a runtime that allocates on arrival.
+    """
+    if not isinstance(memory, StageMemory):
+        raise TypeError(f"peak_bytes: memory must be a StageMemory, received {type(memory).__name__}.")
+    if order not in ("issue", "time"):
+        raise ValueError(f"peak_bytes: order must be 'issue' or 'time', received {order!r}.")
+    if memory.ranks != timeline.n:
+        raise ValueError(
+            f"peak_bytes: the StageMemory has {memory.ranks} ranks but the timeline has {timeline.n}; "
+            "give one byte count per rank."
+        )
+    stages = 1 + max((a.stage for row in timeline.events for e in row for a in e.cell.parts), default=-1)
+    if stages != memory.stages:
+        raise ValueError(
+            f"peak_bytes: the StageMemory has {memory.stages} stages but the timeline runs {stages}; "
+            "give one byte count per logical stage."
+        )
+    if order == "issue":
+        return _peaks(_issued(timeline.events, stages - 1), 0.0, memory)
+    rows = [[(e.rank, e.cell, e.start, e.end) for e in row] for row in timeline.events]
+    return _peaks(rows, float(timeline.cost.comm), memory)
+
+
+def _issued(events, last: int) -> list[list[tuple]]:
+    """Each rank's cells as `(rank, cell, k, k + 1)`, k the cell's place in the round-robin
+    issue order."""
+    table = [[e.cell for e in row] for row in events]
+    done: set = set()
+    pos = [0] * len(table)
+    rows: list[list] = [[] for _ in table]
+    k = 0
+    while any(p < len(row) for p, row in zip(pos, table)):
+        progressed = False
+        for r, row in enumerate(table):
+            if pos[r] < len(row) and all(key in done for a in row[pos[r]].parts for key in _reads(a, last)):
+                cell = row[pos[r]]
+                done.update(
+                    ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch) for a in cell.parts
+                )
+                rows[r].append((r, cell, float(k), float(k + 1)))
+                pos[r] += 1
+                k += 1
+                progressed = True
+        if not progressed:
+            raise ValueError("peak_bytes: the timeline's cells cannot be issued in table order.")
+    return rows
+
+
+def _reads(a, last: int) -> list[tuple[str, int, int]]:
+    """What `a` waits for: the forward before it; for B or I its own forward and the next
+    stage's input gradient (`G`: its B or I); for W its own I."""
+    s, mb = a.stage, a.microbatch
+    if a.kind == "F":
+        return [("F", s - 1, mb)] if s > 0 else []
+    if a.kind == "W":
+        return [("G", s, mb)]
+    return [("F", s, mb)] + ([("G", s + 1, mb)] if s < last else [])
+
+
+def _peaks(rows, comm: float, memory: StageMemory) -> tuple[int, ...]:
+    """Sweep each rank's holdings over `rows` of `(rank, cell, start, end)`."""
+    where: dict[tuple[str, int, int], tuple[int, float, float]] = {}
+    for row in rows:
+        for rank, cell, start, end in row:
+            for a in cell.parts:
+                where[(a.kind, a.stage, a.microbatch)] = (rank, start, end)
+    marks: list[list[tuple[float, int]]] = [[] for _ in rows]
+
+    def hold(rank: int, start: float, end: float, nbytes: int) -> None:
+        if nbytes and end > start:
+            marks[rank] += [(start, nbytes), (end, -nbytes)]
+
+    def arrival(key: tuple[str, int, int], rank: int) -> float:
+        src, _, end = where[key]
+        return end + (comm if src != rank else 0.0)
+
+    last = memory.stages - 1
+    for (kind, s, mb), (rank, _, f_end) in where.items():
+        if kind != "F":
+            continue
+        backward = where.get(("W", s, mb)) or where.get(("B", s, mb)) or where.get(("I", s, mb))
+        b_end = backward[2] if backward is not None else f_end
+        if s > 0:
+            came = arrival(("F", s - 1, mb), rank)
+            hold(rank, came, f_end, memory.inputs[s])
+            hold(rank, came, b_end, memory.kept_inputs[s])
+        hold(rank, f_end, b_end, memory.residuals[s])
+        if s < last:
+            if s + 1 == last:  # the loss cell sends its input cotangent with its forward
+                producer = ("F", last, mb)
+            else:
+                producer = ("I", s + 1, mb) if ("I", s + 1, mb) in where else ("B", s + 1, mb)
+            hold(rank, arrival(producer, rank), b_end, memory.grads[s])
+        if ("I", s, mb) in where and ("W", s, mb) in where:
+            hold(rank, where[("I", s, mb)][2], where[("W", s, mb)][2], memory.stash[s])
+    peaks = []
+    for rank, row in enumerate(marks):
+        live = peak = memory.static(rank)
+        for _, delta in sorted(row):  # at equal times a release (negative) sorts first
+            live += delta
+            peak = max(peak, live)
+        peaks.append(peak)
+    return tuple(peaks)

@@ -1,0 +1,255 @@
+"""`advise`: which schedule, how many microbatches and virtual stages, under a memory budget.
+
+Every candidate `(schedule, microbatches, virtual stages)` is simulated with costs
+and bytes profiled from the compiled programs. Profiles are shared: a stage's
+cell times depend only on the stage cut (ranks x virtual stages) and the
+microbatch size, so one profile per cut and microbatch count serves every
+schedule; the bytes a plan holds per stage depend on the layout of stages on
+ranks and on whether the backward is split, so one profile per layout serves
+every schedule with it. Peak bytes follow the runtime's issue order, which is
+exact; step times follow the measured cell times (one profile's per cut and
+microbatch count, so schedules are compared on the same times; ZeroBubbleH1
+divides B into I and W as its split cells measured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from spectrax_core import schedules as S
+
+from .errors import MpmdError, StageSplitError
+
+ALL = S.ALL_SCHEDULES
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One simulated configuration: `step_s` predicted seconds per step, `bubble` the idle
+    fraction, `peak_bytes[r]` rank r's predicted peak (per device), `fits` within the budget."""
+
+    schedule: object
+    microbatches: int
+    virtual_stages: int
+    step_s: float
+    bubble: float
+    peak_bytes: tuple[int, ...]
+    fits: bool
+
+    @property
+    def name(self) -> str:
+        return type(self.schedule).__name__
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Candidates ranked: those that fit the budget first, each group by predicted step time.
+
+    `smallest_peak` is the candidate whose largest per-rank peak is smallest, and
+    `binding_rank` its rank holding that peak: what a budget must at least allow.
+    """
+
+    candidates: tuple[Candidate, ...]
+    memory_budget: int | None
+    smallest_peak: Candidate
+
+    @property
+    def binding_rank(self) -> int:
+        peaks = self.smallest_peak.peak_bytes
+        return peaks.index(max(peaks))
+
+    def under(self, memory_budget: int | None) -> Advice:
+        """The same candidates ranked for another budget (bytes per device; None: no limit)."""
+        _check_budget(memory_budget)
+        rows = [replace(c, fits=_fits(c.peak_bytes, memory_budget)) for c in self.candidates]
+        return _ranked(rows, memory_budget)
+
+    @property
+    def fitting(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.fits)
+
+    def table(self) -> str:
+        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
+        lines = [f"memory budget per device: {budget}"]
+        lines.append(
+            f"{'schedule':24} {'m':>3} {'v':>2} {'step ms':>9} {'bubble':>7} {'fits':>5}  peak MiB per rank"
+        )
+        for c in self.candidates:
+            peaks = " ".join(f"{p / 2**20:.3f}" for p in c.peak_bytes)
+            lines.append(
+                f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
+                f"{c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
+            )
+        if not self.fitting:
+            s = self.smallest_peak
+            lines.append(
+                f"no configuration fits: the smallest peak is {max(s.peak_bytes) / 2**20:.3f} MiB on rank "
+                f"{self.binding_rank} ({s.name}, m={s.microbatches}, v={s.virtual_stages}; per rank "
+                + ", ".join(f"{p / 2**20:.3f}" for p in s.peak_bytes)
+                + " MiB); raise the budget to at least that, or use remat=True or more ranks."
+            )
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "memory_budget": self.memory_budget,
+            "candidates": [
+                {
+                    "schedule": c.name,
+                    "microbatches": c.microbatches,
+                    "virtual_stages": c.virtual_stages,
+                    "step_s": c.step_s,
+                    "bubble": c.bubble,
+                    "peak_bytes": list(c.peak_bytes),
+                    "fits": c.fits,
+                }
+                for c in self.candidates
+            ],
+            "binding_rank": self.binding_rank,
+        }
+
+
+def _check_budget(memory_budget) -> None:
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or memory_budget <= 0
+    ):
+        raise MpmdError(
+            f"advise: memory_budget must be a positive number of bytes per device (or None), "
+            f"received {memory_budget!r}."
+        )
+
+
+def _fits(peaks: tuple[int, ...], memory_budget) -> bool:
+    return memory_budget is None or max(peaks) <= memory_budget
+
+
+def _ranked(rows: list[Candidate], memory_budget) -> Advice:
+    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
+    return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)))
+
+
+def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
+    """Every valid schedule instance for `n` ranks."""
+    out = []
+    for cls in schedules:
+        for m in microbatches:
+            for v in virtual_stages:
+                try:
+                    if cls is S.DualPipeV:
+                        schedule = cls(microbatches=m) if v == 2 else None
+                    elif cls.layout == "loop":
+                        schedule = cls(microbatches=m, virtual_stages=v) if v >= 2 else None
+                    else:
+                        schedule = cls(microbatches=m) if v == 1 else None
+                    if schedule is not None:
+                        schedule.validate(n)
+                        out.append(schedule)
+                except ValueError:
+                    continue
+    return out
+
+
+def _cost_schedule(m: int, v: int):
+    """A schedule running every cell alone, for the cell times of an n x v cut."""
+    return S.Std1F1B(microbatches=m) if v == 1 else S.InterleavedGPipe(microbatches=m, virtual_stages=v)
+
+
+def _memory_schedule(schedule):
+    """The schedule whose plan holds the same bytes per stage as `schedule`'s (same layout, same
+    backward split)."""
+    m, v = schedule.microbatches, schedule.virtual_stages
+    if schedule.layout == "flat":
+        return S.ZeroBubbleH1(microbatches=m) if schedule.splits_backward else S.Std1F1B(microbatches=m)
+    if schedule.layout == "loop":
+        return S.InterleavedGPipe(microbatches=m, virtual_stages=v)
+    return schedule
+
+
+def _split_like(cost: S.StageCost, split: S.StageCost) -> S.StageCost:
+    """`cost` with each stage's B divided into I and W in the proportions `split` measured, so that
+    schedules of one cut are compared on the same backward times."""
+    shares = [i / (i + w) if i + w > 0 else 0.5 for i, w in zip(split.I, split.W)]
+    return S.StageCost(
+        cost.F,
+        cost.B,
+        tuple(b * k for b, k in zip(cost.B, shares)),
+        tuple(b * (1 - k) for b, k in zip(cost.B, shares)),
+        cost.comm,
+    )
+
+
+def advise(
+    fn: Callable,
+    *args,
+    mesh,
+    memory_budget: int | None = None,
+    schedules: Sequence[type] = ALL,
+    microbatches: Sequence[int] = (4, 8),
+    virtual_stages: Sequence[int] = (1, 2),
+    optimizer_states: float = 0.0,
+    comm: float = 0.0,
+    rounds: int = 2,
+    **step_kwargs,
+) -> Advice:
+    """Simulate every valid `(schedule, microbatches, virtual stages)` with profiled costs and
+    bytes, and rank them (`Advice`; print `.table()`).
+
+    `fn(*args)` is the loss as for `sxvalue_and_grad`, its markers cutting it into
+    as many stages as some `ranks x virtual stages` (other cuts are skipped); or,
+    with no `args`, `fn(n_stages)` returns `(loss_fn, args)` for a model cut into
+    `n_stages`. `memory_budget` is bytes per device; `optimizer_states` estimates
+    the optimizer's state as that many copies of each rank's parameters (2 for
+    Adam); `comm` is one transfer's seconds. `step_kwargs` go to
+    `sxvalue_and_grad` (e.g. `remat=True`).
+    """
+    from ._api import _check_mesh, sxvalue_and_grad
+    from ._compile import Compiler
+
+    mesh = _check_mesh("advise", mesh)
+    n = mesh.mpmd_dim
+    _check_budget(memory_budget)
+    candidates = _candidates(schedules, microbatches, virtual_stages, n)
+    if not candidates:
+        raise MpmdError(
+            f"advise: no valid configuration among schedules {[c.__name__ for c in schedules]}, "
+            f"microbatches {tuple(microbatches)} and virtual_stages {tuple(virtual_stages)} on {n} ranks; "
+            "allow more microbatches (interleaved schedules need m >= ranks, DualPipeV m >= 2 x ranks)."
+        )
+    profiles: dict = {}
+    compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
+
+    def profile(schedule):
+        key = repr(schedule)
+        if key not in profiles:
+            loss, loss_args = fn(n * schedule.virtual_stages) if not args else (fn, args)
+            step = sxvalue_and_grad(loss, mesh=mesh, schedule=schedule, **step_kwargs)
+            step.compiler = compiler
+            try:
+                profiles[key] = step.profile_stages(*loss_args, rounds=rounds)
+            except StageSplitError:
+                if not args:
+                    raise
+                profiles[key] = None  # the function's markers cut it into another number of stages
+        return profiles[key]
+
+    rows = []
+    for schedule in candidates:
+        m, v = schedule.microbatches, schedule.virtual_stages
+        timing, held = profile(_cost_schedule(m, v)), profile(_memory_schedule(schedule))
+        if timing is None or held is None:
+            continue
+        cost = timing.stage_cost(comm=comm)
+        if schedule.splits_backward and schedule.layout == "flat":
+            cost = _split_like(cost, held.stage_cost(comm=comm))
+        timeline = S.simulate(schedule, n, cost, memory=held.stage_memory(optimizer_states))
+        peaks = timeline.peak_bytes
+        fits = _fits(peaks, memory_budget)
+        rows.append(Candidate(schedule, m, v, timeline.makespan, timeline.bubble_fraction, peaks, fits))
+    if not rows:
+        raise MpmdError(
+            f"advise: {getattr(fn, '__name__', 'fn')} is cut into a number of stages that no configuration "
+            f"uses ({n} ranks x virtual_stages {tuple(virtual_stages)}); pass virtual_stages matching its "
+            "markers, or a function of the stage count (see the docstring)."
+        )
+    return _ranked(rows, memory_budget)

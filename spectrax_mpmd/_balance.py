@@ -1,0 +1,261 @@
+"""Automatic stage balancing: contiguous block boundaries that minimise the slowest stage.
+
+A model made of blocks (what runs before them lands on the first stage, what
+runs after them, the head and loss, on the last) is profiled once cut at every
+block, all on one rank, so each block's forward and backward time (and bytes)
+is measured from its own compiled cells — the first block's with the
+embedding, the last block's with the head and loss. Dynamic programming over
+those per-block costs then chooses the split whose slowest stage is fastest,
+optionally under a memory budget per device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from spectrax_core import schedules as S
+
+from ._mesh import MpmdMesh, as_mpmd_mesh
+from ._stages import stage_sizes
+from .errors import StageSplitError
+
+log = logging.getLogger("spectrax_mpmd")
+
+
+@dataclass(frozen=True)
+class Balance:
+    """A split of `len(block_s)` blocks into stages, with the profile's prediction for it.
+
+    `sizes` blocks per stage and `stage_s` each stage's predicted seconds per
+    microbatch (forward plus backward); `even_sizes` / `even_stage_s` the same
+    for the even split; `block_s` the profiled seconds of each block (the first
+    with what precedes the blocks, the last with the head and loss);
+    `overhead_s` the fixed cost of one stage's forward and backward cells, which
+    a stage of several blocks pays once.
+    """
+
+    sizes: tuple[int, ...]
+    stage_s: tuple[float, ...]
+    even_sizes: tuple[int, ...]
+    even_stage_s: tuple[float, ...]
+    block_s: tuple[float, ...]
+    overhead_s: float
+
+    @property
+    def predicted_speedup(self) -> float:
+        """The even split's slowest stage over this split's."""
+        return max(self.even_stage_s) / max(self.stage_s)
+
+    def table(self) -> str:
+        def row(name, sizes, times):
+            ms = " ".join(f"{t * 1e3:.3f}" for t in times)
+            return f"{name:6} blocks {sizes}  ms per stage [{ms}]  slowest {max(times) * 1e3:.3f}"
+
+        return "\n".join(
+            [
+                row("auto", self.sizes, self.stage_s),
+                row("even", self.even_sizes, self.even_stage_s),
+                f"predicted: the slowest stage {self.predicted_speedup:.2f}x faster than the even split's",
+            ]
+        )
+
+
+def split_blocks(
+    block_s: Sequence[float],
+    n_stages: int,
+    *,
+    overhead_s: float = 0.0,
+    block_bytes: Sequence[tuple[int, int]] | None = None,
+    activations: Sequence[int] | None = None,
+    budget: int | None = None,
+) -> tuple[int, ...]:
+    """Blocks per stage: contiguous, at least one each, minimising the slowest stage's time, the
+    sum of its blocks' `block_s` less `overhead_s` for each block after the first (the fixed
+    cost of a cell, which a stage pays once however many blocks it runs).
+
+    With `budget`, stage k's bytes — the sum of its blocks' `(static, per microbatch)` bytes
+    as `static + activations[k] * per microbatch` — must not exceed it.
+    """
+    n_blocks = len(block_s)
+    if isinstance(n_stages, bool) or not isinstance(n_stages, int) or n_stages < 1:
+        raise StageSplitError(f"split_blocks: n_stages must be a positive int, received {n_stages!r}.")
+    if budget is not None and (
+        block_bytes is None
+        or activations is None
+        or len(block_bytes) != n_blocks
+        or len(activations) != n_stages
+    ):
+        raise StageSplitError(
+            "split_blocks: a budget needs block_bytes (one (static, per microbatch) pair per block) and "
+            "activations (one count per stage)."
+        )
+    if n_blocks < n_stages:
+        raise StageSplitError(
+            f"the model has {n_blocks} blocks but the mesh and schedule need {n_stages} stages, so no "
+            "split gives every stage a block; use fewer pipeline ranks or virtual stages, or a deeper model."
+        )
+    prefix = np.concatenate([[0.0], np.cumsum([t - overhead_s for t in block_s])])
+    static = np.concatenate([[0], np.cumsum([b[0] for b in block_bytes])]) if block_bytes else None
+    held = np.concatenate([[0], np.cumsum([b[1] for b in block_bytes])]) if block_bytes else None
+
+    def fits(k: int, i: int, j: int) -> bool:
+        if budget is None:
+            return True
+        return static[j] - static[i] + activations[k] * (held[j] - held[i]) <= budget
+
+    inf = float("inf")
+    best = [[inf] * (n_blocks + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n_blocks + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for j in range(k, n_blocks - (n_stages - k) + 1):
+            for i in range(k - 1, j):
+                if best[k - 1][i] < inf and fits(k - 1, i, j):
+                    value = max(best[k - 1][i], prefix[j] - prefix[i] + overhead_s)
+                    if value < best[k][j]:
+                        best[k][j], cut[k][j] = value, i
+    if best[n_stages][n_blocks] == inf:
+        bounds = [0, *np.cumsum(stage_sizes(n_blocks, n_stages)).tolist()]
+        even = max(
+            static[j] - static[i] + activations[k] * (held[j] - held[i])
+            for k, (i, j) in enumerate(zip(bounds, bounds[1:]))
+        )
+        raise StageSplitError(
+            f"no split of {n_blocks} blocks into {n_stages} stages fits the memory budget of {budget:.0f} "
+            f"bytes per stage (the even split's fullest stage needs {int(even)}); raise memory_budget, "
+            "use remat=True, or more pipeline ranks."
+        )
+    sizes, j = [], n_blocks
+    for k in range(n_stages, 0, -1):
+        i = cut[k][j]
+        sizes.append(j - i)
+        j = i
+    return tuple(reversed(sizes))
+
+
+def one_rank_mesh(mesh: MpmdMesh) -> MpmdMesh:
+    """`mesh` reduced to its first pipeline rank: where the per-block profile runs."""
+    pos = mesh.axis_names.index(mesh.mpmd_axis)
+    return as_mpmd_mesh(
+        jax.sharding.Mesh(np.take(mesh.devices, [0], axis=pos), mesh.axis_names), mesh.mpmd_axis
+    )
+
+
+def per_block_schedule(microbatches: int, n_blocks: int):
+    """The schedule of the per-block profile: every block a stage on one rank, each cell alone."""
+    if n_blocks == 1:
+        return S.GPipe(microbatches=microbatches)
+    return S.InterleavedGPipe(microbatches=microbatches, virtual_stages=n_blocks)
+
+
+def balance_from_profile(
+    profile,
+    schedule,
+    n: int,
+    *,
+    memory_budget: int | None = None,
+    optimizer_states: float = 0.0,
+) -> Balance:
+    """The balanced split of a per-block `profile` (one stage per block) for `schedule` on `n`
+    ranks; logged at INFO on the `spectrax_mpmd` logger.
+
+    The budget counts, per stage, its blocks' parameters, accumulators and optimizer
+    estimate plus the activations its rank keeps at its peak (the schedule's peak
+    live activations per rank, at unit costs) times what each block keeps per
+    microbatch; a rank holding v stages gives each a v-th of the budget.
+    """
+    cost = profile.stage_cost()
+    block_s = tuple(f + b for f, b in zip(cost.F, cost.B))
+    overhead = _fixed_cell_seconds(profile) * 2
+    n_stages = n * schedule.virtual_stages
+    block_bytes = activations = budget = None
+    if memory_budget is not None:
+        mem = profile.memory
+        held = [r + k + s for r, k, s in zip(mem.residuals, mem.kept_inputs, mem.stash)]
+        block_bytes = [(int(p * (2 + optimizer_states)), h) for p, h in zip(profile.stage_param_bytes, held)]
+        peaks = S.simulate(schedule, n).peak_activations
+        activations = [peaks[schedule.rank_of(k, n)] for k in range(n_stages)]
+        budget = memory_budget / schedule.virtual_stages
+    sizes = split_blocks(
+        block_s,
+        n_stages,
+        overhead_s=overhead,
+        block_bytes=block_bytes,
+        activations=activations,
+        budget=budget,
+    )
+    even = stage_sizes(len(block_s), n_stages)
+    result = Balance(
+        sizes,
+        _stage_times(block_s, sizes, overhead),
+        even,
+        _stage_times(block_s, even, overhead),
+        block_s,
+        overhead,
+    )
+    log.info("stage_sizes='auto' for %s on %d ranks:\n%s", schedule, n, result.table())
+    return result
+
+
+def _stage_times(block_s: Sequence[float], sizes: Sequence[int], overhead_s: float) -> tuple[float, ...]:
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return tuple(float(sum(block_s[a:b]) - (b - a - 1) * overhead_s) for a, b in zip(bounds, bounds[1:]))
+
+
+def _fixed_cell_seconds(profile) -> float:
+    """The fixed cost of one cell: the intercept of a least-squares line through the profile's
+    forward and backward cells' measured seconds against XLA's FLOP counts, kept within
+    [0, the fastest cell]."""
+    cells = [c for c in profile.cells if c.kind in ("F", "B") and c.seconds is not None]
+    if len(cells) < 3:
+        return 0.0
+    flops = np.array([c.flops for c in cells])
+    seconds = np.array([c.seconds for c in cells])
+    if np.ptp(flops) == 0:
+        return 0.0
+    slope, intercept = np.polyfit(flops, seconds, 1)
+    return float(min(max(intercept, 0.0), seconds.min()))
+
+
+def balance(
+    fn: Callable,
+    *,
+    mesh,
+    schedule,
+    n_blocks: int,
+    memory_budget: int | None = None,
+    optimizer_states: float = 0.0,
+    rounds: int = 2,
+    **step_kwargs,
+) -> Balance:
+    """Balance a model of `n_blocks` blocks for `schedule` on `mesh` (see `Balance`).
+
+    `fn(sizes)` returns `(loss_fn, args)` for the model cut into `len(sizes)` stages
+    of `sizes[k]` blocks (markers after the blocks ending each stage), as
+    `sxvalue_and_grad` takes them; `step_kwargs` go to `sxvalue_and_grad`.
+    """
+    from ._api import _check_mesh, _check_schedule, sxvalue_and_grad
+
+    mesh = _check_mesh("balance", mesh)
+    if schedule is None:
+        raise StageSplitError("balance: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
+    _check_schedule("balance", schedule, mesh.mpmd_dim)
+    n_stages = mesh.mpmd_dim * schedule.virtual_stages
+    if n_blocks < n_stages:
+        split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
+    loss, args = fn((1,) * n_blocks)
+    step = sxvalue_and_grad(
+        loss,
+        mesh=one_rank_mesh(mesh),
+        schedule=per_block_schedule(schedule.microbatches, n_blocks),
+        **step_kwargs,
+    )
+    profile = step.profile_stages(*args, rounds=rounds)
+    return balance_from_profile(
+        profile, schedule, mesh.mpmd_dim, memory_budget=memory_budget, optimizer_states=optimizer_states
+    )

@@ -1,0 +1,63 @@
+"""A heterogeneous pipeline for the planner's tests: an embedding, one wide block, narrow blocks,
+a head with its loss; `lm_loss(n_stages)` cuts it into any number of stages up to its 8 blocks."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import spectrax_mpmd as mp
+
+VOCAB, D, LENGTH, BATCH, M = 32, 16, 8, 32, 8
+HIDDEN = (128, 16, 16, 16, 16, 16, 16, 16)  # one wide block, then narrow ones
+MESH = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
+
+
+def init():
+    keys = jax.random.split(jax.random.key(0), 2 * len(HIDDEN) + 4)
+    blocks = [
+        {
+            "w1": jax.random.normal(keys[2 * k], (D, h)) / 4,
+            "w2": jax.random.normal(keys[2 * k + 1], (h, D)) / 4,
+        }
+        for k, h in enumerate(HIDDEN)
+    ]
+    params = {
+        "embed": jax.random.normal(keys[-4], (VOCAB, D)) / 10,
+        "blocks": blocks,
+        "head": jax.random.normal(keys[-3], (D, VOCAB)) / 10,
+    }
+    tokens = jax.random.randint(keys[-2], (BATCH, LENGTH), 0, VOCAB)
+    targets = jax.random.randint(keys[-1], (BATCH, LENGTH), 0, VOCAB)
+    return params, tokens, targets
+
+
+def lm_loss(n_stages: int):
+    """Embedding and the first blocks on stage 0, the head and loss on the last stage."""
+    ends = set(np.cumsum(mp.stage_sizes(len(HIDDEN), n_stages))[:-1].tolist())
+
+    def loss(params, tokens, targets):
+        x = params["embed"][tokens]
+        for k, block in enumerate(params["blocks"]):
+            x = x + jnp.tanh(x @ block["w1"]) @ block["w2"]
+            if k + 1 in ends:
+                x = mp.sxstage_iter(x)
+        logp = jax.nn.log_softmax(x @ params["head"])
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+    return loss
+
+
+@functools.cache
+def profiled(schedule, remat: bool = False):
+    """`(step, args, outputs, profile, measured peak bytes)` of `lm_loss` under `schedule` on MESH:
+    one build per configuration for the whole session; `outputs` from a plain step before the
+    profile and the measurement ran."""
+    step = mp.sxvalue_and_grad(
+        lm_loss(4 * schedule.virtual_stages), mesh=MESH, schedule=schedule, remat=remat
+    )
+    args = init()
+    outputs = step(*args)
+    profile = step.profile_stages(*args, rounds=1)
+    return step, args, outputs, profile, step.measure_peak_bytes(*args)

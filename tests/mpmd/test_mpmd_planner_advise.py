@@ -1,0 +1,74 @@
+"""`mp.advise`: every valid configuration simulated with profiled costs and bytes, ranked; under a
+budget, what it recommends really fits (its top 3 run and measured); a budget nothing fits gets
+the smallest peak and the rank that binds."""
+
+import pytest
+from planner_cases import MESH, init, lm_loss, profiled
+
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+
+SCHEDULES = (S.GPipe, S.Std1F1B, S.ZeroBubbleH1, S.InterleavedH1, S.DualPipeV)
+
+
+def build(n_stages):
+    return lm_loss(n_stages), init()
+
+
+@pytest.fixture(scope="module")
+def advice():
+    return mp.advise(build, mesh=MESH, schedules=SCHEDULES, microbatches=(8,), rounds=1)
+
+
+def test_every_valid_configuration_is_simulated_and_ranked(advice):
+    names = {(c.name, c.microbatches, c.virtual_stages) for c in advice.candidates}
+    assert names == {
+        (cls.__name__, 8, 2 if cls in (S.InterleavedH1, S.DualPipeV) else 1) for cls in SCHEDULES
+    }
+    times = [c.step_s for c in advice.candidates]
+    assert times == sorted(times) and all(c.fits for c in advice.candidates)
+    assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 5
+
+
+def test_zero_bubble_wins_over_1f1b_where_the_simulation_says_so(advice):
+    """On the same cell times ZeroBubbleH1 fills 1F1B's bubble with deferred W cells, so its
+    simulated step is shorter and it ranks higher."""
+    rows = {c.name: k for k, c in enumerate(advice.candidates)}
+    zb, f1b = advice.candidates[rows["ZeroBubbleH1"]], advice.candidates[rows["Std1F1B"]]
+    assert zb.step_s < f1b.step_s and rows["ZeroBubbleH1"] < rows["Std1F1B"]
+
+
+def test_the_top_three_under_a_budget_fit_when_run(advice):
+    peaks = sorted(max(c.peak_bytes) for c in advice.candidates)
+    limited = advice.under(peaks[2])
+    budget = limited.memory_budget
+    assert 3 <= len(limited.fitting) < len(limited.candidates)
+    assert all(max(c.peak_bytes) > budget for c in limited.candidates if not c.fits)
+    assert list(limited.candidates[: len(limited.fitting)]) == list(limited.fitting)  # fitting ones first
+    for c in limited.fitting[:3]:
+        measured = profiled(c.schedule)[-1]
+        assert max(measured) <= budget, (c, measured)
+        assert all(abs(p - q) <= 0.05 * q for p, q in zip(c.peak_bytes, measured))
+
+
+def test_a_budget_nothing_fits_gets_the_smallest_peak_and_the_binding_rank(advice):
+    tiny = advice.under(1000)
+    assert not tiny.fitting and len(tiny.candidates) == len(advice.candidates)
+    smallest = min(max(c.peak_bytes) for c in tiny.candidates)
+    assert max(tiny.smallest_peak.peak_bytes) == smallest
+    assert tiny.binding_rank == 0  # the embedding and the wide block
+    assert "no configuration fits" in tiny.table() and "rank 0" in tiny.table()
+
+
+def test_bad_arguments_say_what_to_change():
+    with pytest.raises(mp.MpmdError, match="memory_budget"):
+        mp.advise(build, mesh=MESH, memory_budget=-1)
+    with pytest.raises(
+        mp.MpmdError, match="no valid configuration"
+    ):  # DualPipeV needs m >= 2n, interleaving m >= n
+        mp.advise(build, mesh=MESH, schedules=(S.DualPipeV, S.InterleavedH1), microbatches=(2,))
+    loss, args = build(4)  # a function cut into 4 stages: only v = 1 applies
+    fixed = mp.advise(
+        loss, *args, mesh=MESH, schedules=(S.GPipe, S.InterleavedGPipe), microbatches=(2,), rounds=1
+    )
+    assert {(c.name, c.virtual_stages) for c in fixed.candidates} == {("GPipe", 1)}
