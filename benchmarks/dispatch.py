@@ -36,8 +36,8 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import spectrax_core as sc  # noqa: E402
 
+import spectrax_core as sc  # noqa: E402
 import spectrax_eager as spx  # noqa: E402
 
 LR = 1e-4

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import spectrax_core as sc
 
+import spectrax_core as sc
 import spectrax_eager as spx
 
 

@@ -256,7 +256,8 @@ def test_grad_of_eager_block_equals_grad_of_core_block():
 
 
 def test_jit_static_argnames_and_shardings():
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((8,), ("dp",))
     rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
