@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._cells import StageCells, StageIO
 from ._compile import CellSpec, Compiler, _sds
 from ._mesh import MpmdMesh
+from ._multihost import localize
 from ._order import order_actions
 from ._split import StageGraph
 from ._transfer import is_transfer, transfer
@@ -49,6 +50,11 @@ class Plan:
     graph: object = None  # the StageGraph the plan runs
     saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
     ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
+    # multi-process only (`_multihost`): the cross-process transport, the ranks this process
+    # runs (None: all), and (slot, global array without local shards) of outputs held elsewhere
+    transport: object = None
+    local_ranks: frozenset | None = None
+    remote_outputs: list = field(default_factory=list)
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -60,6 +66,8 @@ class Plan:
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+        if self.transport is not None:
+            self.transport.begin()
         buf = self._buffers(placed_inputs)
         for fn, ins, outs, frees in self.steps:
             results = fn(*[buf[i] for i in ins])
@@ -67,6 +75,10 @@ class Plan:
                 buf[o] = r
             for f in frees:
                 buf[f] = None
+        if self.transport is not None:
+            self.transport.end()  # waits for this call's cross-process receives, up to the timeout
+            for slot, value in self.remote_outputs:
+                buf[slot] = value
         return buf
 
     def with_public_transfers(self) -> "Plan":
@@ -647,8 +659,12 @@ class TrainPlanBuilder:
 
     def _seal(self, keep: set[int]) -> None:
         """Compile every cell, record the input slots and their shardings, free slots after last use."""
+        keep = localize(self, keep)  # multi-process: only this process's ranks from here on
+        local = self.plan.local_ranks
         self.plan.input_keys = [
-            (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
+            (slot, key)
+            for key, slot in self.slots.named.items()
+            if key[0] in ("param", "fixed", "batch") and (local is None or key[2] in local)
         ]
         self.plan.input_shardings = [
             NamedSharding(

@@ -1,0 +1,113 @@
+"""The script the multi-host tests launch: one pipelined job, run by every process.
+
+    python -m spectrax_mpmd.launch --nproc P [--devices-per-proc K] multihost_worker.py MODE OUT
+
+Each process writes what it owns (the loss, and every gradient leaf whose
+devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
+in their own process for the single-process reference of the same code.
+
+MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
+two virtual stages, a tied-embedding LM, and an `sxjit` forward), `adamw`
+(Std1F1B and a 10-step AdamW loop), `hang` (rank 0's process stops answering
+after the first step: the others must time out), `idle` (the mesh leaves
+processes without a rank).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SCHEDULES = (
+    ("GPipe", S.GPipe(microbatches=4)),
+    ("Std1F1B", S.Std1F1B(microbatches=4)),
+    ("ZeroBubbleH1", S.ZeroBubbleH1(microbatches=4)),
+    ("InterleavedH1", S.InterleavedH1(microbatches=4, virtual_stages=2)),
+)
+
+
+def _mesh(n: int):
+    return mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
+
+
+def _owned(loss, grads) -> dict:
+    """The loss and the gradient leaves this process holds, by flat index."""
+    out = {"loss": np.asarray(loss)}
+    for k, g in enumerate(jax.tree.leaves(grads)):
+        if g.is_fully_addressable:
+            out[f"g{k}"] = np.asarray(g)
+    return out
+
+
+def _forward(params, tokens):
+    """The heterogeneous model's logits (its loss without the cross-entropy)."""
+    from mpmd_cases import _block_apply
+
+    h = mp.sxstage_iter(params["embed"]["table"][tokens] + params["embed"]["pos"])
+    for k, block in enumerate(params["blocks"]):
+        h = mp.sxstage_iter(_block_apply(k % 3, block, h))
+    return jax.numpy.mean(h, axis=1) @ params["head"]
+
+
+def run(mode: str) -> dict:
+    """`{case: {name: array}}` of this process's share of `mode`'s results."""
+    # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
+    from mpmd_cases import hetero_batch, hetero_loss, hetero_params, lm_batch, pipelined_lm_loss, tiny_lm
+
+    results = {}
+    if mode == "schedules":
+        for name, schedule in SCHEDULES:
+            n_stages = 4 * schedule.virtual_stages
+            params, batch = hetero_params(jax.random.key(n_stages), n_stages), hetero_batch()
+            step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=schedule)
+            results[name] = _owned(*step(params, batch))
+        lm = tiny_lm(jax.random.key(3), n_layers=4, tie_embeddings=True)
+        step = mp.sxvalue_and_grad(pipelined_lm_loss((1, 1, 1, 1)), mesh=_mesh(4), schedule=S.Std1F1B(4))
+        results["tied"] = _owned(*step(lm, lm_batch(jax.random.key(4), 8)))
+        params = hetero_params(jax.random.key(4), 4)
+        fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
+        y = fwd(params, hetero_batch()[0])
+        results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
+    elif mode in ("adamw", "hang"):
+        params, batch = hetero_params(jax.random.key(4), 4), hetero_batch()
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
+        if mode == "adamw":
+            results["Std1F1B"] = _owned(*step(params, batch))
+        opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
+        losses, state = [], None
+        for k in range(10 if mode == "adamw" else 3):
+            if mode == "hang" and k == 1 and jax.process_index() == 0:
+                time.sleep(600)  # alive but silent: the other processes must give up on their own
+            loss, grads = step(params, batch)
+            state = opt.init(params, grads) if state is None else state
+            params, state = opt.update(grads, state, params)
+            losses.append(float(loss))
+        results["adamw"] = {"losses": np.asarray(losses)}
+    elif mode == "idle":
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        step(hetero_params(jax.random.key(2), 2), hetero_batch())
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    return results
+
+
+def main() -> None:
+    mode, out = sys.argv[1], sys.argv[2]
+    mp.initialize()
+    for case, arrays in run(mode).items():
+        np.savez(os.path.join(out, f"{case}_p{jax.process_index()}.npz"), **arrays)
+    print(f"{mode}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
