@@ -101,7 +101,9 @@ def initialize(
     pid = process_id if process_id is not None else _int_env(ID_ENV)
     if timeout is not None:
         if not timeout > 0:
-            raise DistributedError(f"initialize: timeout must be a positive number of seconds, got {timeout!r}.")
+            raise DistributedError(
+                f"initialize: timeout must be a positive number of seconds, got {timeout!r}."
+            )
         os.environ[TIMEOUT_ENV] = str(float(timeout))  # read by this process's transports
     limit = configured_timeout()
     if world is not None and world < 1:

@@ -166,6 +166,22 @@ class _Waiter:
         return done.get(timeout=timeout)
 
 
+def _exit_without_shutdown_barrier() -> None:
+    """After a lost transfer the job cannot go on: at exit, skip JAX's shutdown barrier (which
+    would wait for the lost peer, then abort) and end this process with code 1 at once, so the
+    error raised here is what the job reports. Registered after JAX's own exit handler, so it
+    runs first."""
+    import atexit
+    import sys
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    atexit.register(leave)
+
+
 class TransferServerTransport:
     """Cross-process moves through `jax.experimental.transfer`, one server per process.
 
@@ -228,6 +244,7 @@ class TransferServerTransport:
             failed = self._waiter.wait(pending, self.timeout)
         except queue.Empty:
             group = self._waiter.current
+            _exit_without_shutdown_barrier()
             raise TransferTimeoutError(
                 f"process {self.process}: {self._what(group)} did not arrive within {self.timeout:g} s "
                 f"(process {self._sender(group)} may have died or stalled). Raise the limit with "
@@ -235,6 +252,7 @@ class TransferServerTransport:
             ) from None
         if failed is not None:
             group, err = failed
+            _exit_without_shutdown_barrier()
             raise PeerLostError(
                 f"process {self.process}: {self._what(group)} failed: the sending process "
                 f"{self._sender(group)} is gone ({str(err).splitlines()[0]})."

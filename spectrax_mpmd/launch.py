@@ -66,6 +66,21 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _report(procs: list, lock: threading.Lock, stopping: bool) -> int:
+    """Name every process that has failed (a killed one first: it is usually the cause) and
+    return the launcher's exit code: the first named process's code, 128 + signal if killed."""
+    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+    failed.sort(key=lambda f: f[1] >= 0)
+    names = "; ".join(f"rank {r} (pid {procs[r].pid}) {_describe(rc)}" for r, rc in failed)
+    alive = sum(p.returncode is None for p in procs)
+    tail = f"; stopping the other {alive} process(es)" if stopping and alive else ""
+    with lock:
+        sys.stderr.write(f"spectrax_mpmd.launch: {names}{tail}.\n")
+        sys.stderr.flush()
+    rc = failed[0][1]
+    return 128 - rc if rc < 0 else rc
+
+
 def _stop(procs: list) -> None:
     """SIGTERM, then SIGKILL after a short grace (JAX's preemption handler may swallow SIGTERM)."""
     for p in procs:
@@ -82,7 +97,9 @@ def _stop(procs: list) -> None:
 
 def launch(argv: list[str] | None = None) -> int:
     """Run the launcher on `argv` (default `sys.argv[1:]`); returns its exit code."""
-    parser = argparse.ArgumentParser(prog="python -m spectrax_mpmd.launch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spectrax_mpmd.launch", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--nproc", type=int, required=True, help="number of processes to start")
     parser.add_argument("--devices-per-proc", type=int, default=None, help="CPU devices per process")
     parser.add_argument("--timeout", type=float, default=None, help="cross-process transfer timeout, s")
@@ -108,27 +125,15 @@ def launch(argv: list[str] | None = None) -> int:
         readers.append(t)
     code = 0
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if failed:
-                rank, rc = failed[0]
-                alive = sum(p.poll() is None for p in procs)
-                with lock:
-                    sys.stderr.write(
-                        f"spectrax_mpmd.launch: rank {rank} (pid {procs[rank].pid}) {_describe(rc)}; "
-                        f"stopping the other {alive} process(es).\n"
-                    )
+        while [p.poll() for p in procs].count(None):  # poll every process, not just the first alive
+            if any(p.returncode not in (None, 0) for p in procs):
+                code = _report(procs, lock, stopping=True)
                 _stop(procs)
-                code = 128 - rc if rc < 0 else rc
                 break
             time.sleep(0.05)
         else:
-            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-            if failed:
-                rank, rc = failed[0]
-                with lock:
-                    sys.stderr.write(f"spectrax_mpmd.launch: rank {rank} {_describe(rc)}.\n")
-                code = 128 - rc if rc < 0 else rc
+            if any(p.returncode != 0 for p in procs):
+                code = _report(procs, lock, stopping=False)
     except KeyboardInterrupt:
         _stop(procs)
         code = 130

@@ -7,15 +7,17 @@ devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
 in their own process for the single-process reference of the same code.
 
 MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
-two virtual stages, a tied-embedding LM, and an `sxjit` forward), `adamw`
-(Std1F1B and a 10-step AdamW loop), `hang` (rank 0's process stops answering
-after the first step: the others must time out), `idle` (the mesh leaves
-processes without a rank).
+two virtual stages, a parameter read by the first and last stages, and an `sxjit` forward), `adamw`
+(Std1F1B, a 10-step AdamW loop, then a mesh that leaves processes without a
+rank, whose error each process records), `hang` (process 0 stops answering after
+the first step: the others must time out), `die` (process 1 kills itself in
+the middle of the second step).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -97,24 +99,36 @@ def run(mode: str) -> dict:
         fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
         y = fwd(params, hetero_batch()[0])
         results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
-    elif mode in ("adamw", "hang"):
+    elif mode == "adamw":
         params, batch = hetero_params(jax.random.key(4), 4), hetero_batch()
         step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
-        if mode == "adamw":
-            results["Std1F1B"] = _owned(*step(params, batch))
+        results["Std1F1B"] = _owned(*step(params, batch))
         opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
         losses, state = [], None
-        for k in range(10 if mode == "adamw" else 3):
-            if mode == "hang" and k == 1 and jax.process_index() == 0:
-                time.sleep(600)  # alive but silent: the other processes must give up on their own
+        for _ in range(10):
             loss, grads = step(params, batch)
             state = opt.init(params, grads) if state is None else state
             params, state = opt.update(grads, state, params)
             losses.append(float(loss))
         results["adamw"] = {"losses": np.asarray(losses)}
-    elif mode == "idle":
+        if jax.process_count() > 2:  # a mesh of processes 0 and 1 only: every process refuses it
+            try:
+                step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+                step(hetero_params(jax.random.key(2), 2), batch)
+                results["idle"] = {"error": np.asarray("none")}
+            except mp.DistributedError as err:
+                results["idle"] = {"error": np.asarray(str(err))}
+    elif mode in ("hang", "die"):  # two ranks, one per process
         step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
-        step(hetero_params(jax.random.key(2), 2), hetero_batch())
+        params, batch = hetero_params(jax.random.key(2), 2), hetero_batch()
+        for k in range(3):
+            if mode == "hang" and k == 1 and jax.process_index() == 0:
+                time.sleep(600)  # alive but silent: the other process must give up on its own
+            loss, _ = step(params, batch)
+            if mode == "die" and k == 1 and jax.process_index() == 1:
+                print("killing myself mid-step", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # the step's cells are issued, its transfers pending
+            float(loss)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return results
