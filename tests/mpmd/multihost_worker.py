@@ -42,6 +42,15 @@ def _mesh(n: int):
     return mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
 
 
+def model(n_stages: int) -> tuple:
+    """`(params, batch)` of the heterogeneous test model, each made by one compiled program
+    (eager random ops would compile one small program each, in every process)."""
+    from mpmd_cases import hetero_batch, hetero_params
+
+    params = jax.jit(hetero_params, static_argnums=1)(jax.random.key(n_stages), n_stages)
+    return params, jax.jit(hetero_batch)(jax.random.key(7))
+
+
 def _owned(loss, grads) -> dict:
     """The loss and the gradient leaves this process holds, by flat index."""
     out = {"loss": np.asarray(loss)}
@@ -62,11 +71,11 @@ def _forward(params, tokens):
 
 
 def _tied_params():
-    k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
+    rng = np.random.default_rng(5)
     return {
-        "table": jax.random.normal(k1, (11, 8)) * 0.5,
-        "w1": jax.random.normal(k2, (8, 8)) * 0.3,
-        "w2": jax.random.normal(k3, (8, 8)) * 0.3,
+        "table": (rng.standard_normal((11, 8)) * 0.5).astype(np.float32),
+        "w1": (rng.standard_normal((8, 8)) * 0.3).astype(np.float32),
+        "w2": (rng.standard_normal((8, 8)) * 0.3).astype(np.float32),
     }
 
 
@@ -84,23 +93,22 @@ def _tied_loss(params, batch):
 def run(mode: str) -> dict:
     """`{case: {name: array}}` of this process's share of `mode`'s results."""
     # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
-    from mpmd_cases import hetero_batch, hetero_loss, hetero_params
+    from mpmd_cases import hetero_loss
 
     results = {}
     if mode == "schedules":
         for name, schedule in SCHEDULES:
-            n_stages = 4 * schedule.virtual_stages
-            params, batch = hetero_params(jax.random.key(n_stages), n_stages), hetero_batch()
+            params, batch = model(4 * schedule.virtual_stages)
             step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=schedule)
             results[name] = _owned(*step(params, batch))
         step = mp.sxvalue_and_grad(_tied_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
-        results["tied"] = _owned(*step(_tied_params(), hetero_batch()))
-        params = hetero_params(jax.random.key(4), 4)
+        results["tied"] = _owned(*step(_tied_params(), batch))
+        params, batch = model(4)
         fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
-        y = fwd(params, hetero_batch()[0])
+        y = fwd(params, batch[0])
         results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
     elif mode == "adamw":
-        params, batch = hetero_params(jax.random.key(4), 4), hetero_batch()
+        params, batch = model(4)
         step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
         results["Std1F1B"] = _owned(*step(params, batch))
         opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -114,13 +122,13 @@ def run(mode: str) -> dict:
         if jax.process_count() > 2:  # a mesh of processes 0 and 1 only: every process refuses it
             try:
                 step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
-                step(hetero_params(jax.random.key(2), 2), batch)
+                step(model(2)[0], batch)
                 results["idle"] = {"error": np.asarray("none")}
             except mp.DistributedError as err:
                 results["idle"] = {"error": np.asarray(str(err))}
     elif mode in ("hang", "die"):  # two ranks, one per process
         step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
-        params, batch = hetero_params(jax.random.key(2), 2), hetero_batch()
+        params, batch = model(2)
         for k in range(3):
             if mode == "hang" and k == 1 and jax.process_index() == 0:
                 time.sleep(600)  # alive but silent: the other process must give up on its own

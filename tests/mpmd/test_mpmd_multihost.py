@@ -19,7 +19,7 @@ import jax
 import multihost_worker as worker
 import numpy as np
 import pytest
-from mpmd_cases import RTOL, hetero_batch, hetero_loss, hetero_params
+from mpmd_cases import RTOL, hetero_loss
 
 import spectrax_mpmd as mp
 
@@ -85,13 +85,13 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
     the unsplit reference on one device (which single-process runs equal at this tolerance)."""
     code, out, _ = _launch(2, 2, "schedules", tmp_path, limit=150)
     assert code == 0, out[-4000:]
-    batch = hetero_batch()
     for name, schedule in worker.SCHEDULES:
-        n_stages = 4 * schedule.virtual_stages
-        params = hetero_params(jax.random.key(n_stages), n_stages)
-        _check(_merged(tmp_path, name, 2), *jax.value_and_grad(hetero_loss)(params, batch))
-    _check(_merged(tmp_path, "tied", 2), *jax.value_and_grad(worker._tied_loss)(worker._tied_params(), batch))
-    y = jax.jit(worker._forward)(hetero_params(jax.random.key(4), 4), batch[0])
+        params, batch = worker.model(4 * schedule.virtual_stages)
+        _check(_merged(tmp_path, name, 2), *jax.jit(jax.value_and_grad(hetero_loss))(params, batch))
+    tied = jax.jit(jax.value_and_grad(worker._tied_loss))(worker._tied_params(), batch)
+    _check(_merged(tmp_path, "tied", 2), *tied)
+    params, batch = worker.model(4)
+    y = jax.jit(worker._forward)(params, batch[0])
     np.testing.assert_allclose(_merged(tmp_path, "forward", 2)["y"], y, rtol=RTOL, atol=1e-6)
 
 
@@ -101,8 +101,8 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     the same script."""
     code, out, _ = _launch(4, 1, "adamw", tmp_path, limit=150)
     assert code == 0, out[-4000:]
-    params, batch = hetero_params(jax.random.key(4), 4), hetero_batch()
-    _check(_merged(tmp_path, "Std1F1B", 4), *jax.value_and_grad(hetero_loss)(params, batch))
+    params, batch = worker.model(4)
+    _check(_merged(tmp_path, "Std1F1B", 4), *jax.jit(jax.value_and_grad(hetero_loss))(params, batch))
     single = worker.run("adamw")["adamw"]["losses"]
     assert single[-1] < single[0]
     np.testing.assert_allclose(_merged(tmp_path, "adamw", 4)["losses"], single, rtol=RTOL)
