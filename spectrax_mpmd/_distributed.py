@@ -8,7 +8,8 @@ waits at most `timeout` seconds for the coordinator to be reachable, and sets
 JAX's own registration, heartbeat and shutdown timeouts from `timeout` so a
 lost peer ends the job instead of hanging it. Without any address or
 environment, JAX's cluster detection (SLURM, Open MPI, Kubernetes, Cloud TPU)
-fills the arguments in.
+fills the arguments in; with no cluster either, `initialize` does nothing and
+the script runs as one process, so one script serves every case.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def _wait_reachable(host: str, port: int, timeout: float) -> None:
             time.sleep(0.1)
 
 
+def _cluster_detected() -> bool:
+    """Whether JAX's cluster detection (SLURM, Open MPI, ...) recognises this environment.
+    Feature-detected private API; where it is missing, assume a cluster and let JAX decide."""
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:
+        return True
+    kinds = getattr(ClusterEnv, "_cluster_types", None)
+    if kinds is None:
+        return True
+    return any(not k.opt_in_only_method and k.is_env_present() for k in kinds)
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -81,7 +95,7 @@ def initialize(
     *,
     timeout: float | None = None,
     local_device_ids=None,
-) -> None:
+) -> bool:
     """Join the `jax.distributed` job this process belongs to, failing fast on bad setups.
 
     Args:
@@ -94,7 +108,8 @@ def initialize(
       local_device_ids: passed to `jax.distributed.initialize` (which devices this process uses).
 
     With none of the three set (arguments or environment), JAX's cluster detection
-    (SLURM, Open MPI, ...) supplies them.
+    (SLURM, Open MPI, ...) supplies them; without a cluster either, nothing happens and
+    the script runs as one process. Returns whether this process joined a job.
     """
     address = coordinator_address or os.environ.get(ADDRESS_ENV) or None
     world = num_processes if num_processes is not None else _int_env(WORLD_ENV)
@@ -113,6 +128,8 @@ def initialize(
             f"initialize: process_id {pid} is not in [0, {world}) for a job of num_processes={world}; "
             "number the processes 0 … num_processes-1."
         )
+    if address is None and world is None and pid is None and not _cluster_detected():
+        return False
     if address is not None and pid is not None:
         host, port = _split_address(address)
         if pid == 0:
@@ -128,3 +145,4 @@ def initialize(
         heartbeat_timeout_seconds=max(2, int(2 * limit)),
         shutdown_timeout_seconds=max(1, int(limit)),
     )
+    return True
