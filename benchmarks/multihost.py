@@ -56,11 +56,16 @@ def _summary(wall: list, cpu: list) -> dict:
 # --- the worker (one per process) ----------------------------------------------------------------
 
 
-def _barrier(world: int) -> None:
-    if world > 1:
-        from jax.experimental import multihost_utils
+_BARRIERS: dict = {}
 
-        multihost_utils.sync_global_devices("multihost-benchmark")
+
+def _barrier(world: int) -> None:
+    """A barrier through the key-value store (a device collective here could deadlock with a
+    transfer still being pulled; see docs/multihost.md)."""
+    if world > 1:
+        from spectrax_mpmd._exchange import Exchange
+
+        _BARRIERS.setdefault("x", Exchange("benchmark-barrier")).allgather("")
 
 
 def _mlp_loss(params, batch):

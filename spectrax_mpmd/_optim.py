@@ -10,7 +10,8 @@ resulting scale is sent back to every group.
 In a multi-process run each process updates only the groups it holds (a
 gradient leaf of another process's rank is a global array without local
 shards: its parameter and state are left as they are here), and the global
-norm adds the processes' partial sums with one collective.
+norm adds the processes' partial sums, exchanged through the `jax.distributed`
+key-value store (`_exchange`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class StagedOptimizer:
         self.tx = tx
         self.max_grad_norm = max_grad_norm
         self._update = jax.jit(self._group_update)
+        self._exchange = None  # multi-process: the key-value all-gather of partial sums, made on first use
         self._sq = jax.jit(lambda leaves: sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
 
     def _groups(self, grads) -> tuple[tuple[int, ...], ...]:
@@ -96,10 +98,12 @@ class StagedOptimizer:
         if len(groups) == len(self._groups(grads)):
             home = partial[0].sharding
             return jnp.sqrt(sum(jax.device_put(partial, [home] * len(partial))))
-        from jax.experimental import multihost_utils  # other processes hold the other groups
+        if self._exchange is None:  # other processes hold the other groups
+            from ._exchange import Exchange
 
+            self._exchange = Exchange("grad_norm")
         mine = sum(float(x) for x in partial)
-        return jnp.sqrt(jnp.sum(multihost_utils.process_allgather(jnp.float32(mine))))
+        return jnp.sqrt(jnp.float32(sum(float(v) for v in self._exchange.allgather(repr(mine)))))
 
     def _group_update(self, params, grads, state, scale):
         grads = [g * scale.astype(g.dtype) for g in grads]

@@ -8,8 +8,8 @@ Two implementations of one small contract (`send_step`, `recv_step`,
 * `TransferServerTransport` — the ranks in different processes of one
   `jax.distributed` job: one-sided pulls through `jax.experimental.transfer`.
   Each process starts one transfer server; the servers' addresses are
-  exchanged with a collective (`multihost_utils.process_allgather`) when the
-  transport is made. A sender posts `await_pull(uuid, arrays)` right after the
+  exchanged through the `jax.distributed` key-value store (`_exchange`) when
+  the transport is made. A sender posts `await_pull(uuid, arrays)` right after the
   cell that made them (non-blocking: the server waits for the arrays to be
   ready); the receiver calls `pull(uuid, specs)`, which returns at once with
   arrays that become ready when the bytes arrive. The uuid is the call number
@@ -33,7 +33,6 @@ import threading
 from typing import Callable, Sequence
 
 import jax
-import numpy as np
 
 from ._transfer import transfer
 from .errors import PeerLostError, TransferTimeoutError
@@ -124,17 +123,6 @@ def _advertised_host() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def _exchange(address: str) -> list[str]:
-    """Every process's transfer-server address, indexed by process, via one public collective."""
-    from jax.experimental import multihost_utils
-
-    raw = np.zeros(256, np.uint8)
-    encoded = address.encode()
-    raw[: len(encoded)] = np.frombuffer(encoded, np.uint8)
-    table = np.asarray(multihost_utils.process_allgather(raw))
-    return [bytes(row).rstrip(b"\0").decode() for row in table.reshape(-1, 256)]
-
-
 class _Waiter:
     """A daemon thread that blocks on a call's pulls, one group at a time, so the caller can wait
     for them with a deadline (a pull cannot be given a working timeout itself)."""
@@ -186,7 +174,7 @@ class TransferServerTransport:
     """Cross-process moves through `jax.experimental.transfer`, one server per process.
 
     Made once per compiler (every process makes it at the same point of the
-    same script, as the address exchange is a collective over all processes).
+    same script, so the k-th transport of every process is the same exchange).
     """
 
     def __init__(self, timeout: float | None = None):
@@ -197,7 +185,9 @@ class TransferServerTransport:
         client = jax.local_devices()[0].client
         host = _advertised_host()
         self.server = jax_transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
-        self.addresses = _exchange(self.server.address())
+        from ._exchange import Exchange  # imports this module
+
+        self.addresses = Exchange("transfer", self.timeout).allgather(self.server.address())
         self.connections: dict[int, object] = {}
         self.call = 0
         self.pending: list = []
