@@ -187,12 +187,26 @@ class TransferServerTransport:
         self.server = jax_transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
         from ._exchange import Exchange  # imports this module
 
-        self.addresses = Exchange("transfer", self.timeout).allgather(self.server.address())
+        self._exchange = Exchange("transfer", self.timeout)
+        self.addresses = self._exchange.allgather(self.server.address())
         self.connections: dict[int, object] = {}
         self.call = 0
         self.pending: list = []
         self.describe: dict[int, tuple[str, int]] = {}  # group -> (what it carries, sender), for errors
         self._waiter: _Waiter | None = None
+        import atexit
+
+        atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
+
+    def _drain_at_exit(self) -> None:
+        """At exit JAX tears down this process's client, and with it the transfer server; a peer
+        may still be pulling this process's last sends (a process that receives nothing does not
+        wait for them). Wait until every process has finished its steps: then every transfer has
+        arrived."""
+        try:
+            self._exchange.allgather("exit")
+        except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
+            print(f"spectrax_mpmd: {err}", flush=True)
 
     def new_group(self, what: str, sender: int) -> int:
         """A transfer-group id for a plan being built (the same on every process: plans are built in
