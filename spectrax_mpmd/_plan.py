@@ -25,7 +25,7 @@ from ._multihost import localize
 from ._order import order_actions
 from ._split import StageGraph
 from ._transfer import is_transfer, transfer
-from .errors import StageSplitError
+from .errors import MpmdError, StageSplitError
 
 REPLICATED = PartitionSpec()
 
@@ -81,6 +81,15 @@ class Plan:
                 buf[slot] = value
         return buf
 
+    def check_single_process(self, what: str) -> None:
+        """Refuse a diagnostic that walks the steps itself: in a multi-process plan the steps are
+        this process's share, and their transfers pair up only inside `run`."""
+        if self.transport is not None:
+            raise MpmdError(
+                f"{what} runs the plan step by step in one process; in a multi-process run it is not "
+                "available. Profile the same model in one process (a mesh over local devices)."
+            )
+
     def with_public_transfers(self) -> "Plan":
         """This plan with every transfer through the public `jax.device_put` (for checking the
         fast path: both must give the same values on the same shardings)."""
@@ -93,6 +102,7 @@ class Plan:
         """Run once, each step alone (waiting for its results), and return per action
         `(rank, action, start, end)` in seconds from the first step: the cell and the
         sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+        self.check_single_process("timeline")
         buf = jax.block_until_ready(self._buffers(placed_inputs))
         owner = {k: j for j, (_, _, a, b) in enumerate(self.action_steps) for k in range(a, b)}
         spans: dict[int, list[float]] = {}
@@ -115,6 +125,7 @@ class Plan:
         are alive after each step; returns the peaks. Counted buffers: saved residuals and the
         I/W stash, or with `remat=True` the stage inputs kept for the backward — from the
         forward that consumes them on (a received input waiting for its forward is not counted)."""
+        self.check_single_process("peak_activations")
         buf = self._buffers(placed_inputs)
         ranks = 1 + max(self.stage_ranks)
         peak = [0] * ranks

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import jax
 
 from ._transfer import transfer
-from .errors import PeerLostError, TransferTimeoutError
+from .errors import DistributedError, PeerLostError, TransferTimeoutError
 
 DEFAULT_TIMEOUT = 30.0
 TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"
@@ -53,12 +53,12 @@ def configured_timeout() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise TransferTimeoutError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
+        raise DistributedError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
     return value
 
 
 class InProcess:
-    """Moves between ranks of this process: the device-to-device copy of today's plans."""
+    """Moves between ranks of this process: the device-to-device copy of single-process plans."""
 
     @staticmethod
     def local_step(sources: Sequence, targets: Sequence) -> Callable:

@@ -101,6 +101,8 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
     for name, (loss, grads) in refs.items():
         _check(_merged(tmp_path, name, 2), loss, grads)
     np.testing.assert_allclose(_merged(tmp_path, "forward", 2)["y"], y, rtol=RTOL, atol=1e-6)
+    error = str(_merged(tmp_path, "profile", 2)["error"])
+    assert error.startswith("sxvalue_and_grad.profile runs the plan step by step in one process")
 
 
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
