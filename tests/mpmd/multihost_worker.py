@@ -8,7 +8,7 @@ in their own process for the single-process reference of the same code.
 
 MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
 two virtual stages, a parameter read by the first and last stages, and an `sxjit` forward), `adamw`
-(Std1F1B, a 10-step AdamW loop, then a mesh that leaves processes without a
+(Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step, then a mesh that leaves processes without a
 rank, whose error each process records), `hang` (process 0 stops answering after
 the first step: the others must time out), `die` (process 1 kills itself in
 the middle of the second step).
@@ -90,6 +90,27 @@ def _tied_loss(params, batch):
     return -jax.numpy.mean(jax.numpy.take_along_axis(logp, labels[:, None], axis=1))
 
 
+def _mlp_forward(params, extra, x):
+    """A forward for `mp.Runner` (the functional `mp.run`): a marker after every layer but the last."""
+    for k, w in enumerate(params):
+        x = jax.numpy.tanh(x @ w)
+        if k < len(params) - 1:
+            x = mp.sxstage_iter(x)
+    return x
+
+
+def _mse(out, y):
+    return jax.numpy.mean((out - y) ** 2)
+
+
+def _mlp_case():
+    """`(params, extra, inputs, targets)` of the `mp.Runner` case."""
+    rng = np.random.default_rng(6)
+    params = [(rng.standard_normal((8, 8)) * 0.4).astype(np.float32) for _ in range(4)]
+    x, y = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    return params, None, x, y
+
+
 def run(mode: str) -> dict:
     """`{case: {name: array}}` of this process's share of `mode`'s results."""
     # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
@@ -124,6 +145,8 @@ def run(mode: str) -> dict:
             params, state = opt.update(grads, state, params)
             losses.append(float(loss))
         results["adamw"] = {"losses": np.asarray(losses)}
+        runner = mp.Runner(_mlp_forward, mesh=_mesh(4), loss_fn=_mse, schedule=S.GPipe(microbatches=2))
+        results["runner"] = _owned(*runner(*_mlp_case()))
         if jax.process_count() > 2:  # a mesh of processes 0 and 1 only: every process refuses it
             try:
                 step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))

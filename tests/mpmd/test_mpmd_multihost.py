@@ -106,15 +106,18 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
 
 
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
-    """4 processes x 1 device: one Std1F1B step equals the reference, and a 10-step AdamW loop
-    (global-norm clipping across processes) gives the loss curve of a single-process run of
-    the same script."""
+    """4 processes x 1 device: one Std1F1B step and an `mp.Runner` step equal their references,
+    and a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of a
+    single-process run of the same script."""
     job = _launch(4, 1, "adamw", tmp_path, limit=150)
     ref = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(4))
+    params, _, x, y = worker._mlp_case()
+    runner_ref = jax.value_and_grad(lambda p: worker._mse(worker._mlp_forward(p, None, x), y))(params)
     single = worker.run("adamw")["adamw"]["losses"]
     code, out, _ = job.wait()
     assert code == 0, out[-4000:]
     _check(_merged(tmp_path, "Std1F1B", 4), *ref)
+    _check(_merged(tmp_path, "runner", 4), *runner_ref)  # mp.Runner, the functional `mp.run`
     assert single[-1] < single[0]
     np.testing.assert_allclose(_merged(tmp_path, "adamw", 4)["losses"], single, rtol=RTOL)
     # then a mesh over processes 0 and 1 only: every process refuses it, naming the idle ones
