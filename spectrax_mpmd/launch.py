@@ -142,6 +142,11 @@ def launch(argv: list[str] | None = None) -> int:
     return code
 
 
+def _interrupted(*_) -> None:
+    """SIGTERM to the launcher: stop the processes as for Ctrl-C."""
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupted)
     sys.exit(launch())
