@@ -9,6 +9,7 @@ from ._balance import Balance, balance, split_blocks
 from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
+from ._distributed import initialize
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
@@ -17,7 +18,16 @@ from ._region import sxstage_region
 from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall, train_loss
 from ._stage_profile import CellProfile, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
-from .errors import MarkerError, MeshError, MpmdError, StageSplitError, TraceContextError
+from .errors import (
+    DistributedError,
+    MarkerError,
+    MeshError,
+    MpmdError,
+    PeerLostError,
+    StageSplitError,
+    TraceContextError,
+    TransferTimeoutError,
+)
 
 __all__ = [
     "run",
@@ -58,6 +68,10 @@ __all__ = [
     "MarkerError",
     "StageSplitError",
     "TraceContextError",
+    "DistributedError",
+    "TransferTimeoutError",
+    "PeerLostError",
+    "initialize",
     "CheckpointManager",
     "CheckpointError",
     "Restored",

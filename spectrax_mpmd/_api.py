@@ -164,6 +164,7 @@ def _cached_entry(owner, args) -> tuple[_Entry, list]:
 def _profile(owner, args, rounds: int) -> HostProfile:
     """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
     entry, leaves = _cached_entry(owner, args)
+    entry.plan.check_single_process(f"{owner.name}.profile")
     if entry.donated:
         raise MpmdError(
             f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
@@ -339,6 +340,7 @@ class _StepFunction:
         holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
         `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
         entry, leaves = self._entry(args)
+        entry.plan.check_single_process(f"{self.name}.profile_stages")
         try:
             return profile_stage_plan(
                 entry.plan,

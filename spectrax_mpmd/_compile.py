@@ -115,6 +115,7 @@ class Compiler:
         self.relocate = relocate and relocation_available()
         self.stats = BuildStats()
         self._lowered: dict = {}  # spec -> ((program, devices), lowered), for the current build
+        self.transport = None  # the cross-process transport, made by the first multi-process build
 
     def program_key(self, spec: CellSpec) -> tuple:
         """The identity of `spec`'s program and the devices it runs on (see the module docstring)."""

@@ -6,6 +6,12 @@ and runs one jitted optax update per group there, so a training loop never
 gathers parameters on one device. Global-norm clipping is done across ranks:
 each group computes its sum of squares, the scalars are summed once, and the
 resulting scale is sent back to every group.
+
+In a multi-process run each process updates only the groups it holds (a
+gradient leaf of another process's rank is a global array without local
+shards: its parameter and state are left as they are here), and the global
+norm adds the processes' partial sums, exchanged through the `jax.distributed`
+key-value store (`_exchange`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class StagedOptimizer:
         self.tx = tx
         self.max_grad_norm = max_grad_norm
         self._update = jax.jit(self._group_update)
+        self._exchange = None  # multi-process: the key-value all-gather of partial sums, made on first use
         self._sq = jax.jit(lambda leaves: sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
 
     def _groups(self, grads) -> tuple[tuple[int, ...], ...]:
@@ -58,7 +65,9 @@ class StagedOptimizer:
         p_leaves = jax.tree.leaves(params)
         g_leaves = jax.tree.leaves(grads)
         moved = [
-            p if getattr(p, "sharding", None) == g.sharding else jax.device_put(p, g.sharding)
+            p
+            if getattr(p, "sharding", None) == g.sharding or not g.is_fully_addressable
+            else jax.device_put(p, g.sharding)
             for p, g in zip(p_leaves, g_leaves)
         ]
         return moved, g_leaves
@@ -74,6 +83,9 @@ class StagedOptimizer:
         r_leaves = jax.tree.leaves(ref)
         states = []
         for idx in groups:
+            if not _local(r_leaves[idx[0]]):
+                states.append(None)  # held by another process
+                continue
             leaves = [jax.device_put(p_leaves[k], r_leaves[k].sharding) for k in idx]
             states.append(jax.jit(self.tx.init)(leaves))
         return StagedOptState(groups, tuple(states))
@@ -81,10 +93,17 @@ class StagedOptimizer:
     def global_norm(self, grads) -> jax.Array:
         """The L2 norm of all gradient leaves across every rank."""
         leaves = jax.tree.leaves(grads)
-        groups = self._groups(grads)
+        groups = [idx for idx in self._groups(grads) if _local(leaves[idx[0]])]
         partial = [self._sq([leaves[k] for k in idx]) for idx in groups]
-        home = partial[0].sharding
-        return jnp.sqrt(sum(jax.device_put(partial, [home] * len(partial))))
+        if len(groups) == len(self._groups(grads)):
+            home = partial[0].sharding
+            return jnp.sqrt(sum(jax.device_put(partial, [home] * len(partial))))
+        if self._exchange is None:  # other processes hold the other groups
+            from ._exchange import Exchange
+
+            self._exchange = Exchange("grad_norm")
+        mine = sum(float(x) for x in partial)
+        return jnp.sqrt(jnp.float32(sum(float(v) for v in self._exchange.allgather(repr(mine)))))
 
     def _group_update(self, params, grads, state, scale):
         grads = [g * scale.astype(g.dtype) for g in grads]
@@ -104,12 +123,20 @@ class StagedOptimizer:
         states = []
         for idx, st in zip(state.groups, state.states):
             sharding = g_leaves[idx[0]].sharding
+            if not _local(g_leaves[idx[0]]):
+                states.append(st)  # another process updates it
+                continue
             local_scale = jax.device_put(scale, _replicated_like(sharding))
             out_p, st = self._update([p_leaves[k] for k in idx], [g_leaves[k] for k in idx], st, local_scale)
             for k, p in zip(idx, out_p):
                 new[k] = p
             states.append(st)
         return jax.tree.unflatten(treedef, new), StagedOptState(state.groups, tuple(states))
+
+
+def _local(x) -> bool:
+    """Whether this process holds array `x` (in a multi-process run, other ranks' leaves are not)."""
+    return getattr(x, "is_fully_addressable", True)
 
 
 def _replicated_like(sharding):

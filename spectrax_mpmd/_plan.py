@@ -21,10 +21,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._cells import StageCells, StageIO
 from ._compile import CellSpec, Compiler, _sds
 from ._mesh import MpmdMesh
+from ._multihost import localize
 from ._order import order_actions
 from ._split import StageGraph
 from ._transfer import is_transfer, transfer
-from .errors import StageSplitError
+from .errors import MpmdError, StageSplitError
 
 REPLICATED = PartitionSpec()
 
@@ -51,6 +52,11 @@ class Plan:
     ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
     schedule: object = None  # the schedule it runs (regions merged into one)
     slot_names: dict = field(default_factory=dict)  # slot -> the builder's key for it (last alias wins)
+    # multi-process only (`_multihost`): the cross-process transport, the ranks this process
+    # runs (None: all), and (slot, global array without local shards) of outputs held elsewhere
+    transport: object = None
+    local_ranks: frozenset | None = None
+    remote_outputs: list = field(default_factory=list)
 
     def _buffers(self, placed_inputs: Sequence) -> list:
         buf: list = [None] * self.n_slots
@@ -62,6 +68,8 @@ class Plan:
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+        if self.transport is not None:
+            self.transport.begin()
         buf = self._buffers(placed_inputs)
         for fn, ins, outs, frees in self.steps:
             results = fn(*[buf[i] for i in ins])
@@ -69,7 +77,20 @@ class Plan:
                 buf[o] = r
             for f in frees:
                 buf[f] = None
+        if self.transport is not None:
+            self.transport.end()  # waits for this call's cross-process receives, up to the timeout
+            for slot, value in self.remote_outputs:
+                buf[slot] = value
         return buf
+
+    def check_single_process(self, what: str) -> None:
+        """Refuse a diagnostic that walks the steps itself: in a multi-process plan the steps are
+        this process's share, and their transfers pair up only inside `run`."""
+        if self.transport is not None:
+            raise MpmdError(
+                f"{what} runs the plan step by step in one process; in a multi-process run it is not "
+                "available. Profile the same model in one process (a mesh over local devices)."
+            )
 
     def with_public_transfers(self) -> "Plan":
         """This plan with every transfer through the public `jax.device_put` (for checking the
@@ -83,6 +104,7 @@ class Plan:
         """Run once, each step alone (waiting for its results), and return per action
         `(rank, action, start, end)` in seconds from the first step: the cell and the
         sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+        self.check_single_process("timeline")
         buf = jax.block_until_ready(self._buffers(placed_inputs))
         owner = {k: j for j, (_, _, a, b) in enumerate(self.action_steps) for k in range(a, b)}
         spans: dict[int, list[float]] = {}
@@ -105,6 +127,7 @@ class Plan:
         are alive after each step; returns the peaks. Counted buffers: saved residuals and the
         I/W stash, or with `remat=True` the stage inputs kept for the backward — from the
         forward that consumes them on (a received input waiting for its forward is not counted)."""
+        self.check_single_process("peak_activations")
         buf = self._buffers(placed_inputs)
         ranks = 1 + max(self.stage_ranks)
         peak = [0] * ranks
@@ -650,8 +673,12 @@ class TrainPlanBuilder:
 
     def _seal(self, keep: set[int]) -> None:
         """Compile every cell, record the input slots and their shardings, free slots after last use."""
+        keep = localize(self, keep)  # multi-process: only this process's ranks from here on
+        local = self.plan.local_ranks
         self.plan.input_keys = [
-            (slot, key) for key, slot in self.slots.named.items() if key[0] in ("param", "fixed", "batch")
+            (slot, key)
+            for key, slot in self.slots.named.items()
+            if key[0] in ("param", "fixed", "batch") and (local is None or key[2] in local)
         ]
         self.plan.input_shardings = [
             NamedSharding(

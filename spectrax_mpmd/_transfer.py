@@ -64,10 +64,10 @@ def _spec(sharding: NamedSharding) -> tuple:
 class _Copy:
     """Per-shard copies of several buffers, one C++ call."""
 
-    __slots__ = ("targets", "device_lists", "semantics")
+    __slots__ = ("targets", "device_lists", "semantics", "sources")
 
     def __init__(self, targets: Sequence[Sharding]):
-        self.targets = list(targets)
+        self.targets, self.sources = list(targets), None
         self.device_lists = [s._internal_device_list for s in targets]
         self.semantics = [_COPIER[1]] * len(targets)
 
@@ -82,10 +82,10 @@ class _Put:
     """The public `jax.device_put` of several buffers (a one-device target given as its device,
     which costs the host about half as much and places the same)."""
 
-    __slots__ = ("targets", "where", "single")
+    __slots__ = ("targets", "where", "single", "sources")
 
     def __init__(self, targets: Sequence[Sharding]):
-        self.targets = list(targets)
+        self.targets, self.sources = list(targets), None
         self.where = [next(iter(s.device_set)) if len(s.device_set) == 1 else s for s in targets]
         self.single = self.where[0] if len(self.where) == 1 else None
 
@@ -101,10 +101,10 @@ class _Put:
 class _Mixed:
     """Some moves copied per shard, the others (layout changes) through `jax.device_put`."""
 
-    __slots__ = ("targets", "copy", "put", "copy_at", "put_at")
+    __slots__ = ("targets", "copy", "put", "copy_at", "put_at", "sources")
 
     def __init__(self, targets: Sequence[Sharding], fast: Sequence[bool]):
-        self.targets = list(targets)
+        self.targets, self.sources = list(targets), None
         self.copy_at = [k for k, f in enumerate(fast) if f]
         self.put_at = [k for k, f in enumerate(fast) if not f]
         self.copy = _Copy([targets[k] for k in self.copy_at])
@@ -127,13 +127,17 @@ def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callab
 
     The callable takes the buffers as positional arguments and returns the moved
     ones in order; `.public()` gives the same moves through `jax.device_put` alone.
+    `.sources` keeps `sources` (a multi-process plan splits moves by where they run).
     """
     fast = [_COPIER is not None and same_layout(s, t) for s, t in zip(sources, targets)]
     if all(fast):
-        return _Copy(targets)
-    if not any(fast):
-        return _Put(targets)
-    return _Mixed(targets, fast)
+        move = _Copy(targets)
+    elif not any(fast):
+        move = _Put(targets)
+    else:
+        move = _Mixed(targets, fast)
+    move.sources = list(sources)
+    return move
 
 
 def is_transfer(step_fn) -> bool:

@@ -19,3 +19,16 @@ class TraceContextError(MpmdError):
 
 class MarkerError(MpmdError, TypeError):
     """A stage marker (`sxstage_iter`) was given arguments it cannot use."""
+
+
+class DistributedError(MpmdError):
+    """A multi-process run is set up wrongly (world size, process ids, coordinator, mesh layout)."""
+
+
+class TransferTimeoutError(DistributedError, TimeoutError):
+    """A cross-process transfer did not arrive within the configured timeout."""
+
+
+class PeerLostError(DistributedError):
+    """A cross-process transfer failed because the process sending it is gone."""
+

@@ -1,0 +1,148 @@
+"""Joining a `jax.distributed` job with bounded waits and clear errors.
+
+`initialize` is `jax.distributed.initialize` with the checks JAX leaves to a
+crash: it reads the launcher's environment (`JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), validates the process id against the
+world size, refuses a second process 0 (the coordinator's port is taken),
+waits at most `timeout` seconds for the coordinator to be reachable, and sets
+JAX's own registration, heartbeat and shutdown timeouts from `timeout` so a
+lost peer ends the job instead of hanging it. Without any address or
+environment, JAX's cluster detection (SLURM, Open MPI, Kubernetes, Cloud TPU)
+fills the arguments in; with no cluster either, `initialize` does nothing and
+the script runs as one process, so one script serves every case.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import jax
+
+from ._transport import TIMEOUT_ENV, configured_timeout
+from .errors import DistributedError
+
+ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+
+
+def _int_env(name: str):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise DistributedError(
+            f"coordinator_address {address!r}: expected 'host:port', e.g. '10.0.0.1:1234' "
+            f"(or set ${ADDRESS_ENV})."
+        )
+    return host.strip("[]"), int(port)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Process 0 serves the coordinator: its port must not be taken (by a second process 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        taken = probe.connect_ex((host, port)) == 0
+    if taken:
+        raise DistributedError(
+            f"process 0 serves the coordinator at {host}:{port}, but something already listens there: "
+            "another process already claims process id 0 (or another program holds the port). Give "
+            "every process its own id in [0, num_processes) and a free coordinator port."
+        )
+
+
+def _wait_reachable(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise DistributedError(
+                    f"the coordinator at {host}:{port} is unreachable after {timeout:g} s ({err}). Start "
+                    "process 0 first (it serves the coordinator), and check the address, the port and "
+                    f"the firewall (${ADDRESS_ENV} or coordinator_address=)."
+                ) from None
+            time.sleep(0.1)
+
+
+def _cluster_detected() -> bool:
+    """Whether JAX's cluster detection (SLURM, Open MPI, ...) recognises this environment.
+    Feature-detected private API; where it is missing, assume a cluster and let JAX decide."""
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:
+        return True
+    kinds = getattr(ClusterEnv, "_cluster_types", None)
+    if kinds is None:
+        return True
+    return any(not k.opt_in_only_method and k.is_env_present() for k in kinds)
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    timeout: float | None = None,
+    local_device_ids=None,
+) -> bool:
+    """Join the `jax.distributed` job this process belongs to, failing fast on bad setups.
+
+    Args:
+      coordinator_address: `host:port` of process 0 (default `$JAX_COORDINATOR_ADDRESS`).
+      num_processes: the world size (default `$JAX_NUM_PROCESSES`).
+      process_id: this process's index in `[0, num_processes)` (default `$JAX_PROCESS_ID`).
+      timeout: seconds to wait for the coordinator, and for any cross-process transfer of
+        a pipelined step before it raises (default `$SPECTRAX_MPMD_TIMEOUT`, else 30). JAX's
+        heartbeat is set to twice this, so a lost process ends the job within that time.
+      local_device_ids: passed to `jax.distributed.initialize` (which devices this process uses).
+
+    With none of the three set (arguments or environment), JAX's cluster detection
+    (SLURM, Open MPI, ...) supplies them; without a cluster either, nothing happens and
+    the script runs as one process. Returns whether this process joined a job.
+    """
+    address = coordinator_address or os.environ.get(ADDRESS_ENV) or None
+    world = num_processes if num_processes is not None else _int_env(WORLD_ENV)
+    pid = process_id if process_id is not None else _int_env(ID_ENV)
+    if timeout is not None:
+        if not timeout > 0:
+            raise DistributedError(
+                f"initialize: timeout must be a positive number of seconds, got {timeout!r}."
+            )
+        os.environ[TIMEOUT_ENV] = str(float(timeout))  # read by this process's transports
+    limit = configured_timeout()
+    if world is not None and world < 1:
+        raise DistributedError(f"initialize: num_processes must be at least 1, got {world}.")
+    if pid is not None and world is not None and not 0 <= pid < world:
+        raise DistributedError(
+            f"initialize: process_id {pid} is not in [0, {world}) for a job of num_processes={world}; "
+            "number the processes 0 … num_processes-1."
+        )
+    if address is None and world is None and pid is None and not _cluster_detected():
+        return False
+    if address is not None and pid is not None:
+        host, port = _split_address(address)
+        if pid == 0:
+            _check_port_free(host, port)
+        else:
+            _wait_reachable(host, port, limit)
+    jax.distributed.initialize(
+        address,
+        world,
+        pid,
+        local_device_ids=local_device_ids,
+        initialization_timeout=max(1, int(limit)),
+        heartbeat_timeout_seconds=max(2, int(2 * limit)),
+        shutdown_timeout_seconds=max(1, int(limit)),
+    )
+    return True

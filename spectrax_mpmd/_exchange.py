@@ -1,0 +1,85 @@
+"""Small all-gathers among the processes of a job, through JAX's coordination service.
+
+The runtime exchanges a few short strings between processes: transfer-server
+addresses, and per-process partial sums for a global gradient norm. Device
+collectives (`multihost_utils.process_allgather`) can do that, but on CPU a
+collective that blocks one process while a peer still pulls a transfer from it
+can deadlock the two (measured here with two devices per process), so the
+runtime uses the `jax.distributed` key-value store instead: no devices, no
+collectives. The client is private JAX API, feature-detected; where it is
+missing, the public collective is the fallback.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from ._transport import configured_timeout
+from .errors import DistributedError
+
+_NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
+
+
+def _client():
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    client = getattr(distributed.global_state, "client", None)
+    return client if client is not None and all(hasattr(client, m) for m in _NEEDED) else None
+
+
+class Exchange:
+    """All-gathers of short strings for one purpose (`kind`) among every process of the job.
+
+    Processes make their exchanges in the same order (the same script), so the k-th
+    exchange of a kind in one process is the k-th in every other; call i of
+    `allgather` meets call i everywhere.
+    """
+
+    def __init__(self, kind: str, timeout: float | None = None):
+        self.client = _client()
+        self.me, self.world = jax.process_index(), jax.process_count()
+        self.timeout = configured_timeout() if timeout is None else float(timeout)
+        self.calls = 0
+        if self.client is not None:
+            k = self.client.key_value_increment(f"spectrax_mpmd/{kind}/made/{self.me}", 1)
+            self.prefix = f"spectrax_mpmd/{kind}/{k}"
+
+    def allgather(self, value: str) -> list[str]:
+        """Every process's `value`, indexed by process."""
+        if self.client is None:
+            return _collective_allgather(value)
+        n, self.calls = self.calls, self.calls + 1
+        self.client.key_value_set(f"{self.prefix}/{n}/{self.me}", value)
+        out = []
+        for p in range(self.world):
+            if p == self.me:
+                out.append(value)
+                continue
+            try:
+                out.append(
+                    self.client.blocking_key_value_get(f"{self.prefix}/{n}/{p}", int(self.timeout * 1000))
+                )
+            except Exception as err:  # noqa: BLE001 - JAX raises its runtime error type
+                raise DistributedError(
+                    f"process {self.me}: process {p} did not reach the exchange {self.prefix}/{n} within "
+                    f"{self.timeout:g} s ({str(err).splitlines()[0]}); it may have died or stalled."
+                ) from err
+        if n >= 2:  # every process has read call n-2 once it has reached call n
+            self.client.key_value_delete(f"{self.prefix}/{n - 2}/{self.me}")
+        return out
+
+
+def _collective_allgather(value: str) -> list[str]:
+    """The public fallback: one `process_allgather` of the encoded strings."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = np.zeros(256, np.uint8)
+    encoded = value.encode()
+    if len(encoded) > raw.size:
+        raise DistributedError(f"an exchanged value is longer than {raw.size} bytes: {value[:40]!r}...")
+    raw[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+    table = np.asarray(multihost_utils.process_allgather(raw))
+    return [bytes(row).rstrip(b"\0").decode() for row in table.reshape(-1, raw.size)]

@@ -1,0 +1,222 @@
+"""Multi-process plans: each process keeps only the steps of the pipeline ranks it holds.
+
+Every process of a `jax.distributed` job runs the same script and builds the
+same full list of plan steps (the builders are deterministic). Before anything
+is compiled, `localize` rewrites that list for this process:
+
+* a cell of a rank held here stays; any other cell is dropped (never compiled here);
+* a move between two ranks held here stays an in-process copy;
+* moves from here to another process become one send step per receiving
+  process, moves from another process to here one receive step per sender
+  (one transfer group each: one uuid, one pull); moves between two other
+  processes are dropped;
+* the training loss is sent from the last stage's process to every other
+  process, so every process returns it;
+* outputs (gradients, aux, results) held by another process are returned as
+  global `jax.Array`s without local shards: the tree keeps its structure and
+  `x.is_fully_addressable` says whether this process owns a leaf.
+
+A rank lives in one process (its submesh's devices all belong to it); a mesh
+where every device is local is the single-process plan, untouched.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._compile import CellSpec
+from ._transfer import is_transfer
+from ._transport import TransferServerTransport
+from .errors import DistributedError
+
+
+def is_multiprocess(mesh) -> bool:
+    """Whether some device of `mesh` belongs to another process."""
+    me = jax.process_index()
+    return any(d.process_index != me for d in mesh.devices.flat)
+
+
+def rank_processes(mesh) -> tuple[int, ...]:
+    """The process holding each pipeline rank; raises if a rank spans processes or a process of
+    the job holds no rank."""
+    procs = []
+    for r in range(mesh.mpmd_dim):
+        held = sorted({d.process_index for d in mesh.submesh(r).devices.flat})
+        if len(held) != 1:
+            raise DistributedError(
+                f"pipeline rank {r}'s devices belong to processes {held}; a rank must live in one "
+                "process. Build the mesh over jax.devices() with the pipeline axis first and a whole "
+                "number of ranks per process (devices per process a multiple of devices per rank)."
+            )
+        procs.append(held[0])
+    world = jax.process_count()
+    if set(procs) != set(range(world)):
+        idle = sorted(set(range(world)) - set(procs))
+        raise DistributedError(
+            f"the job has {world} processes but the mesh's {mesh.mpmd_dim} pipeline ranks live in "
+            f"processes {sorted(set(procs))}: processes {idle} hold no rank. Start as many processes "
+            f"as the mesh needs, or build the mesh over every process's devices (jax.devices())."
+        )
+    return tuple(procs)
+
+
+def _spec_sharding(spec: CellSpec):
+    for sh in (*spec.out_shardings, *(s.sharding for s in spec.in_specs)):
+        if sh is not None:
+            return sh
+    raise DistributedError("a plan cell has no sharding to tell its rank by.")
+
+
+class _Shapes:
+    """The abstract value of any slot, from the step that produces it (cells traced lazily)."""
+
+    def __init__(self):
+        self.producer: dict = {}
+        self._cell_outs: dict = {}
+
+    def record(self, fn, outs) -> None:
+        for k, o in enumerate(outs):
+            self.producer[o] = (fn, k)
+
+    def of(self, slot: int, ins_of: dict):
+        fn, k = self.producer[slot]
+        if isinstance(fn, CellSpec):
+            if fn not in self._cell_outs:
+                self._cell_outs[fn] = jax.eval_shape(fn.fn, *fn.in_specs)
+            out = self._cell_outs[fn][k]
+            return out.shape, out.dtype
+        return self.of(ins_of[slot], ins_of)  # a move: the shape of what it moved
+
+
+class _Localizer:
+    def __init__(self, builder):
+        self.b = builder
+        self.mesh = builder.mesh
+        self.procs = rank_processes(self.mesh)
+        self.me = jax.process_index()
+        self.rank_of_device = {
+            d: r for r in range(self.mesh.mpmd_dim) for d in self.mesh.submesh(r).devices.flat
+        }
+        self.names = {slot: key for key, slot in builder.slots.named.items()}
+        self.shapes = _Shapes()
+        self.moved_from: dict = {}  # dst slot -> src slot, for every move
+
+    def rank(self, sharding) -> int:
+        return self.rank_of_device[next(iter(sharding.device_set))]
+
+    def describe(self, src_slot: int, dst_slot: int, r_src: int, r_dst: int) -> str:
+        key = self.names.get(dst_slot, ())
+        g = self.b.g
+        if key[:1] == ("edge",):
+            e = g.edges[key[1]]
+            return (
+                f"the activation of edge {key[1]} (stage {e.src} on rank {r_src} -> stage {e.dst} "
+                f"on rank {r_dst}), microbatch {key[2]}"
+            )
+        if key[:1] == ("ct",):
+            e = g.edges[key[1]]
+            return (
+                f"the cotangent of edge {key[1]} (stage {e.dst} on rank {r_src} -> stage {e.src} "
+                f"on rank {r_dst}), microbatch {key[2]}"
+            )
+        src = self.names.get(src_slot, ())
+        if src[:1] == ("acc",):
+            return (
+                f"the gradient of parameter leaf {src[2]} from stage {src[1]} (rank {r_src}), summed "
+                f"on rank {r_dst}"
+            )
+        return f"a buffer moved from rank {r_src} to rank {r_dst}"
+
+    def run(self, transport, keep: set) -> tuple[list, set, list]:
+        steps: list = []
+        for fn, ins, outs, frees in self.b.steps:
+            self.shapes.record(fn, outs)
+            if isinstance(fn, CellSpec):
+                if self.procs[self.rank(_spec_sharding(fn))] == self.me:
+                    steps.append((fn, ins, outs, frees))
+                continue
+            if not is_transfer(fn):
+                raise DistributedError(f"a multi-process plan cannot place the step {fn!r}.")
+            self.moved_from.update(zip(outs, ins))
+            steps += self._moves(transport, fn, ins, outs)
+        if "loss" in self.b.plan.output_slots:
+            steps += self._broadcast_loss(transport, self.b.plan.output_slots["loss"])
+        made_here = {o for _, _, outs, _ in steps for o in outs}
+        remote = []
+        for slot in sorted(keep - made_here):
+            fn, k = self.shapes.producer[slot]
+            sharding = fn.out_shardings[k] if isinstance(fn, CellSpec) else fn.targets[k]
+            shape, dtype = self.shapes.of(slot, self.moved_from)
+            remote.append((slot, jax.make_array_from_single_device_arrays(shape, sharding, [], dtype=dtype)))
+        return steps, keep, remote
+
+    def _moves(self, transport, fn, ins, outs) -> list:
+        local, cross = [], {}
+        for k, (src, dst) in enumerate(zip(fn.sources, fn.targets)):
+            r_src, r_dst = self.rank(src), self.rank(dst)
+            a, b = self.procs[r_src], self.procs[r_dst]
+            if a == b:
+                if a == self.me:
+                    local.append(k)
+            else:
+                cross.setdefault((a, b), []).append((k, r_src, r_dst))
+        steps = []
+        if local:
+            move = transport.local_step([fn.sources[k] for k in local], [fn.targets[k] for k in local])
+            steps.append((move, tuple(ins[k] for k in local), tuple(outs[k] for k in local), ()))
+        for (a, b), moves in sorted(cross.items()):  # every process allocates every group, in order
+            what = "; ".join(self.describe(ins[k], outs[k], rs, rd) for k, rs, rd in moves)
+            group = transport.new_group(what, a)
+            idx = [k for k, _, _ in moves]
+            if a == self.me:
+                steps.append((transport.send_step(group, b), tuple(ins[k] for k in idx), (), ()))
+            elif b == self.me:
+                specs = [
+                    jax.ShapeDtypeStruct(*self.shapes.of(ins[k], self.moved_from), sharding=fn.targets[k])
+                    for k in idx
+                ]
+                steps.append((transport.recv_step(group, a, specs), (), tuple(outs[k] for k in idx), ()))
+        return steps
+
+    def _broadcast_loss(self, transport, slot: int) -> list:
+        last_rank = self.b.rank[self.b.last]
+        owner = self.procs[last_rank]
+        aval = self.b.g.out_avals[0]
+        steps = []
+        for p in range(jax.process_count()):
+            if p == owner:
+                continue
+            group = transport.new_group(f"the loss (rank {last_rank} -> process {p})", owner)
+            if self.me == owner:
+                steps.append((transport.send_step(group, p), (slot,), (), ()))
+            elif self.me == p:
+                home = self.mesh.submesh(self.procs.index(p))
+                sharding = NamedSharding(home, PartitionSpec())
+                spec = jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
+                steps.append((transport.recv_step(group, owner, [spec]), (), (slot,), ()))
+        return steps
+
+
+def localize(builder, keep: set) -> set:
+    """Rewrite `builder.steps` (and its constants) to this process's share of a multi-process
+    plan, and set the plan's transport, local ranks and remote outputs. A no-op (returns `keep`)
+    when every device of the mesh is local."""
+    if not is_multiprocess(builder.mesh):
+        return keep
+    loc = _Localizer(builder)
+    compiler = builder.compiler
+    if compiler.transport is None:
+        compiler.transport = TransferServerTransport()
+    steps, keep, remote = loc.run(compiler.transport, keep)
+    builder.steps = steps
+    builder._constants = {
+        slot: (value, sh)
+        for slot, (value, sh) in builder._constants.items()
+        if loc.procs[loc.rank(sh)] == loc.me
+    }
+    plan = builder.plan
+    plan.transport = compiler.transport
+    plan.local_ranks = frozenset(r for r, p in enumerate(loc.procs) if p == loc.me)
+    plan.remote_outputs = remote
+    return keep

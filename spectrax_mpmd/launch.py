@@ -1,0 +1,152 @@
+"""Start N local processes of one script as a `jax.distributed` job (development and tests).
+
+    python -m spectrax_mpmd.launch --nproc N [--devices-per-proc K] [--timeout S] script.py args...
+
+Each process gets `JAX_COORDINATOR_ADDRESS` (loopback, a free port),
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` and, with `--devices-per-proc`, K host
+devices (`--xla_force_host_platform_device_count`); the script calls
+`spectrax_mpmd.initialize()`. Output lines are forwarded with a `[rank i]`
+prefix (i: the process index). When a process fails, the launcher names it,
+stops every other process and exits with that process's code (128 + signal
+for a killed one); it exits 0 when all succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+_DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(args, rank: int, port: int) -> dict:
+    env = dict(os.environ)
+    env.update(
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        JAX_NUM_PROCESSES=str(args.nproc),
+        JAX_PROCESS_ID=str(rank),
+        PYTHONUNBUFFERED="1",
+    )
+    if args.timeout is not None:
+        env["SPECTRAX_MPMD_TIMEOUT"] = str(args.timeout)
+    if args.devices_per_proc is not None:
+        flags = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices_per_proc}".strip()
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def _forward(rank: int, stream, out, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        with lock:
+            out.write(f"[rank {rank}] " + line.decode(errors="replace"))
+            out.flush()
+    stream.close()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _report(procs: list, lock: threading.Lock, stopping: bool) -> int:
+    """Name every process that has failed (a killed one first: it is usually the cause) and
+    return the launcher's exit code: the first named process's code, 128 + signal if killed."""
+    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+    failed.sort(key=lambda f: f[1] >= 0)
+    names = "; ".join(f"rank {r} (pid {procs[r].pid}) {_describe(rc)}" for r, rc in failed)
+    alive = sum(p.returncode is None for p in procs)
+    tail = f"; stopping the other {alive} process(es)" if stopping and alive else ""
+    with lock:
+        sys.stderr.write(f"spectrax_mpmd.launch: {names}{tail}.\n")
+        sys.stderr.flush()
+    rc = failed[0][1]
+    return 128 - rc if rc < 0 else rc
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM, then SIGKILL after a short grace (JAX's preemption handler may swallow SIGTERM)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 2.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch(argv: list[str] | None = None) -> int:
+    """Run the launcher on `argv` (default `sys.argv[1:]`); returns its exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m spectrax_mpmd.launch", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--nproc", type=int, required=True, help="number of processes to start")
+    parser.add_argument("--devices-per-proc", type=int, default=None, help="CPU devices per process")
+    parser.add_argument("--timeout", type=float, default=None, help="cross-process transfer timeout, s")
+    parser.add_argument("script", help="the Python script every process runs")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+    args = parser.parse_args(argv)
+    if args.nproc < 1:
+        parser.error(f"--nproc must be at least 1, got {args.nproc}")
+    if args.devices_per_proc is not None and args.devices_per_proc < 1:
+        parser.error(f"--devices-per-proc must be at least 1, got {args.devices_per_proc}")
+    port, lock = _free_port(), threading.Lock()
+    procs, readers = [], []
+    for rank in range(args.nproc):
+        p = subprocess.Popen(
+            [sys.executable, args.script, *args.args],
+            env=_child_env(args, rank, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(p)
+        t = threading.Thread(target=_forward, args=(rank, p.stdout, sys.stdout, lock), daemon=True)
+        t.start()
+        readers.append(t)
+    code = 0
+    try:
+        while [p.poll() for p in procs].count(None):  # poll every process, not just the first alive
+            if any(p.returncode not in (None, 0) for p in procs):
+                code = _report(procs, lock, stopping=True)
+                _stop(procs)
+                break
+            time.sleep(0.05)
+        else:
+            if any(p.returncode != 0 for p in procs):
+                code = _report(procs, lock, stopping=False)
+    except KeyboardInterrupt:
+        _stop(procs)
+        code = 130
+    for t in readers:
+        t.join(timeout=2.0)
+    return code
+
+
+def _interrupted(*_) -> None:
+    """SIGTERM to the launcher: stop the processes as for Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupted)
+    sys.exit(launch())

@@ -1,0 +1,182 @@
+"""The script the multi-host tests launch: one pipelined job, run by every process.
+
+    python -m spectrax_mpmd.launch --nproc P [--devices-per-proc K] multihost_worker.py MODE OUT
+
+Each process writes what it owns (the loss, and every gradient leaf whose
+devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
+in their own process for the single-process reference of the same code.
+
+MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
+two virtual stages, a parameter read by the first and last stages, and an `sxjit` forward), `adamw`
+(Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step, then a mesh that leaves processes without a
+rank, whose error each process records), `hang` (process 0 stops answering after
+the first step: the others must time out), `die` (process 1 kills itself in
+the middle of the second step).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SCHEDULES = (
+    ("GPipe", S.GPipe(microbatches=4)),
+    ("Std1F1B", S.Std1F1B(microbatches=4)),
+    ("ZeroBubbleH1", S.ZeroBubbleH1(microbatches=4)),
+    ("InterleavedH1", S.InterleavedH1(microbatches=4, virtual_stages=2)),
+)
+
+
+def _mesh(n: int):
+    return mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
+
+
+def model(n_stages: int) -> tuple:
+    """`(params, batch)` of the heterogeneous test model, each made by one compiled program
+    (eager random ops would compile one small program each, in every process)."""
+    from mpmd_cases import hetero_batch, hetero_params
+
+    params = jax.jit(hetero_params, static_argnums=1)(jax.random.key(n_stages), n_stages)
+    return params, jax.jit(hetero_batch)(jax.random.key(7))
+
+
+def _owned(loss, grads) -> dict:
+    """The loss and the gradient leaves this process holds, by flat index."""
+    out = {"loss": np.asarray(loss)}
+    for k, g in enumerate(jax.tree.leaves(grads)):
+        if g.is_fully_addressable:
+            out[f"g{k}"] = np.asarray(g)
+    return out
+
+
+def _forward(params, tokens):
+    """The heterogeneous model's logits (its loss without the cross-entropy)."""
+    from mpmd_cases import _block_apply
+
+    h = mp.sxstage_iter(params["embed"]["table"][tokens] + params["embed"]["pos"])
+    for k, block in enumerate(params["blocks"]):
+        h = mp.sxstage_iter(_block_apply(k % 3, block, h))
+    return jax.numpy.mean(h, axis=1) @ params["head"]
+
+
+def _tied_params():
+    rng = np.random.default_rng(5)
+    return {
+        "table": (rng.standard_normal((11, 8)) * 0.5).astype(np.float32),
+        "w1": (rng.standard_normal((8, 8)) * 0.3).astype(np.float32),
+        "w2": (rng.standard_normal((8, 8)) * 0.3).astype(np.float32),
+    }
+
+
+def _tied_loss(params, batch):
+    """The embedding table is read by the first stage and, transposed, by the last: its
+    gradient is summed across ranks (here across processes)."""
+    tokens, labels = batch
+    h = mp.sxstage_iter(params["table"][tokens])
+    h = mp.sxstage_iter(jax.numpy.tanh(h @ params["w1"]))
+    h = mp.sxstage_iter(jax.numpy.tanh(h @ params["w2"]))
+    logp = jax.nn.log_softmax(jax.numpy.mean(h, axis=1) @ params["table"].T)
+    return -jax.numpy.mean(jax.numpy.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _mlp_forward(params, extra, x):
+    """A forward for `mp.Runner` (the functional `mp.run`): a marker after every layer but the last."""
+    for k, w in enumerate(params):
+        x = jax.numpy.tanh(x @ w)
+        if k < len(params) - 1:
+            x = mp.sxstage_iter(x)
+    return x
+
+
+def _mse(out, y):
+    return jax.numpy.mean((out - y) ** 2)
+
+
+def _mlp_case():
+    """`(params, extra, inputs, targets)` of the `mp.Runner` case."""
+    rng = np.random.default_rng(6)
+    params = [(rng.standard_normal((8, 8)) * 0.4).astype(np.float32) for _ in range(4)]
+    x, y = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    return params, None, x, y
+
+
+def run(mode: str) -> dict:
+    """`{case: {name: array}}` of this process's share of `mode`'s results."""
+    # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
+    from mpmd_cases import hetero_loss
+
+    results = {}
+    if mode == "schedules":
+        for name, schedule in SCHEDULES:
+            params, batch = model(4 * schedule.virtual_stages)
+            step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=schedule)
+            results[name] = _owned(*step(params, batch))
+        try:  # a diagnostic that walks the steps itself is refused, not run half-way
+            step.profile(params, batch, rounds=1)
+            results["profile"] = {"error": np.asarray("none")}
+        except mp.MpmdError as err:
+            results["profile"] = {"error": np.asarray(str(err))}
+        step = mp.sxvalue_and_grad(_tied_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
+        results["tied"] = _owned(*step(_tied_params(), batch))
+        params, batch = model(4)
+        fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
+        y = fwd(params, batch[0])
+        results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
+    elif mode == "adamw":
+        params, batch = model(4)
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
+        results["Std1F1B"] = _owned(*step(params, batch))
+        opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
+        losses, state = [], None
+        for _ in range(10):
+            loss, grads = step(params, batch)
+            state = opt.init(params, grads) if state is None else state
+            params, state = opt.update(grads, state, params)
+            losses.append(float(loss))
+        results["adamw"] = {"losses": np.asarray(losses)}
+        runner = mp.Runner(_mlp_forward, mesh=_mesh(4), loss_fn=_mse, schedule=S.GPipe(microbatches=2))
+        results["runner"] = _owned(*runner(*_mlp_case()))
+        if jax.process_count() > 2:  # a mesh of processes 0 and 1 only: every process refuses it
+            try:
+                step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+                step(model(2)[0], batch)
+                results["idle"] = {"error": np.asarray("none")}
+            except mp.DistributedError as err:
+                results["idle"] = {"error": np.asarray(str(err))}
+    elif mode in ("hang", "die"):  # two ranks, one per process
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        params, batch = model(2)
+        for k in range(3):
+            if mode == "hang" and k == 1 and jax.process_index() == 0:
+                time.sleep(600)  # alive but silent: the other process must give up on its own
+            loss, _ = step(params, batch)
+            if mode == "die" and k == 1 and jax.process_index() == 1:
+                print("killing myself mid-step", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # the step's cells are issued, its transfers pending
+            float(loss)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    return results
+
+
+def main() -> None:
+    mode, out = sys.argv[1], sys.argv[2]
+    mp.initialize()
+    for case, arrays in run(mode).items():
+        np.savez(os.path.join(out, f"{case}_p{jax.process_index()}.npz"), **arrays)
+    print(f"{mode}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

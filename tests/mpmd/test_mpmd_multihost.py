@@ -1,0 +1,198 @@
+"""Multi-process MPMD on JAX's distributed runtime (CPU, loopback): every process runs only its
+own ranks; results equal one process's; failures end the job with a clear error in bounded time.
+
+Each test launches `multihost_worker.py` with `python -m spectrax_mpmd.launch` (or starts
+processes by hand for the setup errors); every process group is killed at its time limit.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import multihost_worker as worker
+import numpy as np
+import pytest
+from mpmd_cases import RTOL, hetero_loss
+
+import spectrax_mpmd as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "multihost_worker.py")
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]), **extra)
+    return env
+
+
+class _Job:
+    """A command in its own process group; `wait` kills the group at the time limit."""
+
+    def __init__(self, cmd: list, limit: float, env: dict | None = None):
+        self.cmd, self.limit, self.start = cmd, limit, time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait(self) -> tuple[int, str, float]:
+        """(exit code, output, seconds since the start)."""
+        try:
+            out, _ = self.proc.communicate(timeout=max(1.0, self.limit - (time.monotonic() - self.start)))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            out, _ = self.proc.communicate()
+            pytest.fail(f"{self.cmd} ran past {self.limit} s:\n{out.decode(errors='replace')[-3000:]}")
+        return self.proc.returncode, out.decode(errors="replace"), time.monotonic() - self.start
+
+
+def _launch(nproc: int, devices: int, mode: str, out_dir, limit: float, timeout: float = 20) -> _Job:
+    """Start `multihost_worker.py MODE` under the launcher (the tests compute their references
+    while it runs)."""
+    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc)]
+    cmd += ["--devices-per-proc", str(devices), "--timeout", str(timeout), WORKER, mode, str(out_dir)]
+    return _Job(cmd, limit)
+
+
+def _merged(out_dir, case: str, nproc: int) -> dict:
+    """Every process's share of `case`; the loss must be the same on every process, and every
+    other array must come from exactly one process (its owner)."""
+    files = sorted(glob.glob(os.path.join(out_dir, f"{case}_p*.npz")))
+    assert len(files) == nproc, files
+    merged: dict = {}
+    for f in files:
+        with np.load(f) as z:
+            for k in z.files:
+                if k in ("loss", "losses", "error") and k in merged:
+                    np.testing.assert_array_equal(z[k], merged[k])
+                    continue
+                assert k not in merged, f"{case}: {k} returned by two processes"
+                merged[k] = z[k]
+    return merged
+
+
+def _check(merged: dict, loss, grads) -> None:
+    np.testing.assert_allclose(merged["loss"], loss, rtol=RTOL, atol=1e-6)
+    leaves = jax.tree.leaves(grads)
+    assert sorted(merged) == sorted(["loss", *(f"g{k}" for k in range(len(leaves)))])
+    for k, g in enumerate(leaves):
+        np.testing.assert_allclose(merged[f"g{k}"], g, rtol=RTOL, atol=1e-6)
+
+
+def test_two_processes_two_devices_every_schedule(tmp_path):
+    """2 processes x 2 devices, 4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 (v=2), a
+    tied parameter whose gradient is summed across processes, and an `sxjit` forward all equal
+    the unsplit reference on one device (which single-process runs equal at this tolerance)."""
+    job = _launch(2, 2, "schedules", tmp_path, limit=150)
+    grad = jax.jit(jax.value_and_grad(hetero_loss))
+    refs = {name: grad(*worker.model(4 * schedule.virtual_stages)) for name, schedule in worker.SCHEDULES}
+    params, batch = worker.model(4)
+    refs["tied"] = jax.jit(jax.value_and_grad(worker._tied_loss))(worker._tied_params(), batch)
+    y = jax.jit(worker._forward)(params, batch[0])
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    for name, (loss, grads) in refs.items():
+        _check(_merged(tmp_path, name, 2), loss, grads)
+    np.testing.assert_allclose(_merged(tmp_path, "forward", 2)["y"], y, rtol=RTOL, atol=1e-6)
+    error = str(_merged(tmp_path, "profile", 2)["error"])
+    assert error.startswith("sxvalue_and_grad.profile runs the plan step by step in one process")
+
+
+def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
+    """4 processes x 1 device: one Std1F1B step and an `mp.Runner` step equal their references,
+    and a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of a
+    single-process run of the same script."""
+    job = _launch(4, 1, "adamw", tmp_path, limit=150)
+    ref = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(4))
+    params, _, x, y = worker._mlp_case()
+    runner_ref = jax.value_and_grad(lambda p: worker._mse(worker._mlp_forward(p, None, x), y))(params)
+    single = worker.run("adamw")["adamw"]["losses"]
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    _check(_merged(tmp_path, "Std1F1B", 4), *ref)
+    _check(_merged(tmp_path, "runner", 4), *runner_ref)  # mp.Runner, the functional `mp.run`
+    assert single[-1] < single[0]
+    np.testing.assert_allclose(_merged(tmp_path, "adamw", 4)["losses"], single, rtol=RTOL)
+    # then a mesh over processes 0 and 1 only: every process refuses it, naming the idle ones
+    error = str(_merged(tmp_path, "idle", 4)["error"])
+    assert error.startswith(
+        "the job has 4 processes but the mesh's 2 pipeline ranks live in processes [0, 1]"
+    )
+    assert "processes [2, 3] hold no rank" in error
+
+
+def test_lost_processes_end_the_job(tmp_path):
+    """Two jobs at once. In one, process 1 is killed in the middle of a step: the launcher names
+    it, stops the other process and exits non-zero. In the other, process 0 stops answering:
+    process 1's step raises after the timeout, naming the ranks, the edge and the microbatch it
+    waited for, and the launcher names process 1 and stops both."""
+    (tmp_path / "die").mkdir()
+    (tmp_path / "hang").mkdir()
+    die = _launch(2, 1, "die", tmp_path / "die", limit=90, timeout=5)
+    hang = _launch(2, 1, "hang", tmp_path / "hang", limit=90, timeout=2)
+    code, out, _ = die.wait()
+    assert code != 0, out[-3000:]
+    assert "killing myself mid-step" in out
+    assert "spectrax_mpmd.launch: rank 1" in out and "killed by signal SIGKILL" in out, out[-3000:]
+    code, out, seconds = hang.wait()
+    assert code != 0
+    assert "TransferTimeoutError: process 1:" in out, out[-3000:]
+    assert "edge 0 (stage 0 on rank 0 -> stage 1 on rank 1), microbatch 0" in out, out[-3000:]
+    assert "did not arrive within 2 s" in out
+    assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out
+    assert seconds < 80
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_setup_errors_are_clear_and_fast(monkeypatch):
+    """A second process 0 and an unreachable coordinator are clear errors within seconds, raised
+    before JAX's own initialisation (which would abort or wait out its registration timeout)."""
+    monkeypatch.delenv("SPECTRAX_MPMD_TIMEOUT", raising=False)
+    port, dead_port = _free_port(), _free_port()
+    env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0")
+    code = "import spectrax_mpmd as mp; mp.initialize(timeout=30)"
+    first = subprocess.Popen(  # process 0 of a 2-process job, serving the coordinator, waiting for 1
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and first.poll() is None, "process 0 never served"
+            time.sleep(0.1)
+        start = time.monotonic()
+        with pytest.raises(mp.DistributedError, match="another process already claims process id 0"):
+            mp.initialize(f"127.0.0.1:{port}", 2, 0)
+        with pytest.raises(mp.DistributedError, match=f"127.0.0.1:{dead_port} is unreachable after 1 s"):
+            mp.initialize(f"127.0.0.1:{dead_port}", 2, 1, timeout=1)
+        assert time.monotonic() - start < 10
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def test_initialize_checks_arguments_before_joining():
+    """Argument errors are raised at once, before any connection is tried."""
+    with pytest.raises(mp.DistributedError, match=r"process_id 5 is not in \[0, 2\)"):
+        mp.initialize("127.0.0.1:1", 2, 5)
+    with pytest.raises(mp.DistributedError, match="num_processes must be at least 1"):
+        mp.initialize("127.0.0.1:1", 0, 0)
+    with pytest.raises(mp.DistributedError, match="expected 'host:port'"):
+        mp.initialize("nowhere", 2, 1)
+    with pytest.raises(mp.DistributedError, match="timeout must be a positive"):
+        mp.initialize("127.0.0.1:1", 2, 1, timeout=0)
