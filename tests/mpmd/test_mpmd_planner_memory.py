@@ -69,12 +69,14 @@ def run_cost(timeline, n_stages: int) -> S.StageCost:
     return S.StageCost(*(tuple(rows[k]) for k in "FBIW"))
 
 
-def test_predicted_busy_time_per_rank_within_15_percent(measured):
+@pytest.mark.parametrize("remat", (False, True))
+@pytest.mark.parametrize("name", ("Std1F1B", "ZeroBubbleH1", "InterleavedH1"))
+def test_predicted_busy_time_per_rank_within_15_percent(name, remat):
     """The simulator, given one measured run's cell times per stage and kind, predicts each rank's
-    busy time in that run (the sum of its cells) within 15%."""
-    name, _, step, args, _, _, _ = measured
-    if name == "DualPipeV":
-        pytest.skip("DualPipeV fuses some forwards with backwards: their parts' times are not measured apart")
+    busy time in that run (the sum of its cells) within 15%. (DualPipeV is not among these: its
+    fused forward+backward cells ran 10-15% faster than the sum of their parts here, which a
+    per-part cost model does not see; see docs/planner.md.)"""
+    step, args, *_ = profiled(SCHEDULES[name], remat)
     run = step.measure_timeline(*args)
     predicted = S.simulate(step.schedule, 4, run_cost(run, 4 * step.schedule.virtual_stages)).busy
     for rank, (p, m) in enumerate(zip(predicted, run.busy)):
