@@ -26,9 +26,12 @@ pull failed because the peer went away.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import queue
 import socket
+import sys
 import threading
 from typing import Callable, Sequence
 
@@ -159,8 +162,6 @@ def _exit_without_shutdown_barrier() -> None:
     would wait for the lost peer, then abort) and end this process with code 1 at once, so the
     error raised here is what the job reports. Registered after JAX's own exit handler, so it
     runs first."""
-    import atexit
-    import sys
 
     def leave() -> None:
         sys.stdout.flush()
@@ -194,8 +195,6 @@ class TransferServerTransport:
         self.pending: list = []
         self.describe: dict[int, tuple[str, int]] = {}  # group -> (what it carries, sender), for errors
         self._waiter: _Waiter | None = None
-        import atexit
-
         atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
 
     def _drain_at_exit(self) -> None:
@@ -206,7 +205,7 @@ class TransferServerTransport:
         try:
             self._exchange.allgather("exit")
         except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
-            print(f"spectrax_mpmd: {err}", flush=True)
+            logging.getLogger("spectrax_mpmd").error("%s", err)
 
     def new_group(self, what: str, sender: int) -> int:
         """A transfer-group id for a plan being built (the same on every process: plans are built in

@@ -134,6 +134,13 @@ class _Flow:
     inputs: tuple[tuple[int, ...], ...]
     gradient_inputs: tuple[tuple[int, ...], ...]
 
+    @property
+    def is_chain(self) -> bool:
+        n = len(self.inputs)
+        return self.inputs == tuple(
+            (s - 1,) if s else () for s in range(n)
+        ) and self.gradient_inputs == tuple((s + 1,) if s < n - 1 else () for s in range(n))
+
     def needs(self, a: Action) -> list[tuple[tuple[str, int, int], int]]:
         """Inputs of `a` as (key, producing rank); key kinds: F done, G = input grad done, W done."""
         s, mb = a.stage, a.microbatch
@@ -178,6 +185,12 @@ def simulate(
         schedule.stage_inputs(n),
         schedule.gradient_inputs(n),
     )
+    if memory is not None and not flow.is_chain:
+        raise ValueError(
+            f"simulate: peak bytes (memory=) are modelled for a chain of stages, each reading the one "
+            f"before; the stages of {type(schedule).__name__} form a graph (regions). Simulate it "
+            "without memory=, or each region's chain on its own."
+        )
     comm = float(cost.comm)
     done: dict[tuple[str, int, int], float] = {}
     waiting: dict[tuple[str, int, int], list[int]] = {}

@@ -41,7 +41,11 @@ def test_one_region_is_the_schedule_itself(cls):
 def test_towers_run_side_by_side_and_meet_where_the_text_reads_vision():
     merged = two_towers()
     t = S.simulate(merged, 4)
-    events = {(e.cell.parts[0].kind, e.cell.parts[0].stage, e.cell.parts[0].microbatch): e for row in t.events for e in row}
+    events = {
+        (e.cell.parts[0].kind, e.cell.parts[0].stage, e.cell.parts[0].microbatch): e
+        for row in t.events
+        for e in row
+    }
     # the text tower's first stage does not wait for vision; its second waits for V1's forward
     assert events["F", 2, 0].start == 0
     assert events["F", 3, 0].start >= events["F", 1, 0].end
@@ -92,7 +96,8 @@ def test_labels_are_shortest_unique_prefixes():
 
 
 @pytest.mark.parametrize(
-    "upstream", [S.Std1F1B(M), S.ZeroBubbleH1(M), S.InterleavedH1(M, virtual_stages=2), S.KimiK2(M, virtual_stages=2)]
+    "upstream",
+    [S.Std1F1B(M), S.ZeroBubbleH1(M), S.InterleavedH1(M, virtual_stages=2), S.KimiK2(M, virtual_stages=2)],
 )
 def test_forwards_overtake_a_backward_that_waits_on_another_region(upstream):
     """Text runs GPipe: no gradient comes back before its last forward, so the vision tower's
@@ -150,3 +155,20 @@ def test_forwards_overtake_a_backward_that_waits_on_another_region(upstream):
 def test_bad_regions_are_clear_errors(regions, edges, message):
     with pytest.raises(ScheduleError, match=message):
         RegionSchedule(regions, edges)
+
+
+def test_peak_bytes_are_not_modelled_for_region_graphs():
+    per_stage, per_rank = (1, 1, 1, 1), (0, 0, 0, 0)
+    memory = S.StageMemory(
+        inputs=per_stage,
+        kept_inputs=per_stage,
+        residuals=per_stage,
+        grads=per_stage,
+        stash=per_stage,
+        params=per_rank,
+        accumulators=per_rank,
+        optimizer=per_rank,
+        other=per_rank,
+    )
+    with pytest.raises(ValueError, match=r"peak bytes \(memory=\) are modelled for a chain of stages"):
+        S.simulate(two_towers(), 4, memory=memory)
