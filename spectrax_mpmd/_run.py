@@ -93,6 +93,7 @@ class Runner:
         has_aux: bool = False,
         rules=None,
         name: str = "run",
+        region_ranks: dict | None = None,
     ):
         if mode not in MODES:
             raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
@@ -123,9 +124,16 @@ class Runner:
                     has_aux=has_aux,
                     batch_argnums=(2, 3),
                     rules=rules,
+                    region_ranks=region_ranks,
                 )
             else:
-                self.step = sxjit(self._forward_only, mesh=self.mesh, schedule=schedule, batch_argnums=2)
+                self.step = sxjit(
+                    self._forward_only,
+                    mesh=self.mesh,
+                    schedule=schedule,
+                    batch_argnums=2,
+                    region_ranks=region_ranks,
+                )
         else:
             self.step = jax.jit(self._spmd_train if mode == "train" else self._spmd_forward)
         self.schedule = schedule
@@ -225,10 +233,11 @@ class Runner:
 
 
 def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None) -> Callable:
-    """The forward of a core model whose `blocks` are cut into `n_stages` by a `StagedStack`."""
+    """The forward of a core model whose `blocks` are cut into `n_stages` by a `StagedStack`; a
+    model without `blocks` is cut where its forward places `sxstage_iter` markers and regions."""
 
     def forward(model, _extra, inputs):
-        if n_stages > 1:
+        if n_stages > 1 and hasattr(model, "blocks"):
             model = stage_blocks(model, n_stages, sizes)
         return call_with(apply_fn, model, inputs)
 
@@ -294,12 +303,15 @@ def runner(
     apply_fn: Callable = apply,
     rules=None,
     memory_budget: int | None = None,
+    region_ranks: dict | None = None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
     Use this in a training loop; `run` builds (and compiles) a new step on every call.
     With `stage_sizes="auto"` the first call profiles the model's blocks and picks
     the split (`step.balance` says which, with its predicted per-stage times).
+    `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
+    `sxvalue_and_grad`).
     """
     if isinstance(stage_sizes, str):
         if stage_sizes != "auto":
@@ -327,6 +339,7 @@ def runner(
         schedule=schedule,
         has_aux=has_aux,
         rules=rules,
+        region_ranks=region_ranks,
     )
 
     @functools.wraps(inner.__call__)
@@ -352,6 +365,7 @@ def run(
     apply_fn: Callable = apply,
     rules=None,
     memory_budget: int | None = None,
+    region_ranks: dict | None = None,
 ):
     """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
 
@@ -362,7 +376,9 @@ def run(
     by `stage_sizes`, or with `stage_sizes="auto"` where the profiled per-block
     costs say (within `memory_budget` bytes per device, if given; see `balance`) —
     through the model's own forward: what runs before the blocks is on the first
-    stage, what runs after on the last.
+    stage, what runs after on the last. A model without `blocks` is cut where its
+    forward places `sxstage_iter` markers and `sxstage_region`s (placed by
+    `region_ranks`, as in `sxvalue_and_grad`).
 
     `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
     targets)` over `microbatches` and its gradients, shaped like `model`.
@@ -380,6 +396,7 @@ def run(
         apply_fn=apply_fn,
         rules=rules,
         memory_budget=memory_budget,
+        region_ranks=region_ranks,
     )
     return step(model, inputs, targets)
 

@@ -44,13 +44,14 @@ def region(name, schedule):
     return mp.sxstage_region(name, schedule=schedule) if name else contextlib.nullcontext()
 
 
-def towers_loss(towers, text=("text", None, 2), shared=False):
+def towers_logits(towers, text=("text", None, 2), shared=False, loss=False):
     """Towers `(name, schedule, stages)` each reduce their input to features; the text tower
     (`name=None`: the default region) embeds tokens and, in its last stage, adds every
-    tower's projected features before the head and the cross-entropy."""
+    tower's projected features before the head: logits, or with `loss` the cross-entropy
+    against `labels` inside the text tower's last stage."""
     text_name, text_schedule, text_stages = text
 
-    def loss(params, inputs, tokens, labels):
+    def forward(params, inputs, tokens, labels=None):
         features = {}
         for name, schedule, stages in towers:
             with region(name, schedule):
@@ -69,9 +70,17 @@ def towers_loss(towers, text=("text", None, 2), shared=False):
                     h = h + sum(f @ params["proj_" + name] for name, f in features.items())
                 h = jnp.tanh(h @ params["text"][k])
             logits = h @ params["head"]
-            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+            return cross_entropy(logits, labels) if loss else logits
 
-    return loss
+    return forward
+
+
+def cross_entropy(logits, labels):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+
+def towers_loss(towers, text=("text", None, 2), shared=False):
+    return towers_logits(towers, text, shared, loss=True)
 
 
 def batch(towers, key=jax.random.PRNGKey(1)):
@@ -182,6 +191,35 @@ def test_regions_are_no_ops_outside_the_pipeline():
     eager = loss(params, *args)
     assert_close(jax.jit(loss)(params, *args), eager)
     jax.grad(loss)(params, *args)
+
+
+def test_run_trains_and_forwards_a_model_without_blocks_through_its_regions():
+    """`mp.run` cuts a model without `blocks` at its own markers and regions; its `loss_fn` runs
+    outside every region, so here the text tower is the default region and the loss joins its
+    last stage."""
+    towers = (VISION,)
+    logits = towers_logits(towers, (None, None, 2))
+    params = tower_params(jax.random.PRNGKey(0), towers, 2)
+    inputs, tokens, labels = batch(towers)
+    loss, grads = mp.run(
+        params,
+        inputs=(inputs, tokens),
+        targets=labels,
+        mesh=mesh(4),
+        loss_fn=cross_entropy,
+        schedule=S.Std1F1B(M),
+        apply_fn=logits,
+        region_ranks={"vision": (2, 3), "default": (0, 1)},
+    )
+    ref_loss, ref_grads = jax.value_and_grad(lambda p: cross_entropy(logits(p, inputs, tokens), labels))(
+        params
+    )
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
+    out = mp.run(
+        params, inputs=(inputs, tokens), mesh=mesh(4), mode="forward", schedule=S.GPipe(M), apply_fn=logits
+    )
+    assert_close(out, logits(params, inputs, tokens))
 
 
 def test_sxjit_runs_regions_forward():
