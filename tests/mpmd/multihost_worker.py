@@ -8,7 +8,7 @@ in their own process for the single-process reference of the same code.
 
 MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
 two virtual stages, a parameter read by the first and last stages, and an `sxjit` forward), `adamw`
-(Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step, then a mesh that leaves processes without a
+(the exchange's two paths, Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step, then a mesh that leaves processes without a
 rank, whose error each process records), `hang` (process 0 stops answering after
 the first step: the others must time out), `die` (process 1 kills itself in
 the middle of the second step).
@@ -134,6 +134,15 @@ def run(mode: str) -> dict:
         y = fwd(params, batch[0])
         results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
     elif mode == "adamw":
+        # the runtime's exchange through the coordination service, and its public fallback (a
+        # device collective), before any transfer is in flight: the same values in the same order
+        from spectrax_mpmd._exchange import Exchange, _collective_allgather
+
+        mine = f"process {jax.process_index()}"
+        results["exchange"] = {
+            "store": np.asarray(Exchange("check").allgather(mine)),
+            "collective": np.asarray(_collective_allgather(mine)),
+        }
         params, batch = model(4)
         step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
         results["Std1F1B"] = _owned(*step(params, batch))

@@ -107,8 +107,9 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
 
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     """4 processes x 1 device: one Std1F1B step and an `mp.Runner` step equal their references,
-    and a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of a
-    single-process run of the same script."""
+    a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of a
+    single-process run of the same script, and the runtime's key-value exchange gives what its
+    public fallback (a device collective) gives."""
     job = _launch(4, 1, "adamw", tmp_path, limit=150)
     ref = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(4))
     params, _, x, y = worker._mlp_case()
@@ -126,6 +127,11 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
         "the job has 4 processes but the mesh's 2 pipeline ranks live in processes [0, 1]"
     )
     assert "processes [2, 3] hold no rank" in error
+    # the exchange through the coordination service equals its public fallback, on every process
+    expected = [f"process {p}" for p in range(4)]
+    for p in range(4):
+        shares = np.load(os.path.join(tmp_path, f"exchange_p{p}.npz"))
+        assert list(shares["store"]) == expected and list(shares["collective"]) == expected
 
 
 def test_lost_processes_end_the_job(tmp_path):
