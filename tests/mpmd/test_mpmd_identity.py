@@ -138,7 +138,7 @@ def top_constant_forward(x, k):
 def test_sxjit_static_values_never_return_a_stale_result(fn):
     f = mp.sxjit(fn, mesh=mesh2(), static_argnums=1)
     x = jnp.arange(4.0)
-    for k in [*range(1, 13), 3, 11, 1]:  # 12 distinct values, then repeats
+    for k in [*range(1, 7), 3, 5, 1]:  # 6 distinct values, then repeats
         gc.collect()  # frees the previous trace's constants, so their ids could be reused
         np.testing.assert_array_equal(np.asarray(f(x, float(k))), np.asarray(fn(x, float(k))))
 
