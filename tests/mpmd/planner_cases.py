@@ -14,23 +14,29 @@ HIDDEN = (128, 16, 16, 16, 16, 16, 16, 16)  # one wide block, then narrow ones
 MESH = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
 
 
-def init():
-    keys = jax.random.split(jax.random.key(0), 2 * len(HIDDEN) + 4)
+def residual_mlp_lm(widths, *, d: int, vocab: int, batch: int, length: int, scale: float):
+    """`(params, tokens, targets)`: an embedding, one residual MLP block per width (hidden width
+    `widths[k]`, weights ~ N(0, 1) / scale) and a head, with a random token batch."""
+    keys = jax.random.split(jax.random.key(0), 2 * len(widths) + 4)
     blocks = [
         {
-            "w1": jax.random.normal(keys[2 * k], (D, h)) / 4,
-            "w2": jax.random.normal(keys[2 * k + 1], (h, D)) / 4,
+            "w1": jax.random.normal(keys[2 * k], (d, h)) / scale,
+            "w2": jax.random.normal(keys[2 * k + 1], (h, d)) / scale,
         }
-        for k, h in enumerate(HIDDEN)
+        for k, h in enumerate(widths)
     ]
     params = {
-        "embed": jax.random.normal(keys[-4], (VOCAB, D)) / 10,
+        "embed": jax.random.normal(keys[-4], (vocab, d)) / 10,
         "blocks": blocks,
-        "head": jax.random.normal(keys[-3], (D, VOCAB)) / 10,
+        "head": jax.random.normal(keys[-3], (d, vocab)) / 10,
     }
-    tokens = jax.random.randint(keys[-2], (BATCH, LENGTH), 0, VOCAB)
-    targets = jax.random.randint(keys[-1], (BATCH, LENGTH), 0, VOCAB)
+    tokens = jax.random.randint(keys[-2], (batch, length), 0, vocab)
+    targets = jax.random.randint(keys[-1], (batch, length), 0, vocab)
     return params, tokens, targets
+
+
+def init():
+    return residual_mlp_lm(HIDDEN, d=D, vocab=VOCAB, batch=BATCH, length=LENGTH, scale=4)
 
 
 def lm_loss(n_stages: int):

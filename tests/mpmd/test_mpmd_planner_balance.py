@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from planner_cases import residual_mlp_lm
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
@@ -19,21 +20,7 @@ SCHEDULE = S.Std1F1B(microbatches=M)
 
 
 def init():
-    keys = jax.random.split(jax.random.key(0), 2 * len(WIDTHS) + 4)
-    blocks = [
-        {
-            "w1": jax.random.normal(keys[2 * k], (D, h)) / 8,
-            "w2": jax.random.normal(keys[2 * k + 1], (h, D)) / 8,
-        }
-        for k, h in enumerate(WIDTHS)
-    ]
-    params = {
-        "embed": jax.random.normal(keys[-4], (VOCAB, D)) / 10,
-        "blocks": blocks,
-        "head": jax.random.normal(keys[-3], (D, VOCAB)) / 10,
-    }
-    tokens = jax.random.randint(keys[-2], (BATCH, LENGTH), 0, VOCAB)
-    return params, tokens, jax.random.randint(keys[-1], (BATCH, LENGTH), 0, VOCAB)
+    return residual_mlp_lm(WIDTHS, d=D, vocab=VOCAB, batch=BATCH, length=LENGTH, scale=8)
 
 
 def cut(sizes):
