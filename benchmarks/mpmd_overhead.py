@@ -29,7 +29,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -40,6 +39,7 @@ os.environ.setdefault("LOGGING_LEVEL_ED", "WARNING")  # spectrax-lib logs every 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
@@ -127,17 +127,6 @@ def interleaved(contenders: dict, rounds: int, calls: int) -> dict:
             cpu[name].append((time.thread_time() - c) / calls)
             wall[name].append((time.perf_counter() - w) / calls)
     return {k: summary(wall[k], cpu[k]) for k in contenders}
-
-
-def summary(wall: list, cpu: list) -> dict:
-    med = statistics.median(wall)
-    return {
-        "min_ms": min(wall) * 1e3,
-        "median_ms": med * 1e3,
-        "spread": (max(wall) - min(wall)) / med,
-        "cpu_min_ms": min(cpu) * 1e3,
-        "cpu_median_ms": statistics.median(cpu) * 1e3,
-    }
 
 
 def first_call(fn) -> float:

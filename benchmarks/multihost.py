@@ -37,20 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _timing import summary
+
 LAYOUTS = ((1, 4), (2, 2), (4, 1))
 D, B, LAYERS, M = 256, 64, 4, 8
 MIB = 1 << 20
-
-
-def _summary(wall: list, cpu: list) -> dict:
-    med = statistics.median(wall)
-    return {
-        "min_ms": min(wall) * 1e3,
-        "median_ms": med * 1e3,
-        "spread": (max(wall) - min(wall)) / med,
-        "cpu_min_ms": min(cpu) * 1e3,
-        "cpu_median_ms": statistics.median(cpu) * 1e3,
-    }
 
 
 # --- the worker (one per process) ----------------------------------------------------------------
@@ -248,7 +239,7 @@ def main() -> None:
     for nproc, devices in LAYOUTS:
         procs = _run_layout(nproc, devices, args.rounds, args.calls)
         wall = [max(p["wall"][r] for p in procs) for r in range(args.rounds)]  # the slowest process
-        row = {"layout": f"{nproc} x {devices}", "processes": nproc, **_summary(wall, procs[0]["cpu"])}
+        row = {"layout": f"{nproc} x {devices}", "processes": nproc, **summary(wall, procs[0]["cpu"])}
         row["cpu_per_process_ms"] = [statistics.median(p["cpu"]) * 1e3 for p in procs]
         rows.append(row)
         for p in procs:

@@ -16,11 +16,12 @@ SCRIPTS = sorted(
 
 
 HELP_ALL = """
-import contextlib, io, runpy, sys
+import contextlib, io, os, runpy, sys
 failed = []
 for script in sys.argv[1:]:
     out = io.StringIO()
     sys.argv = [script, "--help"]
+    sys.path.insert(0, os.path.dirname(script))  # as `python script.py` does
     try:
         with contextlib.redirect_stdout(out):
             runpy.run_path(script, run_name="__main__")
