@@ -1,26 +1,30 @@
 """Multi-process MPMD train steps against the single-process step of the same model.
 
 Model: a 4-layer tanh MLP (D=256, B=64, the small config of `mpmd_overhead.py`), MSE
-loss, 4 pipeline ranks, Std1F1B with m=8 microbatches. Three layouts of the same 4
-ranks, each its own job (CPU devices, loopback):
+loss, 4 pipeline ranks, Std1F1B with m=8 microbatches. Layouts of the same 4 ranks,
+each its own job (CPU devices, loopback), the multi-process ones through each
+cross-process transport:
 
-  1 x 4   one process holding all four ranks (today's single-process runtime)
-  2 x 2   two processes, two ranks each (`python -m spectrax_mpmd.launch --nproc 2`)
-  4 x 1   four processes, one rank each
+  1 x 4             one process holding all four ranks (the single-process runtime)
+  2 x 2 transfer    two processes, two ranks each, `jax.experimental.transfer` pulls
+  2 x 2 ppermute    the same, two-sided `lax.ppermute` programs
+  4 x 1 transfer    four processes, one rank each
+  4 x 1 ppermute
 
 Per layout, `--rounds` rounds of `--calls` steps (each call waited for: the loss and
 this process's gradients): step wall time min, median and spread ((max - min) /
 median), and each process's issuing-thread CPU time per step (`time.thread_time`
 around the calls: the host cost of issuing its own ranks' cells, transfers and the
-wait for its receives). Layouts are separate jobs, so their rounds are not
-interleaved with each other; rounds within a job are. Transfer latency per MiB
-(2 x 2 job, process 0 -> process 1, median over rounds): the runtime's
-`jax.experimental.transfer` pull, a jitted `ppermute` over a two-process mesh (for
-comparison; the runtime does not use it), and the in-process device-to-device copy.
+wait for its receives), next to the number of plan steps the process issues per
+call and the CPU time per issued step. Layouts are separate jobs, so their rounds are
+not interleaved with each other; rounds within a job are. Transfer latency per MiB
+(process 0 -> process 1, median over rounds): the transfer server's pull, the
+`ppermute` pair program, and the in-process device-to-device copy, each through the
+runtime's own code.
 
 On this 2-core machine the processes compete for the same cores, so wall time does
-not show the pipeline's speed-up; issue CPU per process is the figure that should
-fall as 1/processes.
+not show the pipeline's speed-up; the issued steps and issue CPU per process are the
+figures that should fall as 1/processes.
 
     python benchmarks/multihost.py [--rounds 5] [--calls 5]
 """
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from _timing import summary
 
-LAYOUTS = ((1, 4), (2, 2), (4, 1))
+LAYOUTS = ((1, 4, None), (2, 2, "transfer"), (2, 2, "ppermute"), (4, 1, "transfer"), (4, 1, "ppermute"))
 D, B, LAYERS, M = 256, 64, 4, 8
 MIB = 1 << 20
 
@@ -96,6 +100,7 @@ def _step_figures(world: int, rounds: int, calls: int) -> dict:
 
     for _ in range(3):
         jax.block_until_ready(call())
+    issued = len(step.plan_for(params, batch).steps)
     wall, cpu = [], []
     for _ in range(rounds):
         _barrier(world)
@@ -104,7 +109,7 @@ def _step_figures(world: int, rounds: int, calls: int) -> dict:
             jax.block_until_ready(call())
         cpu.append((time.thread_time() - c) / calls)
         wall.append((time.perf_counter() - w) / calls)
-    return {"wall": wall, "cpu": cpu}
+    return {"wall": wall, "cpu": cpu, "issued": issued}
 
 
 def _copy_per_mib(rounds: int, mib: int) -> float | None:
@@ -129,69 +134,43 @@ def _copy_per_mib(rounds: int, mib: int) -> float | None:
     return statistics.median(times) / mib
 
 
-def _transfer_server_per_mib(rounds: int, mib: int) -> float | None:
-    """Process 0 -> process 1 through the runtime's transport (`jax.experimental.transfer`)."""
+def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
+    """Process 0 -> process 1 through the runtime's transport `name`: the receiving process's
+    time from issuing the receive step to having the array (the sender posted first)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
+    from spectrax_mpmd._pair import PairTransport
     from spectrax_mpmd._transport import TransferServerTransport
 
-    t = TransferServerTransport()
+    transport = {"transfer": TransferServerTransport, "ppermute": PairTransport}[name]()
     me = jax.process_index()
-    dev = jax.local_devices()[0]
-    spec = jax.ShapeDtypeStruct((mib * MIB // 4,), jnp.float32, sharding=SingleDeviceSharding(dev))
+    first, second = (jax.devices()[p * jax.local_device_count()] for p in (0, 1))
+    source, target = SingleDeviceSharding(first), SingleDeviceSharding(second)
+    spec = jax.ShapeDtypeStruct((mib * MIB // 4,), jnp.float32, sharding=target)
+    group = transport.new_group("benchmark", 0)
+    send = transport.send_step(group, 1, [source], [spec])
+    recv = transport.recv_step(group, 0, [source], [spec])
     times = []
-    for r in range(rounds):
+    for r in range(rounds + 1):  # the first round compiles (ppermute) and connects
+        transport.begin()
         if me == 0:
-            x = jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), dev))
-            t.server.await_pull(1000 + r, [x])
+            x = jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), first))
+            send(x)
         _barrier(2)
         if me == 1:
             start = time.perf_counter()
-            jax.block_until_ready(t.connection(0).pull(1000 + r, [spec]))
+            jax.block_until_ready(recv())
             times.append(time.perf_counter() - start)
+        transport.end()
         _barrier(2)
-    return statistics.median(times) / mib if times else None
-
-
-def _ppermute_per_mib(rounds: int, mib: int) -> float | None:
-    """A jitted `shard_map` + `ppermute` over one device of each process (both directions)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    devices = [next(d for d in jax.devices() if d.process_index == p) for p in (0, 1)]
-    mesh = Mesh(np.array(devices), ("x",))
-    sharding = NamedSharding(mesh, PartitionSpec("x"))
-    n = mib * MIB // 4
-
-    @jax.jit
-    def swap(x):
-        return jax.shard_map(
-            lambda s: jax.lax.ppermute(s, "x", [(0, 1), (1, 0)]),
-            mesh=mesh,
-            in_specs=PartitionSpec("x"),
-            out_specs=PartitionSpec("x"),
-        )(x)
-
-    local = jnp.ones((n,), jnp.float32)
-    x = jax.make_array_from_single_device_arrays(
-        (2 * n,), sharding, [jax.device_put(local, jax.local_devices()[0])]
-    )
-    jax.block_until_ready(swap(x))
-    times = []
-    for _ in range(rounds):
-        _barrier(2)
-        start = time.perf_counter()
-        jax.block_until_ready(swap(x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) / mib
+    return statistics.median(times[1:]) / mib if times else None
 
 
 def worker(out: str, rounds: int, calls: int) -> None:
     world = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+    transport = os.environ.get("SPECTRAX_MPMD_TRANSPORT", "transfer")
     if world > 1:
         import spectrax_mpmd as mp
 
@@ -202,15 +181,14 @@ def worker(out: str, rounds: int, calls: int) -> None:
     if jax.process_index() == 0:
         result["copy_s_per_mib"] = _copy_per_mib(rounds, 4)
     if world == 2:
-        result["transfer_server_s_per_mib"] = _transfer_server_per_mib(rounds, 4)
-        result["ppermute_s_per_mib"] = _ppermute_per_mib(rounds, 4)
+        result["cross_process_s_per_mib"] = _cross_process_per_mib(transport, rounds, 4)
     Path(out, f"p{jax.process_index()}.json").write_text(json.dumps(result))
 
 
 # --- the driver ------------------------------------------------------------------------------------
 
 
-def _run_layout(nproc: int, devices: int, rounds: int, calls: int) -> list[dict]:
+def _run_layout(nproc: int, devices: int, transport: str | None, rounds: int, calls: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
         me = [os.path.abspath(__file__), "--worker", out, "--rounds", str(rounds), "--calls", str(calls)]
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -220,7 +198,7 @@ def _run_layout(nproc: int, devices: int, rounds: int, calls: int) -> list[dict]
             cmd = [sys.executable, *me]
         else:
             launch = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc)]
-            cmd = [*launch, "--devices-per-proc", str(devices), *me]
+            cmd = [*launch, "--devices-per-proc", str(devices), "--transport", transport, *me]
         subprocess.run(cmd, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL)
         return [json.loads(p.read_text()) for p in sorted(Path(out).glob("p*.json"))]
 
@@ -236,29 +214,40 @@ def main() -> None:
         worker(args.worker, args.rounds, args.calls)
         return
     rows, transfers = [], {}
-    for nproc, devices in LAYOUTS:
-        procs = _run_layout(nproc, devices, args.rounds, args.calls)
+    for nproc, devices, transport in LAYOUTS:
+        procs = _run_layout(nproc, devices, transport, args.rounds, args.calls)
         wall = [max(p["wall"][r] for p in procs) for r in range(args.rounds)]  # the slowest process
-        row = {"layout": f"{nproc} x {devices}", "processes": nproc, **summary(wall, procs[0]["cpu"])}
+        layout = f"{nproc} x {devices}" + (f" {transport}" if transport else "")
+        row = {"layout": layout, "processes": nproc, **summary(wall, procs[0]["cpu"])}
         row["cpu_per_process_ms"] = [statistics.median(p["cpu"]) * 1e3 for p in procs]
+        row["issued_per_process"] = [p["issued"] for p in procs]
+        row["cpu_per_issued_us"] = [
+            c * 1e3 / n for c, n in zip(row["cpu_per_process_ms"], row["issued_per_process"])
+        ]
         rows.append(row)
         for p in procs:
-            for key in ("copy_s_per_mib", "transfer_server_s_per_mib", "ppermute_s_per_mib"):
-                if p.get(key) is not None:
-                    transfers[key.removesuffix("_s_per_mib")] = p[key] * 1e3
+            if p.get("copy_s_per_mib") is not None:
+                transfers["in-process copy"] = p["copy_s_per_mib"] * 1e3
+            if p.get("cross_process_s_per_mib") is not None:
+                transfers[transport] = p["cross_process_s_per_mib"] * 1e3
     base = rows[0]["median_ms"]
     base_cpu = statistics.mean(rows[0]["cpu_per_process_ms"])
+    base_issued = statistics.mean(rows[0]["issued_per_process"])
     print(f"MLP D={D} B={B}, {LAYERS} ranks, Std1F1B m={M}; {args.rounds} rounds x {args.calls} steps")
     print(
-        f"{'layout':8} {'min ms':>8} {'median':>8} {'spread':>7} {'ratio':>6}  issue CPU ms/step per process"
+        f"{'layout':17} {'min ms':>7} {'median':>7} {'spread':>6} {'ratio':>5}  "
+        "per process: issue CPU ms/step | plan steps issued | CPU us per issued step"
     )
     for row in rows:
         row["ratio"] = row["median_ms"] / base
         row["cpu_ratio"] = statistics.mean(row["cpu_per_process_ms"]) / base_cpu
-        cpus = " ".join(f"{c:6.1f}" for c in row["cpu_per_process_ms"])
+        row["issued_ratio"] = statistics.mean(row["issued_per_process"]) / base_issued
+        cpus = " ".join(f"{c:.1f}" for c in row["cpu_per_process_ms"])
+        issued = " ".join(str(n) for n in row["issued_per_process"])
+        per = " ".join(f"{u:.0f}" for u in row["cpu_per_issued_us"])
         print(
-            f"{row['layout']:8} {row['min_ms']:8.1f} {row['median_ms']:8.1f} {row['spread']:7.2f} "
-            f"{row['ratio']:6.2f}  {cpus}  (mean {row['cpu_ratio']:.2f}x single)"
+            f"{row['layout']:17} {row['min_ms']:7.1f} {row['median_ms']:7.1f} {row['spread']:6.2f} "
+            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) | {per}"
         )
     print("transfer latency, ms per MiB (4 MiB messages, median):")
     for key, ms in transfers.items():

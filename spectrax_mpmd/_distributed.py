@@ -3,7 +3,8 @@
 `initialize` is `jax.distributed.initialize` with the checks JAX leaves to a
 crash: it reads the launcher's environment (`JAX_COORDINATOR_ADDRESS`,
 `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), validates the process id against the
-world size, refuses a second process 0 (the coordinator's port is taken),
+world size, refuses a second process with the same id on one host (a lock
+file per id) and a second process 0 anywhere (the coordinator's port is taken),
 waits at most `timeout` seconds for the coordinator to be reachable, and sets
 JAX's own registration, heartbeat and shutdown timeouts from `timeout` so a
 lost peer ends the job instead of hanging it. Without any address or
@@ -14,13 +15,17 @@ the script runs as one process, so one script serves every case.
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import os
+import re
 import socket
+import tempfile
 import time
 
 import jax
 
-from ._transport import TIMEOUT_ENV, configured_timeout
+from ._transport import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS, configured_timeout, configured_transport
 from .errors import DistributedError
 
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
@@ -59,6 +64,47 @@ def _check_port_free(host: str, port: int) -> None:
         )
 
 
+def claim_path(host: str, port: int, pid: int) -> str:
+    """The lock file by which a process on this host claims process id `pid` of the job
+    coordinated at `host:port`."""
+    name = re.sub(r"[^A-Za-z0-9.]", "_", f"{host}_{port}")
+    return os.path.join(tempfile.gettempdir(), f"spectrax_mpmd-{name}-process{pid}.lock")
+
+
+def _claim(host: str, port: int, pid: int):
+    """Hold this host's lock on process id `pid` of the job; a second process claiming the
+    same id on this host is a clear error instead of JAX's abort of the whole job (duplicates
+    on different hosts cannot be seen from here). Returns the open lock file: the lock lasts
+    until `_release` or the end of the process."""
+    path = claim_path(host, port, pid)
+    lock = open(path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise DistributedError(
+            f"process id {pid} of the job at {host}:{port} is already claimed by another process on "
+            f"this host (pid {holder}). Give every process its own id in [0, num_processes) "
+            f"(${ID_ENV} or process_id=)."
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
+def _release(lock) -> None:
+    """Give a claimed id back: remove its lock file, then drop the lock."""
+    try:
+        os.unlink(lock.name)
+    except OSError:
+        pass
+    lock.close()
+
+
 def _wait_reachable(host: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -94,6 +140,7 @@ def initialize(
     process_id: int | None = None,
     *,
     timeout: float | None = None,
+    transport: str | None = None,
     local_device_ids=None,
 ) -> bool:
     """Join the `jax.distributed` job this process belongs to, failing fast on bad setups.
@@ -105,6 +152,10 @@ def initialize(
       timeout: seconds to wait for the coordinator, and for any cross-process transfer of
         a pipelined step before it raises (default `$SPECTRAX_MPMD_TIMEOUT`, else 30). JAX's
         heartbeat is set to twice this, so a lost process ends the job within that time.
+      transport: how pipelined steps move buffers between processes: `"transfer"` (default:
+        one-sided pulls through `jax.experimental.transfer`) or `"ppermute"` (two-sided
+        `lax.ppermute` programs, the collective library's path). Default
+        `$SPECTRAX_MPMD_TRANSPORT`; every process of a job must choose the same.
       local_device_ids: passed to `jax.distributed.initialize` (which devices this process uses).
 
     With none of the three set (arguments or environment), JAX's cluster detection
@@ -120,6 +171,13 @@ def initialize(
                 f"initialize: timeout must be a positive number of seconds, got {timeout!r}."
             )
         os.environ[TIMEOUT_ENV] = str(float(timeout))  # read by this process's transports
+    if transport is not None:
+        if transport not in TRANSPORTS:
+            raise DistributedError(
+                f"initialize: transport must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}."
+            )
+        os.environ[TRANSPORT_ENV] = transport
+    configured_transport()  # a bad $SPECTRAX_MPMD_TRANSPORT fails here, before joining
     limit = configured_timeout()
     if world is not None and world < 1:
         raise DistributedError(f"initialize: num_processes must be at least 1, got {world}.")
@@ -134,8 +192,21 @@ def initialize(
         host, port = _split_address(address)
         if pid == 0:
             _check_port_free(host, port)
-        else:
-            _wait_reachable(host, port, limit)
+        claim = _claim(host, port, pid)
+        try:
+            if pid != 0:
+                _wait_reachable(host, port, limit)
+            _join(address, world, pid, local_device_ids, limit)
+        except BaseException:
+            _release(claim)
+            raise
+        atexit.register(_release, claim)
+    else:
+        _join(address, world, pid, local_device_ids, limit)
+    return True
+
+
+def _join(address, world, pid, local_device_ids, limit: float) -> None:
     jax.distributed.initialize(
         address,
         world,
@@ -145,4 +216,3 @@ def initialize(
         heartbeat_timeout_seconds=max(2, int(2 * limit)),
         shutdown_timeout_seconds=max(1, int(limit)),
     )
-    return True

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._compile import CellSpec
 from ._transfer import is_transfer
-from ._transport import TransferServerTransport
+from ._transport import make_transport
 from .errors import DistributedError
 
 
@@ -169,32 +169,37 @@ class _Localizer:
             what = "; ".join(self.describe(ins[k], outs[k], rs, rd) for k, rs, rd in moves)
             group = transport.new_group(what, a)
             idx = [k for k, _, _ in moves]
+            if self.me not in (a, b):
+                continue
+            sources = [fn.sources[k] for k in idx]
+            specs = [
+                jax.ShapeDtypeStruct(*self.shapes.of(ins[k], self.moved_from), sharding=fn.targets[k])
+                for k in idx
+            ]
             if a == self.me:
-                steps.append((transport.send_step(group, b), tuple(ins[k] for k in idx), (), ()))
-            elif b == self.me:
-                specs = [
-                    jax.ShapeDtypeStruct(*self.shapes.of(ins[k], self.moved_from), sharding=fn.targets[k])
-                    for k in idx
-                ]
-                steps.append((transport.recv_step(group, a, specs), (), tuple(outs[k] for k in idx), ()))
+                step = transport.send_step(group, b, sources, specs)
+                steps.append((step, tuple(ins[k] for k in idx), (), ()))
+            else:
+                step = transport.recv_step(group, a, sources, specs)
+                steps.append((step, (), tuple(outs[k] for k in idx), ()))
         return steps
 
     def _broadcast_loss(self, transport, slot: int) -> list:
         last_rank = self.b.rank[self.b.last]
         owner = self.procs[last_rank]
         aval = self.b.g.out_avals[0]
+        source = NamedSharding(self.mesh.submesh(last_rank), PartitionSpec())  # a scalar: replicated
         steps = []
         for p in range(jax.process_count()):
             if p == owner:
                 continue
             group = transport.new_group(f"the loss (rank {last_rank} -> process {p})", owner)
+            home = self.mesh.submesh(self.procs.index(p))
+            spec = jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=NamedSharding(home, PartitionSpec()))
             if self.me == owner:
-                steps.append((transport.send_step(group, p), (slot,), (), ()))
+                steps.append((transport.send_step(group, p, [source], [spec]), (slot,), (), ()))
             elif self.me == p:
-                home = self.mesh.submesh(self.procs.index(p))
-                sharding = NamedSharding(home, PartitionSpec())
-                spec = jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding)
-                steps.append((transport.recv_step(group, owner, [spec]), (), (slot,), ()))
+                steps.append((transport.recv_step(group, owner, [source], [spec]), (), (slot,), ()))
         return steps
 
 
@@ -207,7 +212,7 @@ def localize(builder, keep: set) -> set:
     loc = _Localizer(builder)
     compiler = builder.compiler
     if compiler.transport is None:
-        compiler.transport = TransferServerTransport()
+        compiler.transport = make_transport()
     steps, keep, remote = loc.run(compiler.transport, keep)
     builder.steps = steps
     builder._constants = {

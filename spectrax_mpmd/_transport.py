@@ -1,7 +1,7 @@
 """Transports: how a plan step moves buffers from one pipeline rank to another.
 
-Two implementations of one small contract (`send_step`, `recv_step`,
-`local_step`, `begin`, `end`):
+One small contract (`send_step`, `recv_step`, `local_step`, `begin`, `end`)
+with three implementations:
 
 * `InProcess` — both ranks in this process: the device-to-device copy of
   `_transfer.transfer` (JAX's C++ batched copy or `jax.device_put`).
@@ -15,13 +15,17 @@ Two implementations of one small contract (`send_step`, `recv_step`,
   arrays that become ready when the bytes arrive. The uuid is the call number
   and the index of the transfer group in the plan, which every process
   computes identically, so any schedule order works without lockstep.
+* `PairTransport` (`_pair.py`, chosen with `SPECTRAX_MPMD_TRANSPORT=ppermute`)
+  — two-sided `lax.ppermute` programs over one device of each side.
 
 Cross-process `jax.device_put` is not used: on CPU it fails, moves nothing or
 hangs. A pull has no working timeout of its own, so `end` (run after every
 call) waits for the call's pulls on a helper thread and raises
 `TransferTimeoutError` naming the missing transfer (ranks, edge, microbatch)
 when they are not all in after `timeout` seconds, or `PeerLostError` when a
-pull failed because the peer went away.
+pull failed because the peer went away. `CrossProcess` holds what both
+cross-process transports share: transfer groups, the deadline and the exit
+barrier.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ from ._transfer import transfer
 from .errors import DistributedError, PeerLostError, TransferTimeoutError
 
 DEFAULT_TIMEOUT = 30.0
+RENDEZVOUS_TIMEOUT = 300.0  # seconds a first build or the exit waits for the other processes
 TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"
 HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"
+TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"
+TRANSPORTS = ("transfer", "ppermute")
 _GROUPS_PER_CALL = 1 << 24  # uuid = call * _GROUPS_PER_CALL + group
 
 
@@ -58,6 +65,14 @@ def configured_timeout() -> float:
     if value <= 0:
         raise DistributedError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
     return value
+
+
+def configured_transport() -> str:
+    """The cross-process transport: `$SPECTRAX_MPMD_TRANSPORT`, `"transfer"` (default) or `"ppermute"`."""
+    name = os.environ.get(TRANSPORT_ENV, "transfer")
+    if name not in TRANSPORTS:
+        raise DistributedError(f"{TRANSPORT_ENV}={name!r}: expected one of {', '.join(TRANSPORTS)}.")
+    return name
 
 
 class InProcess:
@@ -94,11 +109,6 @@ class _Recv:
         arrays = t.connection(self.peer).pull(t.uuid(self.group), self.specs)
         t.pending.append((self.group, arrays))
         return arrays
-
-
-def is_cross_process(step_fn) -> bool:
-    """Whether a plan step is a cross-process send or receive."""
-    return isinstance(step_fn, (_Send, _Recv))
 
 
 def _advertised_host() -> str:
@@ -171,26 +181,32 @@ def _exit_without_shutdown_barrier() -> None:
     atexit.register(leave)
 
 
-class TransferServerTransport:
-    """Cross-process moves through `jax.experimental.transfer`, one server per process.
+class CrossProcess:
+    """What the cross-process transports share: transfer groups, the deadline on a call's
+    receives, and the exit barrier.
 
-    Made once per compiler (every process makes it at the same point of the
-    same script, so the k-th transport of every process is the same exchange).
+    Made once per compiler (every process makes it at the same point of the same script,
+    so the k-th transport of every process is the same exchange). Every process checks
+    that the job agrees on the transport.
     """
 
+    name = ""
+
     def __init__(self, timeout: float | None = None):
-        from jax.experimental import transfer as jax_transfer
+        from ._exchange import Exchange  # imports this module
 
         self.timeout = configured_timeout() if timeout is None else float(timeout)
         self.process = jax.process_index()
-        client = jax.local_devices()[0].client
-        host = _advertised_host()
-        self.server = jax_transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
-        from ._exchange import Exchange  # imports this module
-
-        self._exchange = Exchange("transfer", self.timeout)
-        self.addresses = self._exchange.allgather(self.server.address())
-        self.connections: dict[int, object] = {}
+        # processes reach their first build and their exit at their own pace (tracing, compiling,
+        # loading data): these rendezvous wait longer than a transfer; a lost process still ends
+        # the job through JAX's heartbeat (twice the timeout, see `initialize`)
+        self._exchange = Exchange("transfer", max(self.timeout, RENDEZVOUS_TIMEOUT))
+        chosen = self._exchange.allgather(self.name)
+        if len(set(chosen)) > 1:
+            raise DistributedError(
+                f"the processes chose different transports ({', '.join(f'process {p}: {n}' for p, n in enumerate(chosen))}); "
+                f"set {TRANSPORT_ENV} the same on every process."
+            )
         self.call = 0
         self.pending: list = []
         self.describe: dict[int, tuple[str, int]] = {}  # group -> (what it carries, sender), for errors
@@ -198,10 +214,10 @@ class TransferServerTransport:
         atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
 
     def _drain_at_exit(self) -> None:
-        """At exit JAX tears down this process's client, and with it the transfer server; a peer
-        may still be pulling this process's last sends (a process that receives nothing does not
-        wait for them). Wait until every process has finished its steps: then every transfer has
-        arrived."""
+        """At exit JAX tears down this process's client (and a transfer server with it) while a
+        peer may still be receiving this process's last sends (a process that receives nothing
+        does not wait for them). Wait until every process has finished its steps: then every
+        transfer has arrived."""
         try:
             self._exchange.allgather("exit")
         except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
@@ -214,21 +230,6 @@ class TransferServerTransport:
         self.describe[group] = (what, sender)
         return group
 
-    def uuid(self, group: int) -> int:
-        return self.call * _GROUPS_PER_CALL + group
-
-    def connection(self, peer: int):
-        conn = self.connections.get(peer)
-        if conn is None:
-            conn = self.connections[peer] = self.server.connect(self.addresses[peer])
-        return conn
-
-    def send_step(self, group: int, peer: int) -> _Send:
-        return _Send(self, group, peer)
-
-    def recv_step(self, group: int, peer: int, specs: list) -> _Recv:
-        return _Recv(self, group, peer, list(specs))
-
     local_step = staticmethod(InProcess.local_step)
 
     def begin(self) -> None:
@@ -237,7 +238,7 @@ class TransferServerTransport:
         self.pending = []
 
     def end(self) -> None:
-        """Wait, up to the timeout, for every pull of this call; raise naming the one missing."""
+        """Wait, up to the timeout, for every receive of this call; raise naming the one missing."""
         pending, self.pending = self.pending, []
         if not pending:
             return
@@ -266,3 +267,43 @@ class TransferServerTransport:
 
     def _sender(self, group) -> str:
         return str(self.describe.get(group, ("", "?"))[1])
+
+
+class TransferServerTransport(CrossProcess):
+    """Cross-process moves through `jax.experimental.transfer`, one server per process."""
+
+    name = "transfer"
+
+    def __init__(self, timeout: float | None = None):
+        from jax.experimental import transfer as jax_transfer
+
+        super().__init__(timeout)
+        client = jax.local_devices()[0].client
+        host = _advertised_host()
+        self.server = jax_transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"])
+        self.addresses = self._exchange.allgather(self.server.address())
+        self.connections: dict[int, object] = {}
+
+    def uuid(self, group: int) -> int:
+        return self.call * _GROUPS_PER_CALL + group
+
+    def connection(self, peer: int):
+        conn = self.connections.get(peer)
+        if conn is None:
+            conn = self.connections[peer] = self.server.connect(self.addresses[peer])
+        return conn
+
+    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Send:
+        return _Send(self, group, peer)
+
+    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Recv:
+        return _Recv(self, group, peer, list(specs))
+
+
+def make_transport() -> CrossProcess:
+    """The cross-process transport `$SPECTRAX_MPMD_TRANSPORT` names (the transfer server by default)."""
+    if configured_transport() == "ppermute":
+        from ._pair import PairTransport
+
+        return PairTransport()
+    return TransferServerTransport()

@@ -31,4 +31,3 @@ class TransferTimeoutError(DistributedError, TimeoutError):
 
 class PeerLostError(DistributedError):
     """A cross-process transfer failed because the process sending it is gone."""
-

@@ -107,9 +107,7 @@ def hetero_params(key, n_stages: int) -> dict:
             "table": jax.random.normal(keys[0], (VOCAB, WIDTHS[0])) * 0.5,
             "pos": jax.random.normal(keys[1], (LENGTH, WIDTHS[0])) * 0.1,
         },
-        "blocks": [
-            _block_params(keys[2 + k], k % 3, WIDTHS[k], WIDTHS[k + 1]) for k in range(n_blocks)
-        ],
+        "blocks": [_block_params(keys[2 + k], k % 3, WIDTHS[k], WIDTHS[k + 1]) for k in range(n_blocks)],
         "head": jax.random.normal(keys[-1], (WIDTHS[n_blocks], CLASSES)) * 0.3,
     }
 
@@ -182,7 +180,20 @@ def run_case(name: str, n: int, v: int, remat: bool) -> Case:
     step = mp.sxvalue_and_grad(hetero_loss, mesh=mesh, schedule=schedule, remat=remat)
     loss, grads = step(params, batch)
     return Case(
-        name, n, v, remat, mesh, schedule, step, params, batch, loss, grads, ref_loss, ref_grads, step.dispatch_log
+        name,
+        n,
+        v,
+        remat,
+        mesh,
+        schedule,
+        step,
+        params,
+        batch,
+        loss,
+        grads,
+        ref_loss,
+        ref_grads,
+        step.dispatch_log,
     )
 
 

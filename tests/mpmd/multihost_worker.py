@@ -7,11 +7,14 @@ devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
 in their own process for the single-process reference of the same code.
 
 MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
-two virtual stages, a parameter read by the first and last stages, and an `sxjit` forward), `adamw`
-(the exchange's two paths, Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step, then a mesh that leaves processes without a
-rank, whose error each process records), `hang` (process 0 stops answering after
+two virtual stages, a parameter read by the first and last stages, then a model on
+2 ranks of two devices each, the activation split over them, and an `sxjit` forward; each through both transports, saved
+as `<case>-<transport>`), `adamw` (Std1F1B, a 10-step AdamW loop and an `mp.Runner`
+training step through both transports; then the exchange's two paths, processes choosing
+different transports, and a mesh that leaves processes without a rank, whose errors each
+process records), `hang` (process 0 stops answering after
 the first step: the others must time out), `die` (process 1 kills itself in
-the middle of the second step).
+the middle of the second step), through the launcher's `--transport`.
 """
 
 from __future__ import annotations
@@ -86,8 +89,30 @@ def _tied_loss(params, batch):
     h = mp.sxstage_iter(params["table"][tokens])
     h = mp.sxstage_iter(jax.numpy.tanh(h @ params["w1"]))
     h = mp.sxstage_iter(jax.numpy.tanh(h @ params["w2"]))
+    return _tied_head(params, h, labels)
+
+
+def _tied_head(params, h, labels):
+    """Cross-entropy of the logits through the transposed embedding table."""
     logp = jax.nn.log_softmax(jax.numpy.mean(h, axis=1) @ params["table"].T)
     return -jax.numpy.mean(jax.numpy.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def sharded_loss(params, batch):
+    """Two stages whose activation is split over its rank's two devices (`fsdp`), so every
+    cross-process move of it is of a split array; the embedding table is read by both stages."""
+    from jax.sharding import PartitionSpec
+
+    tokens, labels = batch
+    h = jax.numpy.tanh(params["table"][tokens] @ params["w1"])
+    h = mp.sxstage_iter(h, sharding=PartitionSpec("fsdp"))
+    return _tied_head(params, jax.numpy.tanh(h @ params["w2"]), labels)
+
+
+def sharded_step():
+    """`sharded_loss` on 2 ranks of (fsdp=2), one per process of the 2 x 2 job."""
+    mesh = mp.create_mesh((2, 1, 2, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
+    return mp.sxvalue_and_grad(sharded_loss, mesh=mesh, schedule=S.Std1F1B(microbatches=2))
 
 
 def _mlp_forward(params, extra, x):
@@ -111,9 +136,20 @@ def _mlp_case():
     return params, None, x, y
 
 
-def run(mode: str) -> dict:
-    """`{case: {name: array}}` of this process's share of `mode`'s results."""
-    # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
+def adamw_losses(step, params, batch) -> np.ndarray:
+    """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
+    opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
+    losses, state = [], None
+    for _ in range(10):
+        loss, grads = step(params, batch)
+        state = opt.init(params, grads) if state is None else state
+        params, state = opt.update(grads, state, params)
+        losses.append(float(loss))
+    return np.asarray(losses)
+
+
+def _pipelined(mode: str) -> dict:
+    """`{case: {name: array}}` of `mode`'s pipelined steps, through the transport set now."""
     from mpmd_cases import hetero_loss
 
     results = {}
@@ -122,20 +158,46 @@ def run(mode: str) -> dict:
             params, batch = model(4 * schedule.virtual_stages)
             step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=schedule)
             results[name] = _owned(*step(params, batch))
+        step = mp.sxvalue_and_grad(_tied_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
+        results["tied"] = _owned(*step(_tied_params(), batch))
+        results["sharded"] = _owned(*sharded_step()(_tied_params(), batch))
+        params, batch = model(4)
+        fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
+        y = fwd(params, batch[0])
+        results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
+    else:
+        params, batch = model(4)
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
+        results["Std1F1B"] = _owned(*step(params, batch))
+        results["adamw"] = {"losses": adamw_losses(step, params, batch)}
+        runner = mp.Runner(_mlp_forward, mesh=_mesh(4), loss_fn=_mse, schedule=S.GPipe(microbatches=2))
+        results["runner"] = _owned(*runner(*_mlp_case()))
+    return results
+
+
+def run(mode: str) -> dict:
+    """`{case: {name: array}}` of this process's share of `mode`'s results."""
+    # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
+    from mpmd_cases import hetero_loss
+
+    from spectrax_mpmd._transport import TRANSPORT_ENV, TRANSPORTS, make_transport
+
+    results = {}
+    if mode in ("schedules", "adamw"):
+        for transport in TRANSPORTS:  # every case through each transport, in one job
+            os.environ[TRANSPORT_ENV] = transport
+            results.update({f"{case}-{transport}": r for case, r in _pipelined(mode).items()})
+    if mode == "schedules":
+        params, batch = model(4)
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.GPipe(microbatches=4))
         try:  # a diagnostic that walks the steps itself is refused, not run half-way
             step.profile(params, batch, rounds=1)
             results["profile"] = {"error": np.asarray("none")}
         except mp.MpmdError as err:
             results["profile"] = {"error": np.asarray(str(err))}
-        step = mp.sxvalue_and_grad(_tied_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
-        results["tied"] = _owned(*step(_tied_params(), batch))
-        params, batch = model(4)
-        fwd = mp.sxjit(_forward, mesh=_mesh(4), schedule=S.GPipe(microbatches=4), batch_argnums=1)
-        y = fwd(params, batch[0])
-        results["forward"] = {"y": np.asarray(y)} if y.is_fully_addressable else {}
     elif mode == "adamw":
         # the runtime's exchange through the coordination service, and its public fallback (a
-        # device collective), before any transfer is in flight: the same values in the same order
+        # device collective), with no transfer in flight: the same values in the same order
         from spectrax_mpmd._exchange import Exchange, _collective_allgather
 
         mine = f"process {jax.process_index()}"
@@ -143,23 +205,18 @@ def run(mode: str) -> dict:
             "store": np.asarray(Exchange("check").allgather(mine)),
             "collective": np.asarray(_collective_allgather(mine)),
         }
-        params, batch = model(4)
-        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(4), schedule=S.Std1F1B(microbatches=4))
-        results["Std1F1B"] = _owned(*step(params, batch))
-        opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
-        losses, state = [], None
-        for _ in range(10):
-            loss, grads = step(params, batch)
-            state = opt.init(params, grads) if state is None else state
-            params, state = opt.update(grads, state, params)
-            losses.append(float(loss))
-        results["adamw"] = {"losses": np.asarray(losses)}
-        runner = mp.Runner(_mlp_forward, mesh=_mesh(4), loss_fn=_mse, schedule=S.GPipe(microbatches=2))
-        results["runner"] = _owned(*runner(*_mlp_case()))
+        # processes that choose different transports: every process refuses at the first build
+        os.environ[TRANSPORT_ENV] = "ppermute" if jax.process_index() == 1 else "transfer"
+        try:
+            make_transport()
+            results["mismatch"] = {"error": np.asarray("none")}
+        except mp.DistributedError as err:
+            results["mismatch"] = {"error": np.asarray(str(err))}
+        os.environ[TRANSPORT_ENV] = "transfer"
         if jax.process_count() > 2:  # a mesh of processes 0 and 1 only: every process refuses it
             try:
                 step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
-                step(model(2)[0], batch)
+                step(model(2)[0], model(2)[1])
                 results["idle"] = {"error": np.asarray("none")}
             except mp.DistributedError as err:
                 results["idle"] = {"error": np.asarray(str(err))}

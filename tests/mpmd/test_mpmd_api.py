@@ -157,7 +157,9 @@ def _jitted_block(w, h):
 def loss_with_markers_in_helpers(p, batch):
     x, y = batch
     h = _jitted_block(p["a"], x)  # stage 0 ends inside a jax.jit helper
-    h = jax.checkpoint(lambda h: mp.sxstage_iter(jnp.sin(h @ p["b"])))(h)  # stage 1 ends inside a remat region
+    h = jax.checkpoint(lambda h: mp.sxstage_iter(jnp.sin(h @ p["b"])))(
+        h
+    )  # stage 1 ends inside a remat region
     h = _jitted_block(p["c"], h)  # stage 2 ends inside the same helper again
     return jnp.mean((h @ p["d"] - y) ** 2)
 

@@ -75,7 +75,10 @@ def jitted(mesh2):
 def test_sxjit_matches_the_plain_function_and_runs_stage_s_on_rank_s(jitted, mesh2):
     out = jitted(_params(), X, "tanh")
     assert_close(out, forward(_params(), X, "tanh"))
-    assert [(r, tuple(a), c) for r, a, c in jitted.dispatch_log] == [(0, ("F", 0, 0), "F"), (1, ("F", 1, 0), "F")]
+    assert [(r, tuple(a), c) for r, a, c in jitted.dispatch_log] == [
+        (0, ("F", 0, 0), "F"),
+        (1, ("F", 1, 0), "F"),
+    ]
     assert out["out"].sharding.device_set == set(mesh2.submesh(1).devices.flat)
 
 

@@ -25,6 +25,7 @@ import spectrax_mpmd as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multihost_worker.py")
+TRANSPORTS = ("transfer", "ppermute")
 
 
 def _env(**extra) -> dict:
@@ -53,11 +54,20 @@ class _Job:
         return self.proc.returncode, out.decode(errors="replace"), time.monotonic() - self.start
 
 
-def _launch(nproc: int, devices: int, mode: str, out_dir, limit: float, timeout: float = 20) -> _Job:
+def _launch(
+    nproc: int,
+    devices: int,
+    mode: str,
+    out_dir,
+    limit: float,
+    timeout: float = 20,
+    transport: str = "transfer",
+) -> _Job:
     """Start `multihost_worker.py MODE` under the launcher (the tests compute their references
-    while it runs)."""
-    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc)]
-    cmd += ["--devices-per-proc", str(devices), "--timeout", str(timeout), WORKER, mode, str(out_dir)]
+    while it runs). `schedules` and `adamw` run every case through each transport themselves;
+    `transport` is the launcher's choice for the other modes."""
+    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc"]
+    cmd += [str(devices), "--timeout", str(timeout), "--transport", transport, WORKER, mode, str(out_dir)]
     return _Job(cmd, limit)
 
 
@@ -88,45 +98,59 @@ def _check(merged: dict, loss, grads) -> None:
 
 def test_two_processes_two_devices_every_schedule(tmp_path):
     """2 processes x 2 devices, 4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 (v=2), a
-    tied parameter whose gradient is summed across processes, and an `sxjit` forward all equal
-    the unsplit reference on one device (which single-process runs equal at this tolerance)."""
-    job = _launch(2, 2, "schedules", tmp_path, limit=150)
+    tied parameter whose gradient is summed across processes, then a model on 2 ranks of 2
+    devices each whose activations are split over them, and an `sxjit` forward
+    all equal the unsplit reference on one device (which single-process runs equal at this
+    tolerance), through each transport."""
+    job = _launch(2, 2, "schedules", tmp_path, limit=200)
     grad = jax.jit(jax.value_and_grad(hetero_loss))
     refs = {name: grad(*worker.model(4 * schedule.virtual_stages)) for name, schedule in worker.SCHEDULES}
     params, batch = worker.model(4)
     refs["tied"] = jax.jit(jax.value_and_grad(worker._tied_loss))(worker._tied_params(), batch)
+    refs["sharded"] = jax.jit(jax.value_and_grad(worker.sharded_loss))(worker._tied_params(), batch)
     y = jax.jit(worker._forward)(params, batch[0])
     code, out, _ = job.wait()
     assert code == 0, out[-4000:]
-    for name, (loss, grads) in refs.items():
-        _check(_merged(tmp_path, name, 2), loss, grads)
-    np.testing.assert_allclose(_merged(tmp_path, "forward", 2)["y"], y, rtol=RTOL, atol=1e-6)
+    for transport in TRANSPORTS:
+        for name, (loss, grads) in refs.items():
+            _check(_merged(tmp_path, f"{name}-{transport}", 2), loss, grads)
+        np.testing.assert_allclose(_merged(tmp_path, f"forward-{transport}", 2)["y"], y, rtol=RTOL, atol=1e-6)
     error = str(_merged(tmp_path, "profile", 2)["error"])
     assert error.startswith("sxvalue_and_grad.profile runs the plan step by step in one process")
 
 
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     """4 processes x 1 device: one Std1F1B step and an `mp.Runner` step equal their references,
-    a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of a
-    single-process run of the same script, and the runtime's key-value exchange gives what its
-    public fallback (a device collective) gives."""
-    job = _launch(4, 1, "adamw", tmp_path, limit=150)
+    and a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of
+    the single-process run, through each transport. The runtime's key-value exchange gives what
+    its public fallback (a device collective) gives; processes that chose different transports,
+    or a mesh that leaves processes without a rank, are refused by every process."""
+    job = _launch(4, 1, "adamw", tmp_path, limit=200)
     ref = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(4))
     params, _, x, y = worker._mlp_case()
     runner_ref = jax.value_and_grad(lambda p: worker._mse(worker._mlp_forward(p, None, x), y))(params)
-    single = worker.run("adamw")["adamw"]["losses"]
+    single_step = mp.sxvalue_and_grad(
+        hetero_loss, mesh=worker._mesh(4), schedule=worker.S.Std1F1B(microbatches=4)
+    )
+    single = worker.adamw_losses(single_step, *worker.model(4))
+    assert single[-1] < single[0]
     code, out, _ = job.wait()
     assert code == 0, out[-4000:]
-    _check(_merged(tmp_path, "Std1F1B", 4), *ref)
-    _check(_merged(tmp_path, "runner", 4), *runner_ref)  # mp.Runner, the functional `mp.run`
-    assert single[-1] < single[0]
-    np.testing.assert_allclose(_merged(tmp_path, "adamw", 4)["losses"], single, rtol=RTOL)
-    # then a mesh over processes 0 and 1 only: every process refuses it, naming the idle ones
+    for transport in TRANSPORTS:
+        _check(_merged(tmp_path, f"Std1F1B-{transport}", 4), *ref)
+        _check(_merged(tmp_path, f"runner-{transport}", 4), *runner_ref)  # mp.Runner, the functional `mp.run`
+        np.testing.assert_allclose(_merged(tmp_path, f"adamw-{transport}", 4)["losses"], single, rtol=RTOL)
+    # a mesh over processes 0 and 1 only: every process refuses it, naming the idle ones
     error = str(_merged(tmp_path, "idle", 4)["error"])
     assert error.startswith(
         "the job has 4 processes but the mesh's 2 pipeline ranks live in processes [0, 1]"
     )
     assert "processes [2, 3] hold no rank" in error
+    # process 1 chose the other transport: every process refuses, naming each one's choice
+    choices = "process 0: transfer, process 1: ppermute, process 2: transfer, process 3: transfer"
+    error = str(_merged(tmp_path, "mismatch", 4)["error"])
+    assert error.startswith(f"the processes chose different transports ({choices})")
+    assert "set SPECTRAX_MPMD_TRANSPORT the same on every process" in error
     # the exchange through the coordination service equals its public fallback, on every process
     expected = [f"process {p}" for p in range(4)]
     for p in range(4):
@@ -135,25 +159,28 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
 
 
 def test_lost_processes_end_the_job(tmp_path):
-    """Two jobs at once. In one, process 1 is killed in the middle of a step: the launcher names
-    it, stops the other process and exits non-zero. In the other, process 0 stops answering:
-    process 1's step raises after the timeout, naming the ranks, the edge and the microbatch it
-    waited for, and the launcher names process 1 and stops both."""
-    (tmp_path / "die").mkdir()
-    (tmp_path / "hang").mkdir()
-    die = _launch(2, 1, "die", tmp_path / "die", limit=90, timeout=5)
-    hang = _launch(2, 1, "hang", tmp_path / "hang", limit=90, timeout=2)
-    code, out, _ = die.wait()
-    assert code != 0, out[-3000:]
-    assert "killing myself mid-step" in out
-    assert "spectrax_mpmd.launch: rank 1" in out and "killed by signal SIGKILL" in out, out[-3000:]
-    code, out, seconds = hang.wait()
-    assert code != 0
-    assert "TransferTimeoutError: process 1:" in out, out[-3000:]
-    assert "edge 0 (stage 0 on rank 0 -> stage 1 on rank 1), microbatch 0" in out, out[-3000:]
-    assert "did not arrive within 2 s" in out
-    assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out
-    assert seconds < 80
+    """Four jobs at once, two per transport. In one, process 1 is killed in the middle of a step:
+    the launcher names it, stops the other process and exits non-zero. In the other, process 0
+    stops answering: process 1's step raises after the timeout, naming the ranks, the edge and
+    the microbatch it waited for, and the launcher names process 1 and stops both."""
+    jobs = {}
+    for transport in TRANSPORTS:
+        for mode, timeout in (("die", 5), ("hang", 2)):
+            out = tmp_path / f"{mode}-{transport}"
+            out.mkdir()
+            jobs[mode, transport] = _launch(2, 1, mode, out, limit=120, timeout=timeout, transport=transport)
+    for transport in TRANSPORTS:
+        code, out, _ = jobs["die", transport].wait()
+        assert code != 0, out[-3000:]
+        assert "killing myself mid-step" in out
+        assert "spectrax_mpmd.launch: rank 1" in out and "killed by signal SIGKILL" in out, out[-3000:]
+        code, out, seconds = jobs["hang", transport].wait()
+        assert code != 0
+        assert "TransferTimeoutError: process 1:" in out, out[-3000:]
+        assert "edge 0 (stage 0 on rank 0 -> stage 1 on rank 1), microbatch 0" in out, out[-3000:]
+        assert "did not arrive within 2 s" in out
+        assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out
+        assert seconds < 100
 
 
 def _free_port() -> int:
@@ -162,34 +189,70 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _claimed(path: str) -> bool:
+    """Whether some process holds the lock file `path`."""
+    import fcntl
+
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
 def test_setup_errors_are_clear_and_fast(monkeypatch):
-    """A second process 0 and an unreachable coordinator are clear errors within seconds, raised
-    before JAX's own initialisation (which would abort or wait out its registration timeout)."""
+    """A second process 0, a second process 1 on the same host and an unreachable coordinator
+    are clear errors within seconds, raised before JAX's own initialisation (which would abort
+    the job or wait out its registration timeout)."""
+    from spectrax_mpmd._distributed import claim_path
+
     monkeypatch.delenv("SPECTRAX_MPMD_TIMEOUT", raising=False)
     port, dead_port = _free_port(), _free_port()
-    env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0")
     code = "import spectrax_mpmd as mp; mp.initialize(timeout=30)"
-    first = subprocess.Popen(  # process 0 of a 2-process job, serving the coordinator, waiting for 1
-        [sys.executable, "-c", code],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    members = [  # processes 0 and 1 of a 3-process job, waiting for process 2
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=_env(
+                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="3", JAX_PROCESS_ID=str(p)
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for p in (0, 1)
+    ]
     try:
         deadline = time.monotonic() + 60
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-            assert time.monotonic() < deadline and first.poll() is None, "process 0 never served"
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0 or not _claimed(
+            claim_path("127.0.0.1", port, 1)
+        ):
+            assert time.monotonic() < deadline and all(m.poll() is None for m in members), (
+                "the job never formed"
+            )
             time.sleep(0.1)
         start = time.monotonic()
         with pytest.raises(mp.DistributedError, match="another process already claims process id 0"):
-            mp.initialize(f"127.0.0.1:{port}", 2, 0)
+            mp.initialize(f"127.0.0.1:{port}", 3, 0)
+        holder = rf"pid {members[1].pid}"
+        with pytest.raises(
+            mp.DistributedError,
+            match=rf"process id 1 of the job at 127.0.0.1:{port} is already claimed by another process on this host \({holder}\)",
+        ):
+            mp.initialize(f"127.0.0.1:{port}", 3, 1)
         with pytest.raises(mp.DistributedError, match=f"127.0.0.1:{dead_port} is unreachable after 1 s"):
             mp.initialize(f"127.0.0.1:{dead_port}", 2, 1, timeout=1)
+        assert not _claimed(claim_path("127.0.0.1", dead_port, 1))  # a failed join gives its id back
         assert time.monotonic() - start < 10
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        for p, m in enumerate(members):
+            os.killpg(m.pid, signal.SIGKILL)
+            m.wait()
+            if os.path.exists(claim_path("127.0.0.1", port, p)):  # a killed process leaves its file
+                os.unlink(claim_path("127.0.0.1", port, p))
 
 
 def test_initialize_checks_arguments_before_joining():

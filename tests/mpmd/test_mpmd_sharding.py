@@ -49,11 +49,11 @@ def test_create_mesh_without_mpmd_axis_and_over_a_device_subset():
 
 def test_a_plain_jax_mesh_with_a_pp_axis_is_accepted(run_case):
     case = run_case("Std1F1B", 4, 1, False)
-    step = mp.sxvalue_and_grad(
-        case.step.fn, mesh=case.mesh.jax_mesh, schedule=case.schedule
-    )
+    step = mp.sxvalue_and_grad(case.step.fn, mesh=case.mesh.jax_mesh, schedule=case.schedule)
     assert step.mesh.mpmd_dim == 4
-    assert [_devices(step.mesh.submesh(r)) for r in range(4)] == [_devices(case.mesh.submesh(r)) for r in range(4)]
+    assert [_devices(step.mesh.submesh(r)) for r in range(4)] == [
+        _devices(case.mesh.submesh(r)) for r in range(4)
+    ]
 
 
 # --- every program on its own rank -----------------------------------------------------------
@@ -187,7 +187,9 @@ def test_every_cell_reads_parameters_sharded_per_the_rules(sharded_lm):
     for fn, ins, _, _ in plan.steps:
         if not hasattr(fn, "input_shardings"):
             continue
-        in_shardings = jax.tree.leaves(fn.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        in_shardings = jax.tree.leaves(
+            fn.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+        )
         for pos, slot in enumerate(ins):
             if slot in param_slots:
                 a, r = param_slots[slot]
@@ -207,5 +209,7 @@ def test_activation_arrives_with_the_marker_sharding(sharded_lm):
     expected = NamedSharding(mesh.submesh(1), P("fsdp"))
     assert acts[0].sharding.is_equivalent_to(expected, 3)
     exe = step.compiler.compile_spec(spec)
-    in_shardings = jax.tree.leaves(exe.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    in_shardings = jax.tree.leaves(
+        exe.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )
     assert in_shardings[list(spec.in_specs).index(acts[0])].is_equivalent_to(expected, 3)

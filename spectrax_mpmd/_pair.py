@@ -1,0 +1,157 @@
+"""The `ppermute` transport: each cross-process move is a two-sided program over one
+device of each side.
+
+A transfer group (the arrays one process sends another at one plan step) runs as
+one jitted `shard_map` per (sending device, receiving device) pair: a
+`lax.ppermute` from the first device of a two-device mesh to the second. Both
+processes issue the same program: the sender with its arrays, the receiver with
+placeholders of the same shapes (made once), and the receiver keeps what
+arrives. On accelerators this lowers to the collective library (NCCL); on CPU to
+gloo.
+
+Unlike the one-sided transfer server, a collective runs only when both sides
+have issued it, in the same order on each device. Every process issues its
+steps in the order of the full plan (`_multihost.localize` keeps that order), so
+the first unfinished collective of the plan always has both sides issued and
+its inputs made: the steps cannot deadlock.
+
+An array held on several devices of its rank is first gathered on one of them
+(a copy inside the sending process), and the arriving array is laid out on the
+receiving rank's devices by a copy inside the receiving process, so any two
+shardings pair up.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from ._transport import CrossProcess
+
+
+def _first_device(sharding):
+    return min(sharding.device_set, key=lambda d: d.id)
+
+
+def _shift(*xs):
+    return tuple(jax.lax.ppermute(x, "pair", [(0, 1)]) for x in xs)
+
+
+class _PairProgram:
+    """One `ppermute` program moving a few arrays from device `src` to device `dst`.
+
+    Each side passes its local arrays as the one shard on its device of a global array
+    declared replicated over the pair; inside the program each device holds its own
+    (unequal) shard, and after the permute the receiver's shard is the sender's data.
+    """
+
+    def __init__(self, src, dst, avals: Sequence):
+        mesh = Mesh(np.array([src, dst]), ("pair",))
+        self.src, self.dst = src, dst
+        self.global_sharding = NamedSharding(mesh, PartitionSpec())
+        self.avals = [(tuple(shape), dtype) for shape, dtype in avals]
+        spec = PartitionSpec()
+        body = jax.shard_map(
+            _shift, mesh=mesh, in_specs=(spec,) * len(avals), out_specs=(spec,) * len(avals), check_vma=False
+        )
+        self.program = (
+            jax.jit(body)
+            .lower(
+                *[
+                    jax.ShapeDtypeStruct(shape, dtype, sharding=self.global_sharding)
+                    for shape, dtype in self.avals
+                ]
+            )
+            .compile()
+        )
+        self._placeholders = None
+
+    def _globals(self, locals_: Sequence) -> list:
+        return [
+            jax.make_array_from_single_device_arrays(shape, self.global_sharding, [x], dtype=dtype)
+            for (shape, dtype), x in zip(self.avals, locals_)
+        ]
+
+    def send(self, arrays: Sequence) -> None:
+        self.program(*self._globals([_on(x, self.src) for x in arrays]))
+
+    def receive(self) -> list:
+        if self._placeholders is None:
+            self._placeholders = [jnp.zeros(shape, dtype, device=self.dst) for shape, dtype in self.avals]
+        return [out.addressable_data(0) for out in self.program(*self._globals(self._placeholders))]
+
+
+def _on(x, device):
+    """`x`'s full value on `device` (one of its devices): its own shard when `x` is replicated
+    there, else a copy gathered inside this process."""
+    if x.sharding.is_fully_replicated:
+        for shard in x.addressable_shards:
+            if shard.device == device:
+                return shard.data
+    return jax.device_put(x, SingleDeviceSharding(device))
+
+
+def _laid_out(x, sharding):
+    """The arrived single-device array `x` with the receiving step's `sharding`."""
+    if len(sharding.device_set) == 1:
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, [x], dtype=x.dtype)
+    return jax.device_put(x, sharding)
+
+
+def _programs(sources: Sequence, specs: Sequence) -> list[tuple[_PairProgram, list[int]]]:
+    """One program per (sending device, receiving device) pair of a group, with the positions of
+    the group's arrays it moves."""
+    by_pair: dict = {}
+    for k, (src, spec) in enumerate(zip(sources, specs)):
+        by_pair.setdefault((_first_device(src), _first_device(spec.sharding)), []).append(k)
+    return [
+        (_PairProgram(src, dst, [(specs[k].shape, specs[k].dtype) for k in idx]), idx)
+        for (src, dst), idx in by_pair.items()
+    ]
+
+
+class _PairSend:
+    """Plan step: issue the sending side of a group's programs; returns nothing."""
+
+    __slots__ = ("programs",)
+
+    def __init__(self, programs):
+        self.programs = programs
+
+    def __call__(self, *arrays):
+        for program, idx in self.programs:
+            program.send([arrays[k] for k in idx])
+        return ()
+
+
+class _PairRecv:
+    """Plan step: issue the receiving side of a group's programs; returns the arrived arrays."""
+
+    __slots__ = ("transport", "group", "programs", "shardings")
+
+    def __init__(self, transport, group: int, programs, shardings: list):
+        self.transport, self.group, self.programs, self.shardings = transport, group, programs, shardings
+
+    def __call__(self):
+        out: list = [None] * len(self.shardings)
+        for program, idx in self.programs:
+            for k, x in zip(idx, program.receive()):
+                out[k] = _laid_out(x, self.shardings[k])
+        self.transport.pending.append((self.group, out))
+        return out
+
+
+class PairTransport(CrossProcess):
+    """Cross-process moves as two-sided `ppermute` programs (`SPECTRAX_MPMD_TRANSPORT=ppermute`)."""
+
+    name = "ppermute"
+
+    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
+        return _PairSend(_programs(sources, specs))
+
+    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
+        return _PairRecv(self, group, _programs(sources, specs), [s.sharding for s in specs])
