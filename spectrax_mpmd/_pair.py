@@ -53,7 +53,7 @@ class _PairProgram:
         mesh = Mesh(np.array([src, dst]), ("pair",))
         self.src, self.dst = src, dst
         self.global_sharding = NamedSharding(mesh, PartitionSpec())
-        self.avals = [(tuple(shape), dtype) for shape, dtype in avals]
+        self.avals = list(avals)
         spec = PartitionSpec()
         body = jax.shard_map(
             _shift, mesh=mesh, in_specs=(spec,) * len(avals), out_specs=(spec,) * len(avals), check_vma=False
@@ -102,16 +102,6 @@ def _laid_out(x, sharding):
     return jax.device_put(x, sharding)
 
 
-def _programs(sources: Sequence, specs: Sequence) -> list[tuple[_PairProgram, list[int]]]:
-    """One program per (sending device, receiving device) pair of a group, with the positions of
-    the group's arrays it moves."""
-    by_pair: dict = {}
-    for k, (src, spec) in enumerate(zip(sources, specs)):
-        by_pair.setdefault((_first_device(src), _first_device(spec.sharding)), []).append(k)
-    return [
-        (_PairProgram(src, dst, [(specs[k].shape, specs[k].dtype) for k in idx]), idx)
-        for (src, dst), idx in by_pair.items()
-    ]
 
 
 class _PairSend:
@@ -150,8 +140,27 @@ class PairTransport(CrossProcess):
 
     name = "ppermute"
 
+    def __init__(self, timeout: float | None = None):
+        super().__init__(timeout)
+        self._compiled: dict = {}  # (src, dst, avals) -> _PairProgram: groups of one shape share one
+
+    def _programs(self, sources: Sequence, specs: Sequence) -> list[tuple[_PairProgram, list[int]]]:
+        """One program per (sending device, receiving device) pair of a group, with the positions
+        of the group's arrays it moves."""
+        by_pair: dict = {}
+        for k, (src, spec) in enumerate(zip(sources, specs)):
+            by_pair.setdefault((_first_device(src), _first_device(spec.sharding)), []).append(k)
+        programs = []
+        for (src, dst), idx in by_pair.items():
+            avals = tuple((tuple(specs[k].shape), jnp.dtype(specs[k].dtype)) for k in idx)
+            key = (src, dst, avals)
+            if key not in self._compiled:
+                self._compiled[key] = _PairProgram(src, dst, avals)
+            programs.append((self._compiled[key], idx))
+        return programs
+
     def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
-        return _PairSend(_programs(sources, specs))
+        return _PairSend(self._programs(sources, specs))
 
     def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
-        return _PairRecv(self, group, _programs(sources, specs), [s.sharding for s in specs])
+        return _PairRecv(self, group, self._programs(sources, specs), [s.sharding for s in specs])

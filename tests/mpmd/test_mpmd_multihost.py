@@ -159,21 +159,20 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
 
 
 def test_lost_processes_end_the_job(tmp_path):
-    """Four jobs at once, two per transport. In one, process 1 is killed in the middle of a step:
-    the launcher names it, stops the other process and exits non-zero. In the other, process 0
-    stops answering: process 1's step raises after the timeout, naming the ranks, the edge and
-    the microbatch it waited for, and the launcher names process 1 and stops both."""
+    """Three jobs at once. In one, process 1 is killed in the middle of a step: the launcher
+    names it, stops the other process and exits non-zero. In the others, one per transport,
+    process 0 stops answering: process 1's step raises after the timeout, naming the ranks, the
+    edge and the microbatch it waited for, and the launcher names process 1 and stops both."""
     jobs = {}
+    for mode, transport, timeout in (("die", "ppermute", 5), *(("hang", t, 2) for t in TRANSPORTS)):
+        out = tmp_path / f"{mode}-{transport}"
+        out.mkdir()
+        jobs[mode, transport] = _launch(2, 1, mode, out, limit=120, timeout=timeout, transport=transport)
+    code, out, _ = jobs["die", "ppermute"].wait()
+    assert code != 0, out[-3000:]
+    assert "killing myself mid-step" in out
+    assert "spectrax_mpmd.launch: rank 1" in out and "killed by signal SIGKILL" in out, out[-3000:]
     for transport in TRANSPORTS:
-        for mode, timeout in (("die", 5), ("hang", 2)):
-            out = tmp_path / f"{mode}-{transport}"
-            out.mkdir()
-            jobs[mode, transport] = _launch(2, 1, mode, out, limit=120, timeout=timeout, transport=transport)
-    for transport in TRANSPORTS:
-        code, out, _ = jobs["die", transport].wait()
-        assert code != 0, out[-3000:]
-        assert "killing myself mid-step" in out
-        assert "spectrax_mpmd.launch: rank 1" in out and "killed by signal SIGKILL" in out, out[-3000:]
         code, out, seconds = jobs["hang", transport].wait()
         assert code != 0
         assert "TransferTimeoutError: process 1:" in out, out[-3000:]
