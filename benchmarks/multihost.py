@@ -136,7 +136,7 @@ def _copy_per_mib(rounds: int, mib: int) -> float | None:
 
 def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
     """Process 0 -> process 1 through the runtime's transport `name`: the receiving process's
-    time from issuing the receive step to having the array (the sender posted first)."""
+    time from issuing the receive step to having the array, both sides issuing together."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
@@ -153,14 +153,18 @@ def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
     send = transport.send_step(group, 1, [source], [spec])
     recv = transport.recv_step(group, 0, [source], [spec])
     times = []
-    for r in range(rounds + 1):  # the first round compiles (ppermute) and connects
+    for r in range(rounds + 1):  # the first round connects the pair
         transport.begin()
+        x = (
+            jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), first))
+            if me == 0
+            else None
+        )
+        _barrier(2)  # both sides issue at once (a ppermute runs when both have)
+        start = time.perf_counter()
         if me == 0:
-            x = jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), first))
             send(x)
-        _barrier(2)
-        if me == 1:
-            start = time.perf_counter()
+        else:
             jax.block_until_ready(recv())
             times.append(time.perf_counter() - start)
         transport.end()
