@@ -9,8 +9,8 @@ in their own process for the single-process reference of the same code.
 MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
 two virtual stages, a parameter read by the first and last stages, then a model on
 2 ranks of two devices each, the activation split over them, and an `sxjit` forward; each through both transports, saved
-as `<case>-<transport>`), `adamw` (Std1F1B, a 10-step AdamW loop and an `mp.Runner`
-training step through both transports; then the exchange's two paths, processes choosing
+as `<case>-<transport>`), `adamw` (Std1F1B, a 10-step AdamW loop, an `mp.Runner`
+training step and the eager `spx.run` through both transports; then the exchange's two paths, processes choosing
 different transports, and a mesh that leaves processes without a rank, whose errors each
 process records), `hang` (process 0 stops answering after
 the first step: the others must time out), `die` (process 1 kills itself in
@@ -136,6 +136,30 @@ def _mlp_case():
     return params, None, x, y
 
 
+def eager_run():
+    """`(loss, grads)` of the eager API's `spx.run` on a 4-block `spx.Module`, one block per rank."""
+    import jax.numpy as jnp
+
+    import spectrax_eager as spx
+
+    class Net(spx.Module):
+        def __init__(self, rngs):
+            self.embed = spx.nn.Linear(8, 16, rngs=rngs)
+            self.blocks = spx.nn.ModuleList([spx.nn.Linear(16, 16, rngs=rngs) for _ in range(4)])
+            self.head = spx.nn.Linear(16, 4, rngs=rngs)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for block in self.blocks:
+                h = h + jnp.tanh(block(h))
+            return self.head(h)
+
+    x, y = _mlp_case()[2], _mlp_case()[3][:, :4]
+    return spx.run(
+        Net(spx.Rngs(0)), inputs=x, targets=y, mesh=_mesh(4), loss_fn=_mse, schedule=S.Std1F1B(microbatches=2)
+    )
+
+
 def adamw_losses(step, params, batch) -> np.ndarray:
     """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -172,6 +196,7 @@ def _pipelined(mode: str) -> dict:
         results["adamw"] = {"losses": adamw_losses(step, params, batch)}
         runner = mp.Runner(_mlp_forward, mesh=_mesh(4), loss_fn=_mse, schedule=S.GPipe(microbatches=2))
         results["runner"] = _owned(*runner(*_mlp_case()))
+        results["eager"] = _owned(*eager_run())
     return results
 
 

@@ -120,7 +120,8 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
 
 
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
-    """4 processes x 1 device: one Std1F1B step and an `mp.Runner` step equal their references,
+    """4 processes x 1 device: one Std1F1B step, an `mp.Runner` step and an eager `spx.run` step
+    equal their references (the last: the same call in one process),
     and a 10-step AdamW loop (global-norm clipping across processes) gives the loss curve of
     the single-process run, through each transport. The runtime's key-value exchange gives what
     its public fallback (a device collective) gives; processes that chose different transports,
@@ -129,6 +130,7 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     ref = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(4))
     params, _, x, y = worker._mlp_case()
     runner_ref = jax.value_and_grad(lambda p: worker._mse(worker._mlp_forward(p, None, x), y))(params)
+    eager_ref = worker.eager_run()  # the same eager call in this one process, its ranks all local
     single_step = mp.sxvalue_and_grad(
         hetero_loss, mesh=worker._mesh(4), schedule=worker.S.Std1F1B(microbatches=4)
     )
@@ -139,6 +141,7 @@ def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     for transport in TRANSPORTS:
         _check(_merged(tmp_path, f"Std1F1B-{transport}", 4), *ref)
         _check(_merged(tmp_path, f"runner-{transport}", 4), *runner_ref)  # mp.Runner, the functional `mp.run`
+        _check(_merged(tmp_path, f"eager-{transport}", 4), *eager_ref)  # the eager API's `spx.run`
         np.testing.assert_allclose(_merged(tmp_path, f"adamw-{transport}", 4)["losses"], single, rtol=RTOL)
     # a mesh over processes 0 and 1 only: every process refuses it, naming the idle ones
     error = str(_merged(tmp_path, "idle", 4)["error"])
