@@ -6,15 +6,20 @@ Each process writes what it owns (the loss, and every gradient leaf whose
 devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
 in their own process for the single-process reference of the same code.
 
-MODE: `schedules` (4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 with
-two virtual stages, a parameter read by the first and last stages, then a model on
-2 ranks of two devices each, the activation split over them, and an `sxjit` forward; each through both transports, saved
-as `<case>-<transport>`), `adamw` (Std1F1B, a 10-step AdamW loop, an `mp.Runner`
-training step and the eager `spx.run` through both transports; then the exchange's two paths, processes choosing
-different transports, and a mesh that leaves processes without a rank, whose errors each
-process records), `hang` (process 0 stops answering after
-the first step: the others must time out), `die` (process 1 kills itself in
-the middle of the second step), through the launcher's `--transport`.
+MODE:
+
+* `schedules` (2 x 2): GPipe, Std1F1B, ZeroBubbleH1 and InterleavedH1 (two virtual
+  stages) on 4 ranks, a parameter read by the first and last stages, a model on 2
+  ranks of two devices each with its activation split over them, and an `sxjit`
+  forward; each through both transports, saved as `<case>-<transport>`.
+* `adamw` (4 x 1): Std1F1B, a 10-step AdamW loop, an `mp.Runner` training step and
+  the eager `spx.run`, each through both transports; then the exchange's two paths,
+  processes choosing different transports, and a mesh that leaves processes without
+  a rank, whose errors each process records.
+* `hang`: process 0 stops answering after the first step; the others must time out.
+* `die`: process 1 kills itself in the middle of the second step.
+
+`hang` and `die` use the launcher's `--transport`.
 """
 
 from __future__ import annotations
