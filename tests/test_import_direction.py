@@ -141,7 +141,4 @@ def test_import_direction(package):
     assert (ROOT / package / "__init__.py").is_file(), f"{package}/__init__.py is missing"
     n_files, found = violations(package)
     assert n_files > 0, f"no module files found under {ROOT / package}"
-    assert not found, (
-        f"{package} must not import {sorted(FORBIDDEN[package])}:\n"
-        + "\n".join(found)
-    )
+    assert not found, f"{package} must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(found)

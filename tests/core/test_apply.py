@@ -44,7 +44,9 @@ def test_third_party_type_composes_with_core_layers():
 
 
 def test_unregistered_type_raises_clear_type_error():
-    with pytest.raises(TypeError, match=r"no function registered for params of type Unregistered.*register_apply"):
+    with pytest.raises(
+        TypeError, match=r"no function registered for params of type Unregistered.*register_apply"
+    ):
         sc.apply(Unregistered(w=jnp.ones(2)), jnp.ones(2))
 
 
@@ -63,7 +65,11 @@ def test_every_core_layer_is_registered():
         (lambda: nn.Block.init(key, 8, 2, 16), x, (1, 4, 8)),
         (lambda: nn.BlockStack.init(key, 2, d_model=8, n_heads=2, d_ff=16), x, (1, 4, 8)),
         (lambda: nn.Conv1d.init(key, 8, 3, 2, padding="VALID"), x, (1, 3, 3)),
-        (lambda: nn.Conv2d.init(key, 4, 3, 2, stride=2), jax.ShapeDtypeStruct((1, 4, 6, 4), x.dtype), (1, 2, 3, 3)),
+        (
+            lambda: nn.Conv2d.init(key, 4, 3, 2, stride=2),
+            jax.ShapeDtypeStruct((1, 4, 6, 4), x.dtype),
+            (1, 2, 3, 3),
+        ),
     ]:
         params = jax.eval_shape(init)
         assert jax.eval_shape(sc.apply, params, inp).shape == out, type(params).__name__

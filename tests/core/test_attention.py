@@ -157,7 +157,9 @@ def test_kv_cache_overflow_and_mismatch_errors(gqa):
     cache = gqa.init_cache(B, 4)
     with pytest.raises(ValueError, match="overflows max_len 4"):
         sc.apply(gqa, _x(length=3), cache=nn.KVCache(k=cache.k, v=cache.v, index=jnp.array(2, jnp.int32)))
-    with pytest.raises(ValueError, match=r"expected \(batch, max_len, n_kv_heads, head_dim\) = \(2, 4, 2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"expected \(batch, max_len, n_kv_heads, head_dim\) = \(2, 4, 2, 4\)"
+    ):
         sc.apply(gqa, _x(length=1), cache=nn.KVCache.init(B, 4, 4, 4))
 
 
@@ -188,7 +190,9 @@ def stack():
 
 def test_block_matches_formula(stack):
     blk = stack.layer(1)
-    assert isinstance(blk, nn.Block) and isinstance(blk.norm1, nn.RMSNorm) and isinstance(blk.mlp, nn.GatedMLP)
+    assert (
+        isinstance(blk, nn.Block) and isinstance(blk.norm1, nn.RMSNorm) and isinstance(blk.mlp, nn.GatedMLP)
+    )
     _close(sc.apply(blk, _x()), _block_formula(blk, _x()))
 
 

@@ -38,7 +38,12 @@ BAD_INPUTS = {
     "RMSNorm": (lambda: nn.RMSNorm.init(None, 4), (2, 6), FEATURES, dict(what="features", n=4)),
     "MLP": (lambda: nn.MLP.init(KEY, 4, 8), (2, 8), FEATURES, dict(what="features", n=4)),
     "GatedMLP": (lambda: nn.GatedMLP.init(KEY, 4, 8), (2, 3), FEATURES, dict(what="features", n=4)),
-    "Attention": (lambda: nn.Attention.init(KEY, 4, 2), (2, 4), RANK, dict(n=3, layout="(batch, length, d_model)")),
+    "Attention": (
+        lambda: nn.Attention.init(KEY, 4, 2),
+        (2, 4),
+        RANK,
+        dict(n=3, layout="(batch, length, d_model)"),
+    ),
     "Block": (lambda: nn.Block.init(KEY, 4, 2, 8), (1, 2, 3), FEATURES, dict(what="features", n=4)),
     "BlockStack": (
         lambda: nn.BlockStack.init(KEY, 2, d_model=4, n_heads=2, d_ff=8),
@@ -68,7 +73,9 @@ def test_embed_and_lm_input_errors():
     with pytest.raises(ValueError, match=r"Embed.attend: .*features = 4 .* received shape \(2, 3\)"):
         nn.attend(emb, jnp.ones((2, 3)))
     lm = _abstract(lambda: TransformerLM.init(KEY, vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8))
-    with pytest.raises(ValueError, match=r"TransformerLM: expected an input of rank 2 .* received shape \(6,\)"):
+    with pytest.raises(
+        ValueError, match=r"TransformerLM: expected an input of rank 2 .* received shape \(6,\)"
+    ):
         sc.apply(lm, jnp.zeros((6,), jnp.int32))
 
 
@@ -77,7 +84,9 @@ def test_attention_mask_and_hyper_parameter_errors():
     x = jnp.ones((2, 3, 4))
     with pytest.raises(TypeError, match="mask must be boolean"):
         sc.apply(attn, x, mask=jnp.ones((2, 1, 3, 3)))
-    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 4\) does not broadcast to .* \(2, 2, 3, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(2, 1, 1, 4\) does not broadcast to .* \(2, 2, 3, 3\)"
+    ):
         sc.apply(attn, x, mask=jnp.ones((2, 1, 1, 4), bool))
     with pytest.raises(ValueError, match="n_heads=4 must be a multiple of n_kv_heads=3"):
         nn.Attention.init(KEY, 8, 4, n_kv_heads=3)

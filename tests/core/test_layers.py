@@ -234,11 +234,15 @@ def test_softmax_cross_entropy_mean_mask_and_ignore_index():
 
 
 def test_softmax_cross_entropy_shape_errors():
-    with pytest.raises(ValueError, match=r"labels of shape \(4, 6\) do not match logits of shape \(4, 5, 7\)"):
+    with pytest.raises(
+        ValueError, match=r"labels of shape \(4, 6\) do not match logits of shape \(4, 5, 7\)"
+    ):
         losses.softmax_cross_entropy(jnp.zeros((4, 5, 7)), jnp.zeros((4, 6), jnp.int32))
     with pytest.raises(TypeError, match="labels must be integer"):
         losses.softmax_cross_entropy(jnp.zeros((4, 7)), jnp.zeros((4,)))
-    with pytest.raises(ValueError, match=r"mask of shape \(5,\) does not broadcast to labels of shape \(4,\)"):
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(5,\) does not broadcast to labels of shape \(4,\)"
+    ):
         losses.softmax_cross_entropy(jnp.zeros((4, 7)), jnp.zeros((4,), jnp.int32), mask=jnp.ones(5, bool))
 
 
@@ -274,7 +278,9 @@ def test_logical_axes_cover_every_array_field():
 
     key = jax.random.key(0)
     # Abstract params (shapes only): the protocol is about shapes, no need to compute values.
-    lm = jax.eval_shape(lambda: TransformerLM.init(key, vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16))
+    lm = jax.eval_shape(
+        lambda: TransformerLM.init(key, vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16)
+    )
     for module in [
         lm,
         jax.eval_shape(lambda: nn.Block.init(key, 8, 2, 16)),

@@ -72,7 +72,13 @@ def test_causal(lm, tokens):
 def test_tied_embeddings():
     lm = jax.eval_shape(
         lambda: TransformerLM.init(
-            jax.random.key(0), vocab_size=VOCAB, d_model=D, n_layers=1, n_heads=HEADS, d_ff=64, tie_embeddings=True
+            jax.random.key(0),
+            vocab_size=VOCAB,
+            d_model=D,
+            n_layers=1,
+            n_heads=HEADS,
+            d_ff=64,
+            tie_embeddings=True,
         )
     )
     assert lm.head is None

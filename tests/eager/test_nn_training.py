@@ -23,8 +23,14 @@ def same(a, b):
         (lambda r: spx.nn.Embed(10, 4, rngs=r), jnp.array([[1, 2, 9]])),
         (lambda r: spx.nn.MLP(4, 8, rngs=r), jnp.ones((2, 4))),
         (lambda r: spx.nn.GatedMLP(4, 8, rngs=r), jnp.ones((2, 4))),
-        (lambda r: spx.nn.Attention(8, 2, n_kv_heads=1, rope=True, rngs=r), jnp.linspace(0, 1, 48).reshape(2, 3, 8)),
-        (lambda r: spx.nn.Block(8, 2, 16, norm="rms", gated=True, rngs=r), jnp.linspace(0, 1, 48).reshape(2, 3, 8)),
+        (
+            lambda r: spx.nn.Attention(8, 2, n_kv_heads=1, rope=True, rngs=r),
+            jnp.linspace(0, 1, 48).reshape(2, 3, 8),
+        ),
+        (
+            lambda r: spx.nn.Block(8, 2, 16, norm="rms", gated=True, rngs=r),
+            jnp.linspace(0, 1, 48).reshape(2, 3, 8),
+        ),
         (lambda r: spx.nn.Conv1d(2, 3, 3, rngs=r), jnp.linspace(0, 1, 20).reshape(2, 5, 2)),
         (lambda r: spx.nn.Conv2d(2, 3, (3, 3), rngs=r), jnp.linspace(0, 1, 64).reshape(2, 4, 4, 2)),
     ],
@@ -69,7 +75,9 @@ def test_embed_attend_and_dropout_match_core():
 
 def test_lazy_linear_and_containers():
     r = spx.Rngs(0)
-    model = spx.nn.Sequential(spx.nn.Linear(None, 8, rngs=r), spx.nn.ModuleList([spx.nn.Linear(8, 2, rngs=r)])[0])
+    model = spx.nn.Sequential(
+        spx.nn.Linear(None, 8, rngs=r), spx.nn.ModuleList([spx.nn.Linear(8, 2, rngs=r)])[0]
+    )
     x = jnp.ones((3, 5))
     with pytest.raises(spx.StructureChangeError, match="lazy"):
         spx.jit(lambda m, x: m(x))(model, x)

@@ -77,7 +77,11 @@ def test_selectors_forms_and_algebra():
     net = Net()
     ts = spx.tree_state(net)
     assert paths(ts.filter("parameters")) == [
-        "parameters/fc1.bias", "parameters/fc1.weight", "parameters/fc2.bias", "parameters/fc2.weight"]
+        "parameters/fc1.bias",
+        "parameters/fc1.weight",
+        "parameters/fc2.bias",
+        "parameters/fc2.weight",
+    ]
     assert paths(ts.filter(spx.Buffer)) == ["buffers/mean"]
     assert paths(ts.filter(Lora)) == ["lora/adapter"] == paths(ts.filter("lora"))
     assert paths(ts.filter("*.weight")) == ["parameters/fc1.weight", "parameters/fc2.weight"]
@@ -89,13 +93,19 @@ def test_selectors_forms_and_algebra():
     sel = spx.select().at_instances_of(Lin).of_type(spx.Parameter).at_path("fc1.*")
     assert paths(ts.filter(sel)) == ["parameters/fc1.bias", "parameters/fc1.weight"]
     assert paths(ts.filter(spx.of_type(spx.Parameter) - "*.bias")) == [
-        "parameters/fc1.weight", "parameters/fc2.weight"]
+        "parameters/fc1.weight",
+        "parameters/fc2.weight",
+    ]
     assert paths(ts.filter(spx.of_type(spx.Buffer) | "lora")) == ["buffers/mean", "lora/adapter"]
     assert paths(ts.filter(spx.select().where(lambda p, v: "fc" in p) & spx.path_endswith("weight"))) == [
-        "parameters/fc1.weight", "parameters/fc2.weight"]
+        "parameters/fc1.weight",
+        "parameters/fc2.weight",
+    ]
     assert paths(ts.filter(~spx.as_selector("parameters"))) == ["buffers/mean", "lora/adapter"]
     assert paths(ts.filter(spx.select().where(lambda p, v: v.metadata.get("axes") == ("EMBED", "MLP")))) == [
-        "parameters/fc1.weight", "parameters/fc2.weight"]
+        "parameters/fc1.weight",
+        "parameters/fc2.weight",
+    ]
     a, b, rest = spx.partition_state(net, "parameters", "buffers")
     assert len(a.flat()) == 4 and paths(b) == ["buffers/mean"] and paths(rest) == ["lora/adapter"]
     assert [p for p, _ in spx.iter_variables(net, select=spx.Buffer)] == ["mean"]
@@ -111,7 +121,10 @@ def test_selectors_forms_and_algebra():
         ("*.weight", ["fc1.weight", "fc2.weight"]),
         (lambda p, v: p.startswith("fc2"), ["fc2.bias", "fc2.weight"]),
         (spx.select().of_type(spx.Parameter).at_path("fc1.*"), ["fc1.bias", "fc1.weight"]),
-        (spx.as_selector("parameters") | "lora", ["adapter", "fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]),
+        (
+            spx.as_selector("parameters") | "lora",
+            ["adapter", "fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"],
+        ),
         (spx.as_selector("parameters") & spx.path_endswith("bias"), ["fc1.bias", "fc2.bias"]),
         (spx.as_selector("parameters") - spx.path_startswith("fc1"), ["fc2.bias", "fc2.weight"]),
     ],

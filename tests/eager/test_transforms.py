@@ -85,7 +85,8 @@ def test_value_and_grad_with_aux_argnums_and_buffer():
 
     (val, aux), (g_m, g_x) = spx.value_and_grad(loss, argnums=(0, 1), has_aux=True, mutable="buffers")(m, X)
     (v_ref, (a_ref, r_ref)), (gp_ref, gx_ref) = jax.value_and_grad(loss_ref, argnums=(0, 1), has_aux=True)(
-        {"w": p["w"], "b": p["b"]}, X, p["running"])
+        {"w": p["w"], "b": p["b"]}, X, p["running"]
+    )
     close((val, aux), (v_ref, a_ref))
     close(g_m["parameters"]["w"], gp_ref["w"])
     close(g_m["parameters"]["b"], gp_ref["b"])
@@ -100,13 +101,17 @@ def test_jvp_and_vjp():
     p = params(m)
     t = jax.tree.map(jnp.ones_like, spx.tree_state(m).filter("parameters"))
     out, t_out = spx.jvp(lambda m, x: m(x), (m, X), (t, jnp.zeros_like(X)), mutable="buffers")
-    ref = jax.jvp(lambda w, b: f_ref({"w": w, "b": b, "running": p["running"]}, X)[0],
-                  (p["w"], p["b"]), (jnp.ones_like(p["w"]), jnp.ones_like(p["b"])))
+    ref = jax.jvp(
+        lambda w, b: f_ref({"w": w, "b": b, "running": p["running"]}, X)[0],
+        (p["w"], p["b"]),
+        (jnp.ones_like(p["w"]), jnp.ones_like(p["b"])),
+    )
     close((out, t_out), ref)
     out, pull = spx.vjp(lambda m, x: m(x), Net(), X, mutable="buffers")
     g_m, g_x = pull(jnp.ones_like(out))
-    out_ref, pull_ref = jax.vjp(lambda pw, x: f_ref({**pw, "running": p["running"]}, x)[0],
-                                {"w": p["w"], "b": p["b"]}, X)
+    out_ref, pull_ref = jax.vjp(
+        lambda pw, x: f_ref({**pw, "running": p["running"]}, x)[0], {"w": p["w"], "b": p["b"]}, X
+    )
     gp_ref, gx_ref = pull_ref(jnp.ones_like(out_ref))
     close(out, out_ref)
     close((g_m["parameters"]["w"], g_m["parameters"]["b"], g_x), (gp_ref["w"], gp_ref["b"], gx_ref))
@@ -147,11 +152,15 @@ def test_scan_carried_module_and_stacked_xs():
         spx.scan(body, Net(), xs)
 
     stacked = jax.tree.map(lambda a: jnp.stack([a, a + 1]), Net())  # two layers' weights
+
     def layer(h, mod):
         return jnp.tanh(h @ mod.w.value[:, :2].T[:, :3].T[:, :2] @ jnp.ones((2, 3))), None
+
     h, _ = spx.remat_scan(layer, X, stacked)
+
     def layer_ref(h, w):
         return jnp.tanh(h @ w[:, :2].T[:, :3].T[:, :2] @ jnp.ones((2, 3))), None
+
     h_ref, _ = jax.lax.scan(jax.checkpoint(layer_ref), X, stacked.w.value)
     close(h, h_ref)
 
@@ -159,9 +168,12 @@ def test_scan_carried_module_and_stacked_xs():
 def test_remat_eval_shape_and_grad_through_remat():
     m = Net()
     p = params(m)
-    g = spx.grad(lambda m: jnp.sum(spx.remat(lambda m, x: m(x), mutable="buffers")(m, X)), mutable="buffers")(m)
-    g_ref = jax.grad(lambda pw: jnp.sum(jax.checkpoint(lambda q: f_ref({**q, "running": p["running"]}, X)[0])(pw)))(
-        {"w": p["w"], "b": p["b"]})
+    g = spx.grad(lambda m: jnp.sum(spx.remat(lambda m, x: m(x), mutable="buffers")(m, X)), mutable="buffers")(
+        m
+    )
+    g_ref = jax.grad(
+        lambda pw: jnp.sum(jax.checkpoint(lambda q: f_ref({**q, "running": p["running"]}, X)[0])(pw))
+    )({"w": p["w"], "b": p["b"]})
     close((g["parameters"]["w"], g["parameters"]["b"]), (g_ref["w"], g_ref["b"]))
     shape = spx.eval_shape(lambda m, x: m(x), Net(), X)
     assert shape.shape == (4, 2) and shape.dtype == jnp.float32
@@ -191,7 +203,9 @@ def test_while_and_fori_loops():
     close((out[1], m.running.value), (acc, run))
     assert out[0] is m
     m2 = Net()
-    n, mod = spx.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, (c[1](X), c[1])[1]), (0, m2), mutable="buffers")
+    n, mod = spx.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, (c[1](X), c[1])[1]), (0, m2), mutable="buffers"
+    )
     _, r2 = f_ref(p, X)
     _, r2 = f_ref({**p, "running": r2}, X)
     close(m2.running.value, r2)

@@ -3,8 +3,9 @@
     python -m spectrax_mpmd.launch --nproc P [--devices-per-proc K] multihost_worker.py MODE OUT
 
 Each process writes what it owns (the loss, and every gradient leaf whose
-devices are its own) to `OUT/<case>_p<process>.npz`. The tests call `run(MODE)`
-in their own process for the single-process reference of the same code.
+devices are its own) to `OUT/<case>_p<process>.npz`. The tests compute their
+references in their own process with this module's functions (`model`,
+`adamw_losses`, `eager_run`, ...).
 
 MODE:
 

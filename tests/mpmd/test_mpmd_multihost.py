@@ -30,7 +30,12 @@ TRANSPORTS = ("transfer", "ppermute")
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]), **extra)
+    env.update(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_backend_optimization_level=0",  # as the suite (see conftest); devices: the launcher's
+        PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]),
+        **extra,
+    )
     return env
 
 

@@ -19,8 +19,7 @@ from spectrax_core.schedules import (
 def test_grid_of_1f1b_two_ranks():
     # rank 1: F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; rank 0: F0 F1, B0 [4,6], B1 [7,9]
     assert render_grid(simulate(Std1F1B(2), 2)) == (
-        "rank 0 | F0 F1 .  .  B0 -  .  B1 -\n"
-        "rank 1 | .  F0 B0 -  F1 B1 -  .  ."
+        "rank 0 | F0 F1 .  .  B0 -  .  B1 -\nrank 1 | .  F0 B0 -  F1 B1 -  .  ."
     )
 
 
@@ -53,7 +52,10 @@ def test_chrome_trace(tmp_path):
     assert names == {"rank 0", "rank 1"}
     first = t.events[1][0]
     (record,) = [e for e in cells if e["tid"] == 1 and e["ts"] == first.start * 10.0]
-    assert record["name"] == repr(first.cell) == f"{first.cell.stage}F0" and record["dur"] == (first.end - first.start) * 10.0
+    assert (
+        record["name"] == repr(first.cell) == f"{first.cell.stage}F0"
+        and record["dur"] == (first.end - first.start) * 10.0
+    )
     fused = next(e for e in cells if e["cat"] == "F&B")
     assert len(fused["args"]["actions"]) == 2 and "&" in fused["name"]
     path = save_chrome_trace(t, tmp_path / "trace.json", us_per_unit=10.0)

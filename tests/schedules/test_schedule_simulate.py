@@ -84,7 +84,6 @@ def test_fusing_can_deadlock_a_table_that_runs_unfused():
         validate(Hand(2, (("0F0", "0F1&0B0", "0B1"), rank1)), 2)
 
 
-
 PLAIN = (("0F0", "0F1", "0B0", "0B1"), ("1F0", "1F1", "1B0", "1B1"))
 FUSED = (("0F0", "0F1", "0B0", "0B1"), ("1F0", "1F1&1B0", "1B1"))
 
