@@ -41,7 +41,13 @@ def init():
 
 def lm_loss(n_stages: int):
     """Embedding and the first blocks on stage 0, the head and loss on the last stage."""
-    ends = set(np.cumsum(mp.stage_sizes(len(HIDDEN), n_stages))[:-1].tolist())
+    return residual_lm_loss(mp.stage_sizes(len(HIDDEN), n_stages))
+
+
+def residual_lm_loss(sizes):
+    """The residual-MLP LM's loss with a stage marker after the last block of each of `sizes`'
+    stages (block counts)."""
+    ends = set(np.cumsum(sizes)[:-1].tolist())
 
     def loss(params, tokens, targets):
         x = params["embed"][tokens]

@@ -5,10 +5,9 @@ drops against the even split by about the margin the profile predicts."""
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from planner_cases import residual_mlp_lm
+from planner_cases import residual_lm_loss, residual_mlp_lm
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
@@ -24,19 +23,8 @@ def init():
 
 
 def cut(sizes):
-    """The model's loss with a stage marker after the last block of each of `sizes`' stages."""
-    ends = set(np.cumsum(sizes)[:-1].tolist())
-
-    def loss(params, tokens, targets):
-        x = params["embed"][tokens]
-        for k, block in enumerate(params["blocks"]):
-            x = x + jnp.tanh(x @ block["w1"]) @ block["w2"]
-            if k + 1 in ends:
-                x = mp.sxstage_iter(x)
-        logp = jax.nn.log_softmax(x @ params["head"])
-        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
-
-    return loss, init()
+    """The model's loss cut after each of `sizes`' stages, and its parameters and batch."""
+    return residual_lm_loss(sizes), init()
 
 
 def measured_slowest(splits, repeats: int = 3) -> list[float]:
