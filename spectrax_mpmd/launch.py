@@ -145,7 +145,20 @@ def launch(argv: list[str] | None = None) -> int:
         code = 130
     for t in readers:
         t.join(timeout=2.0)
+    _remove_claims(port, args.nproc)
     return code
+
+
+def _remove_claims(port: int, nproc: int) -> None:
+    """Remove the id lock files the job's processes left (a killed process skips its own cleanup);
+    every process has ended, so none is held."""
+    from ._distributed import claim_path
+
+    for rank in range(nproc):
+        try:
+            os.unlink(claim_path("127.0.0.1", port, rank))
+        except FileNotFoundError:
+            pass
 
 
 def _interrupted(*_) -> None:
