@@ -5,7 +5,7 @@ A transfer group (the arrays one process sends another at one plan step) runs as
 one jitted `shard_map` per (sending device, receiving device) pair: a
 `lax.ppermute` from the first device of a two-device mesh to the second. Both
 processes issue the same program: the sender with its arrays, the receiver with
-placeholders of the same shapes (made once), and the receiver keeps what
+placeholders of the same shapes (made once per program), and the receiver keeps what
 arrives. On accelerators this lowers to the collective library (NCCL); on CPU to
 gloo.
 
@@ -86,8 +86,10 @@ class _PairProgram:
 
 
 def _on(x, device):
-    """`x`'s full value on `device` (one of its devices): its own shard when `x` is replicated
-    there, else a copy gathered inside this process."""
+    """`x`'s full value on `device` (one of its devices): `x` itself when that is its only
+    device, its own shard when `x` is replicated there, else a copy gathered inside this process."""
+    if len(x.sharding.device_set) == 1:
+        return x
     if x.sharding.is_fully_replicated:
         for shard in x.addressable_shards:
             if shard.device == device:
@@ -100,8 +102,6 @@ def _laid_out(x, sharding):
     if len(sharding.device_set) == 1:
         return jax.make_array_from_single_device_arrays(x.shape, sharding, [x], dtype=x.dtype)
     return jax.device_put(x, sharding)
-
-
 
 
 class _PairSend:

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from ._transport import TRANSPORT_ENV, TRANSPORTS
+
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 
 
@@ -44,7 +46,7 @@ def _child_env(args, rank: int, port: int) -> dict:
     if args.timeout is not None:
         env["SPECTRAX_MPMD_TIMEOUT"] = str(args.timeout)
     if args.transport is not None:
-        env["SPECTRAX_MPMD_TRANSPORT"] = args.transport
+        env[TRANSPORT_ENV] = args.transport
     if args.devices_per_proc is not None:
         flags = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices_per_proc}".strip()
@@ -106,9 +108,7 @@ def launch(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, required=True, help="number of processes to start")
     parser.add_argument("--devices-per-proc", type=int, default=None, help="CPU devices per process")
     parser.add_argument("--timeout", type=float, default=None, help="cross-process transfer timeout, s")
-    parser.add_argument(
-        "--transport", choices=("transfer", "ppermute"), default=None, help="cross-process transport"
-    )
+    parser.add_argument("--transport", choices=TRANSPORTS, default=None, help="cross-process transport")
     parser.add_argument("script", help="the Python script every process runs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     args = parser.parse_args(argv)
