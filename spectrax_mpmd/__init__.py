@@ -13,10 +13,9 @@ from ._distributed import initialize
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
-from ._profile import HostProfile, HostRow
 from ._region import sxstage_region
+from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
 from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall, train_loss
-from ._stage_profile import CellProfile, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from .errors import (
     DistributedError,

@@ -11,20 +11,26 @@ import jax
 import numpy as np
 
 from spectrax_core import sharding as core_sharding
+from spectrax_core.schedules import Timeline
 
 from ._args import Signature, as_tuple, classify, signature, traced_avals
 from ._compile import Compiler
 from ._context import check_no_trace
-from ._live_bytes import measure_peak_bytes
 from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._plan import Plan, TrainPlanBuilder
-from ._plan_forward import ForwardPlanBuilder
-from ._profile import HostProfile, profile_plan
+from ._plan import PlanArgs, build_forward_plan, build_train_plan
 from ._region import region_schedule
+from ._runtime import (
+    HostProfile,
+    Plan,
+    StageProfile,
+    action_spans,
+    host_profile,
+    measure_peak_bytes,
+    measured_timeline,
+    peak_activations,
+    stage_profile,
+)
 from ._split import split, trace
-from ._stage_profile import StageProfile
-from ._stage_profile import profile_plan as profile_stage_plan
-from ._timeline import Timeline, measured_timeline
 from .errors import MpmdError
 
 
@@ -120,8 +126,8 @@ class _Entry:
     grad_trees: tuple = ()  # per argnum: (treedef, the buffer slot of each leaf's gradient)
 
     def __post_init__(self):
-        self.input_leaves = [a for _, (_, a, _) in self.plan.input_keys]
-        self.cache_keys = [None if key[1] in self.donated else key for _, key in self.plan.input_keys]
+        self.input_leaves = [key.leaf for _, key in self.plan.input_keys]
+        self.cache_keys = [None if key.leaf in self.donated else key for _, key in self.plan.input_keys]
         self.build: dict = {}  # the build's BuildStats report; first_run is filled by the first run
         self.ran = False
 
@@ -170,7 +176,7 @@ def _profile(owner, args, rounds: int) -> HostProfile:
             f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
             "donate_argnums lets the first run consume them; profile the function without donate_argnums."
         )
-    return profile_plan(entry.plan, entry.place(owner.placer, leaves), rounds)
+    return host_profile(entry.plan, entry.place(owner.placer, leaves), rounds)
 
 
 def _timings(owner, args) -> dict:
@@ -183,10 +189,10 @@ def _timings(owner, args) -> dict:
     return entry.build
 
 
-def _build_plan(compiler: Compiler, builder) -> Plan:
-    """Run a plan builder; the compiler keeps its compiled programs but no per-build lowerings."""
+def _build_plan(compiler: Compiler, build, *args) -> Plan:
+    """Build a plan; the compiler keeps its compiled programs but no per-build lowerings."""
     try:
-        return builder.build()
+        return build(*args, compiler)
     finally:
         compiler.forget_lowerings()
 
@@ -267,20 +273,16 @@ class _StepFunction:
         schedule = _pipeline_schedule(self, graph, regions)
         dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
-        builder = TrainPlanBuilder(
-            graph,
-            schedule,
-            self.mesh,
-            diff_args=kinds.params,
-            batch_args=kinds.batch,
+        args = PlanArgs(
+            params=tuple(kinds.params),
+            batch=tuple(kinds.batch),
             batch_avals={a: sig.aval(a) for a in kinds.batch},
-            param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
-            remat=self.remat,
-            compiler=self.compiler,
             keys=kinds.keys,
+            param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
             reduce=self.reduce,
+            remat=self.remat,
         )
-        plan = _build_plan(self.compiler, builder)
+        plan = _build_plan(self.compiler, build_train_plan, graph, schedule, self.mesh, args)
         slots = plan.output_slots["grads"]
         grad_trees = tuple(
             (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
@@ -305,7 +307,7 @@ class _StepFunction:
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
         entry, leaves = self._entry(args)
-        return entry.plan.peak_activations(entry.place(self.placer, leaves))
+        return peak_activations(entry.plan, entry.place(self.placer, leaves))
 
     def measure_peak_bytes(self, *args) -> tuple[int, ...]:
         """Run one step and return, per rank, the most bytes alive on its devices between actions
@@ -324,7 +326,7 @@ class _StepFunction:
         """
         entry, leaves = self._entry(args)
         schedule, n = entry.plan.schedule, self.mesh.mpmd_dim
-        spans = entry.plan.timeline(entry.place(self.placer, leaves))
+        spans = action_spans(entry.plan, entry.place(self.placer, leaves))
         return measured_timeline(spans, n, repr(schedule), schedule.stage_labels(n))
 
     def profile(self, *args, rounds: int = 7) -> HostProfile:
@@ -342,7 +344,7 @@ class _StepFunction:
         entry, leaves = self._entry(args)
         entry.plan.check_single_process(f"{self.name}.profile_stages")
         try:
-            return profile_stage_plan(
+            return stage_profile(
                 entry.plan,
                 self.compiler.compile_spec,
                 dict(enumerate(leaves)),
@@ -493,7 +495,7 @@ class _JitFunction:
         if self.batch_argnums is not None:
             kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, self.schedule.microbatches)
             split_batch = dict(
-                batch_args=kinds.batch, batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
+                batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
         with self.compiler.stats.timed("trace"):
@@ -510,11 +512,10 @@ class _JitFunction:
             if position in donate
             for a in leaf_range
         )
-        builder = ForwardPlanBuilder(
-            graph, schedule, self.mesh, compiler=self.compiler, donated=donated, **split_batch
-        )
+        args = PlanArgs(donated=donated, **split_batch)
         self.last_graph = graph
-        return _Entry(_build_plan(self.compiler, builder), out_tree, donated=donated)
+        plan = _build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
+        return _Entry(plan, out_tree, donated=donated)
 
     def __call__(self, *args):
         entry, leaves = _cached_entry(self, args)

@@ -290,19 +290,7 @@ def owner_shardings(step, params, *args):
             f"got {type(step).__name__}."
         )
     plan = fn.plan_for(*call)
-    produced = {slot: value.sharding for slot, value in plan.const_slots.items()}
-    for fn_, _, outs, _ in plan.steps:
-        shardings = getattr(fn_, "output_shardings", None) or getattr(fn_, "targets", None)
-        if shardings is not None:
-            produced.update(zip(outs, shardings))
-    readers: dict[int, Any] = {}
-    for (_, (kind, a, _)), sharding in zip(plan.input_keys, plan.input_shardings):
-        if kind == "param":
-            readers.setdefault(a, sharding)
-    grads = plan.output_slots["grads"]
     leaves, treedef = jax.tree.flatten(params)
-    out = []
-    for a in range(len(leaves)):
-        sharding = produced.get(grads.get(a), readers.get(a))
-        out.append(sharding if sharding is not None else NamedSharding(fn.mesh.submesh(0), PartitionSpec()))
-    return treedef.unflatten(out)
+    owned = plan.grad_shardings(len(leaves))
+    fallback = NamedSharding(fn.mesh.submesh(0), PartitionSpec())
+    return treedef.unflatten([owned.get(a, fallback) for a in range(len(leaves))])

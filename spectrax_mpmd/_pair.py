@@ -11,7 +11,7 @@ gloo.
 
 Unlike the one-sided transfer server, a collective runs only when both sides
 have issued it, in the same order on each device. Every process issues its
-steps in the order of the full plan (`_multihost.localize` keeps that order), so
+steps in the order of the full plan (`_plan.localize` keeps that order), so
 the first unfinished collective of the plan always has both sides issued and
 its inputs made: the steps cannot deadlock.
 

@@ -1,8 +1,8 @@
-"""Multi-process plans: each process keeps only the steps of the pipeline ranks it holds.
+"""Localize (multi-process plans): each process keeps only the steps of the pipeline ranks it holds.
 
 Every process of a `jax.distributed` job runs the same script and builds the
-same full list of plan steps (the builders are deterministic). Before anything
-is compiled, `localize` rewrites that list for this process:
+same full draft of plan steps (the passes are deterministic). Before anything
+is compiled, `localize` rewrites that draft for this process:
 
 * a cell of a rank held here stays; any other cell is dropped (never compiled here);
 * a move between two ranks held here stays an in-process copy;
@@ -25,10 +25,14 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._compile import CellSpec
-from ._transfer import is_transfer
-from ._transport import make_transport
-from .errors import DistributedError
+from .._compile import CellSpec
+from .._runtime.plan import Step
+from .._runtime.slots import Activation, Cotangent, GradAccumulator
+from .._transfer import is_transfer
+from .._transport import make_transport
+from ..errors import DistributedError
+from .draft import Draft
+from .layout import Layout
 
 
 def is_multiprocess(mesh) -> bool:
@@ -90,15 +94,15 @@ class _Shapes:
 
 
 class _Localizer:
-    def __init__(self, builder):
-        self.b = builder
-        self.mesh = builder.mesh
+    def __init__(self, draft: Draft, layout: Layout):
+        self.draft, self.layout = draft, layout
+        self.mesh = layout.mesh
         self.procs = rank_processes(self.mesh)
         self.me = jax.process_index()
         self.rank_of_device = {
             d: r for r in range(self.mesh.mpmd_dim) for d in self.mesh.submesh(r).devices.flat
         }
-        self.names = {slot: key for key, slot in builder.slots.named.items()}
+        self.names = {slot: key for key, slot in draft.named.items()}
         self.shapes = _Shapes()
         self.moved_from: dict = {}  # dst slot -> src slot, for every move
 
@@ -106,31 +110,31 @@ class _Localizer:
         return self.rank_of_device[next(iter(sharding.device_set))]
 
     def describe(self, src_slot: int, dst_slot: int, r_src: int, r_dst: int) -> str:
-        key = self.names.get(dst_slot, ())
-        g = self.b.g
-        if key[:1] == ("edge",):
-            e = g.edges[key[1]]
+        key = self.names.get(dst_slot)
+        g = self.layout.graph
+        if isinstance(key, Activation):
+            e = g.edges[key.edge]
             return (
-                f"the activation of edge {key[1]} (stage {e.src} on rank {r_src} -> stage {e.dst} "
-                f"on rank {r_dst}), microbatch {key[2]}"
+                f"the activation of edge {key.edge} (stage {e.src} on rank {r_src} -> stage {e.dst} "
+                f"on rank {r_dst}), microbatch {key.microbatch}"
             )
-        if key[:1] == ("ct",):
-            e = g.edges[key[1]]
+        if isinstance(key, Cotangent):
+            e = g.edges[key.edge]
             return (
-                f"the cotangent of edge {key[1]} (stage {e.dst} on rank {r_src} -> stage {e.src} "
-                f"on rank {r_dst}), microbatch {key[2]}"
+                f"the cotangent of edge {key.edge} (stage {e.dst} on rank {r_src} -> stage {e.src} "
+                f"on rank {r_dst}), microbatch {key.microbatch}"
             )
-        src = self.names.get(src_slot, ())
-        if src[:1] == ("acc",):
+        src = self.names.get(src_slot)
+        if isinstance(src, GradAccumulator):
             return (
-                f"the gradient of parameter leaf {src[2]} from stage {src[1]} (rank {r_src}), summed "
+                f"the gradient of parameter leaf {src.leaf} from stage {src.stage} (rank {r_src}), summed "
                 f"on rank {r_dst}"
             )
         return f"a buffer moved from rank {r_src} to rank {r_dst}"
 
     def run(self, transport, keep: set) -> tuple[list, set, list]:
         steps: list = []
-        for fn, ins, outs, frees in self.b.steps:
+        for fn, ins, outs, frees in self.draft.steps:
             self.shapes.record(fn, outs)
             if isinstance(fn, CellSpec):
                 if self.procs[self.rank(_spec_sharding(fn))] == self.me:
@@ -140,8 +144,8 @@ class _Localizer:
                 raise DistributedError(f"a multi-process plan cannot place the step {fn!r}.")
             self.moved_from.update(zip(outs, ins))
             steps += self._moves(transport, fn, ins, outs)
-        if "loss" in self.b.plan.output_slots:
-            steps += self._broadcast_loss(transport, self.b.plan.output_slots["loss"])
+        if "loss" in self.draft.outputs:
+            steps += self._broadcast_loss(transport, self.draft.outputs["loss"])
         made_here = {o for _, _, outs, _ in steps for o in outs}
         remote = []
         for slot in sorted(keep - made_here):
@@ -185,9 +189,9 @@ class _Localizer:
         return steps
 
     def _broadcast_loss(self, transport, slot: int) -> list:
-        last_rank = self.b.rank[self.b.last]
+        last_rank = self.layout.ranks[self.layout.last]
         owner = self.procs[last_rank]
-        aval = self.b.g.out_avals[0]
+        aval = self.layout.graph.out_avals[0]
         source = NamedSharding(self.mesh.submesh(last_rank), PartitionSpec())  # a scalar: replicated
         steps = []
         for p in range(jax.process_count()):
@@ -203,25 +207,23 @@ class _Localizer:
         return steps
 
 
-def localize(builder, keep: set) -> set:
-    """Rewrite `builder.steps` (and its constants) to this process's share of a multi-process
-    plan, and set the plan's transport, local ranks and remote outputs. A no-op (returns `keep`)
+def localize(draft: Draft, layout: Layout, compiler, keep: set) -> set:
+    """Rewrite `draft`'s steps (and its constants) to this process's share of a multi-process
+    plan, and record the transport, local ranks and remote outputs. A no-op (returns `keep`)
     when every device of the mesh is local."""
-    if not is_multiprocess(builder.mesh):
+    if not is_multiprocess(layout.mesh):
         return keep
-    loc = _Localizer(builder)
-    compiler = builder.compiler
+    loc = _Localizer(draft, layout)
     if compiler.transport is None:
         compiler.transport = make_transport()
     steps, keep, remote = loc.run(compiler.transport, keep)
-    builder.steps = steps
-    builder._constants = {
+    draft.steps = [Step(*step) for step in steps]
+    draft.constants = {
         slot: (value, sh)
-        for slot, (value, sh) in builder._constants.items()
+        for slot, (value, sh) in draft.constants.items()
         if loc.procs[loc.rank(sh)] == loc.me
     }
-    plan = builder.plan
-    plan.transport = compiler.transport
-    plan.local_ranks = frozenset(r for r, p in enumerate(loc.procs) if p == loc.me)
-    plan.remote_outputs = remote
+    draft.transport = compiler.transport
+    draft.local_ranks = frozenset(r for r, p in enumerate(loc.procs) if p == loc.me)
+    draft.remote_outputs = remote
     return keep

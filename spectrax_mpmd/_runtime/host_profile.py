@@ -2,7 +2,7 @@
 
 One thread issues every cell of a step. When the devices finish a cell faster
 than the host issues the next, the step is host-bound: its time is the issue
-time, not the arithmetic. `profile_plan` measures issue CPU time (the issuing
+time, not the arithmetic. `host_profile` measures issue CPU time (the issuing
 thread's `time.thread_time`, which other load on the machine barely moves) per
 rank and cell kind, and compares the whole step's issue time to its wall time.
 """
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import jax
 
-from ._transfer import is_transfer
+from .._transfer import is_transfer
+from .replay import replay
 
 
 @dataclass(frozen=True)
@@ -110,30 +111,29 @@ def _rank_of(plan, fn) -> int:
     return plan.device_rank.get(device, -1)
 
 
-def profile_plan(plan, placed_inputs, rounds: int = 7) -> HostProfile:
+def host_profile(plan, placed_inputs, rounds: int = 7) -> HostProfile:
     """Run `plan` `2 * rounds` times: instrumented runs give the per-(rank, kind) issue CPU
     time, uninstrumented ones the whole step's issue CPU and wall time; medians over rounds."""
     owners = _step_owners(plan)
     keys = sorted(set(owners), key=lambda o: (o[0], o[1]))
     samples: dict = {k: [] for k in keys}
     issue, wall = [], []
+    spent: dict = {}
+
+    def call(k, fn, args):
+        start = time.thread_time()
+        results = fn(*args)
+        cost = time.thread_time() - start
+        call_s, send_s = spent[owners[k]]
+        spent[owners[k]] = (call_s, send_s + cost) if is_transfer(fn) else (call_s + cost, send_s)
+        return results
+
     for _ in range(rounds):
-        spent = dict.fromkeys(keys, (0.0, 0.0))
-        buf = jax.block_until_ready(plan._buffers(placed_inputs))
-        for owner, (fn, ins, outs, frees) in zip(owners, plan.steps):
-            start = time.thread_time()
-            results = fn(*[buf[i] for i in ins])
-            cost = time.thread_time() - start
-            call, send = spent[owner]
-            spent[owner] = (call, send + cost) if is_transfer(fn) else (call + cost, send)
-            for o, r in zip(outs, results):
-                buf[o] = r
-            for f in frees:
-                buf[f] = None
-        jax.block_until_ready(buf)
+        spent.update(dict.fromkeys(keys, (0.0, 0.0)))
+        jax.block_until_ready(replay(plan, placed_inputs, call=call, ready=True))
         for k in keys:
             samples[k].append(spent[k])
-        jax.block_until_ready(plan._buffers(placed_inputs))
+        jax.block_until_ready(plan.buffers(placed_inputs))
         wall_start, cpu_start = time.perf_counter(), time.thread_time()
         out = plan.run(placed_inputs)
         issue.append(time.thread_time() - cpu_start)

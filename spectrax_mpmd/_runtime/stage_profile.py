@@ -15,7 +15,8 @@ import numpy as np
 
 from spectrax_core.schedules import StageCost, StageMemory
 
-from ._live_bytes import stage_memory
+from .measure import action_spans, stage_memory
+from .slots import GradAccumulator
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _cell_seconds(plan, spans) -> dict:
     return times
 
 
-def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
+def stage_profile(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
     """The `StageProfile` of a training plan.
 
     `compile_spec` gives a cell spec's executable (the step's compiler),
@@ -178,7 +179,7 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     """
     per_cell: dict = {}
     for _ in range(rounds):
-        for key, seconds in _cell_seconds(plan, plan.timeline(placed_inputs)).items():
+        for key, seconds in _cell_seconds(plan, action_spans(plan, placed_inputs)).items():
             per_cell.setdefault(key, []).extend(seconds)
     best = {key: min(values) for key, values in per_cell.items()}
     ranks = 1 + max(plan.stage_ranks)
@@ -205,9 +206,9 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
             )
         )
     params = [0] * ranks
-    for _, (kind, a, r) in plan.input_keys:
-        if kind == "param":
-            params[r] += _nbytes(param_leaves[a])
+    for _, key in plan.input_keys:
+        if key.kind == "param":
+            params[key.rank] += _nbytes(param_leaves[key.leaf])
     accumulators = [0] * ranks
     first = min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps))
     for fn, ins, outs, _ in plan.steps[:first]:
@@ -219,6 +220,6 @@ def profile_plan(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: 
     memory = stage_memory(plan, placed_inputs)
     stage_params = [0] * len(plan.stage_ranks)
     for key in plan.slot_names.values():
-        if isinstance(key, tuple) and key[0] == "acc":
-            stage_params[key[1]] += _nbytes(param_leaves[key[2]])
+        if isinstance(key, GradAccumulator):
+            stage_params[key.stage] += _nbytes(param_leaves[key.leaf])
     return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(stage_params))

@@ -1,0 +1,12 @@
+"""The plan passes: a traced stage graph to a runnable `Plan`.
+
+layout -> stage programs -> emit each action in issue order -> reduce gradients
+-> localize (multi-process) -> seal. `build_train_plan` and `build_forward_plan`
+compose them.
+"""
+
+from .forward import build_forward_plan
+from .layout import PlanArgs
+from .train import build_train_plan
+
+__all__ = ["build_forward_plan", "build_train_plan", "PlanArgs"]

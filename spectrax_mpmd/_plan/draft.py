@@ -1,0 +1,74 @@
+"""A plan under construction: named slots and steps in issue order.
+
+The plan passes share one `Draft`: each pass reads what earlier ones recorded
+and appends steps or metadata; `seal` turns it into a runnable `Plan`. Nothing
+outside `_plan/` touches a draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._compile import CellSpec
+from .._runtime.plan import Step
+
+
+@dataclass
+class Draft:
+    """Slots by typed key, steps (cell specs not compiled yet, or transfers), and what each
+    issued action became."""
+
+    count: int = 0
+    named: dict = field(default_factory=dict)  # typed key -> slot
+    steps: list = field(default_factory=list)
+    constants: dict = field(default_factory=dict)  # slot -> (host value, sharding), placed when sealed
+    log: list = field(default_factory=list)  # (rank, action, cell label)
+    action_steps: list = field(default_factory=list)  # (rank, action, first step, end step)
+    forward_steps: dict = field(default_factory=dict)  # step -> [(stage, microbatch)] it starts
+    fused: dict = field(default_factory=dict)  # tuple of cell specs -> their fused spec
+    outputs: dict = field(default_factory=dict)  # what the call returns, as slots
+    # multi-process only (`localize`): the transport, the ranks this process runs (None: all),
+    # and (slot, global array without local shards) of outputs held by other processes
+    transport: object = None
+    local_ranks: frozenset | None = None
+    remote_outputs: list = field(default_factory=list)
+
+    def new(self) -> int:
+        """A fresh unnamed slot."""
+        self.count += 1
+        return self.count - 1
+
+    def slot(self, key) -> int:
+        """The slot named `key` (allocated on first use)."""
+        if key not in self.named:
+            self.named[key] = self.new()
+        return self.named[key]
+
+    def alias(self, key, slot: int) -> None:
+        """Name an existing slot `key` as well (a move that needs no copy)."""
+        self.named[key] = slot
+
+    def add(self, fn, ins, outs) -> None:
+        self.steps.append(Step(fn, tuple(ins), tuple(outs)))
+
+    def record(self, rank: int, action, start: int, label: str) -> None:
+        """Note that `action`, issued on `rank`, became the steps from `start` on."""
+        self.log.append((rank, action, label))
+        self.action_steps.append((rank, action, start, len(self.steps)))
+
+    def fuse_since(self, start: int) -> None:
+        """Merge the cell steps added since `start` into one executable; transfers follow it."""
+        new = self.steps[start:]
+        cells = [st for st in new if isinstance(st.fn, CellSpec)]
+        if len(cells) < 2:
+            return
+        parts = tuple(st.fn for st in cells)
+        if parts not in self.fused:  # one fused spec per combination of cells, reused per microbatch
+            spec = parts[0]
+            for other in parts[1:]:
+                spec = spec.fuse(other)
+            self.fused[parts] = spec
+        ins = [i for st in cells for i in st.ins]
+        outs = [o for st in cells for o in st.outs]
+        rest = [st for st in new if not isinstance(st.fn, CellSpec)]
+        self.steps[start:] = [Step(self.fused[parts], tuple(ins), tuple(outs)), *rest]

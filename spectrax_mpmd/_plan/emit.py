@@ -1,0 +1,158 @@
+"""Emit the steps of each issued action: its cell, then the sends of what it made.
+
+A move to a receiver that reads the value with the sharding it already has is
+no step at all: the receiver's slot is an alias of the sender's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._runtime.slots import (
+    Activation,
+    Cotangent,
+    GradAccumulator,
+    Input,
+    InputCotangent,
+    LossAccumulator,
+    MicrobatchIndex,
+    Residual,
+    Result,
+    StageOutput,
+    Stash,
+)
+from .._transfer import transfer
+from .draft import Draft
+from .layout import Layout
+from .programs import StageProgram
+
+
+def move(draft: Draft, pairs: list[tuple]) -> None:
+    """Move `(src slot, dst key, dst sharding, src sharding)` values in one transfer step; a move
+    to the same sharding becomes an alias of the source slot."""
+    moves = []
+    for src, dst_key, sharding, src_sharding in pairs:
+        if sharding == src_sharding:
+            draft.alias(dst_key, src)
+        else:
+            moves.append((src, draft.slot(dst_key), sharding, src_sharding))
+    if moves:
+        fn = transfer([m[3] for m in moves], [m[2] for m in moves])
+        draft.add(fn, [m[0] for m in moves], [m[1] for m in moves])
+
+
+def cell_inputs(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> list[int]:
+    """Slots of stage `s`'s inputs for microbatch `i`, in the cells' argument order."""
+    io, r = p.io, layout.ranks[s]
+    slots = [draft.slot(Input("param", a, r)) for a in io.params]
+    slots += [draft.slot(Input("fixed", a, r)) for a in io.fixed]
+    slots += [draft.slot(Input("batch", a, r)) for a in io.batch]
+    index = MicrobatchIndex(r, i)
+    if index not in draft.named:
+        draft.constants[draft.slot(index)] = (np.int32(i), layout.named(s, None))
+    slots.append(draft.slot(index))
+    return slots + [draft.slot(Activation(layout.edge_index[e], i)) for e in io.stage.edge_inputs]
+
+
+def emit_forward(
+    draft: Draft, layout: Layout, p: StageProgram, cell, s: int, i: int, n_res: int
+) -> list[int]:
+    """A forward step of stage `s` on microbatch `i`, then the sends of its outputs; returns the
+    slots of the function outputs it computes."""
+    io, graph = p.io, layout.graph
+    outs = [draft.slot(StageOutput(s, j, i)) for j in range(len(io.stage.edge_outputs))]
+    results = [draft.slot(Result(j, i)) for j in io.stage.results]
+    res = [draft.slot(Residual(s, i, k)) for k in range(n_res)]
+    draft.add(cell, cell_inputs(draft, layout, p, s, i), outs + results + res)
+    edge_index = layout.edge_index
+    move(
+        draft,
+        [
+            (outs[j], Activation(edge_index[e], i), layout.edge(e), layout.output(v, s))
+            for j, v in enumerate(io.stage.edge_outputs)
+            for e in graph.consumers(s)[v]
+        ],
+    )
+    return results
+
+
+def send_cotangents(draft: Draft, layout: Layout, p: StageProgram, i: int) -> None:
+    """Send stage's input cotangents for microbatch `i` back to the stages that made the inputs."""
+    edge_index = layout.edge_index
+    pairs = []
+    for k in p.io.diff_in:
+        e = p.io.stage.edge_inputs[k]
+        ek = edge_index[e]
+        pairs.append(
+            (draft.slot(InputCotangent(ek, i)), Cotangent(ek, i), layout.output(e.var, e.src), layout.edge(e))
+        )
+    move(draft, pairs)
+
+
+def _input_cotangents(draft: Draft, layout: Layout, p: StageProgram, i: int) -> list[int]:
+    edge_index = layout.edge_index
+    return [draft.slot(InputCotangent(edge_index[p.io.stage.edge_inputs[k]], i)) for k in p.io.diff_in]
+
+
+def residual_slots(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> list[int]:
+    """The slots of stage `s`'s residuals for microbatch `i`, in the backward's order: inputs
+    the backward reads as they are, then what the forward computed."""
+    ins, made = cell_inputs(draft, layout, p, s, i), iter(range(p.n_res))
+    return [
+        ins[src] if src is not None else draft.slot(Residual(s, i, next(made)))
+        for src in p.cells.residual_sources
+    ]
+
+
+def emit_loss_step(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> None:
+    """The last stage's fused forward and backward on microbatch `i`, then its cotangent sends."""
+    ins = cell_inputs(draft, layout, p, s, i)
+    acc = [draft.slot(GradAccumulator(s, a)) for a in p.io.params]
+    ct_out = _input_cotangents(draft, layout, p, i)
+    results = [draft.slot(Result(j, i)) for j in p.io.stage.results if j != 0]
+    loss = draft.slot(LossAccumulator())
+    draft.add(p.specs["FB"], ins + acc + [loss], acc + ct_out + [loss] + results)
+    send_cotangents(draft, layout, p, i)
+
+
+def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> str:
+    """Emit one action part (`F`, `B`, `I` or `W` of one stage and microbatch); returns the
+    label of the cell it ran (`-` for none: the last stage's backward ran fused with its F)."""
+    s, i, kind = a.stage, a.microbatch, a.kind
+    p = programs[s]
+    if s == layout.last:
+        if kind == "F":
+            emit_loss_step(draft, layout, p, s, i)
+            return "FB"
+        return "-"
+    if kind == "F":
+        emit_forward(draft, layout, p, p.specs["F"], s, i, p.n_res)
+        return "F"
+    res = residual_slots(draft, layout, p, s, i)
+    cts = [draft.slot(Cotangent(k, i)) for group in p.io.ct_edges for k in group]
+    acc = [draft.slot(GradAccumulator(s, leaf)) for leaf in p.io.params]
+    ct_out = _input_cotangents(draft, layout, p, i)
+    if kind == "B":
+        draft.add(p.specs["B"], res + cts + acc, acc + ct_out)
+        send_cotangents(draft, layout, p, i)
+        return kind
+    stash = [draft.slot(Stash(s, i, k)) for k in range(p.n_stash)]
+    if kind == "I":
+        if ct_out or stash:  # an I cell with nothing to return (first stage, no stash) is skipped
+            draft.add(p.specs["I"], res + cts, ct_out + stash)
+        send_cotangents(draft, layout, p, i)
+    else:
+        draft.add(p.specs["W"], res + cts + stash + acc, acc)
+    return kind
+
+
+def emit_action(draft: Draft, layout: Layout, programs: list[StageProgram], rank: int, action) -> None:
+    """Emit an issued action (its parts fused into one cell when it has several)."""
+    start = len(draft.steps)
+    labels = [emit_part(draft, layout, programs, p) for p in action.parts]
+    if len(action.parts) > 1:
+        draft.fuse_since(start)
+    forwards = [(p.stage, p.microbatch) for p in action.parts if p.kind == "F"]
+    if forwards:
+        draft.forward_steps[start] = forwards
+    draft.record(rank, action, start, "&".join(label for label in labels if label != "-") or "-")

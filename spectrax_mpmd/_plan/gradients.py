@@ -1,0 +1,116 @@
+"""Gradient accumulators: created zero before the first action, summed across the stages that
+share a parameter leaf after the last, cast back to each leaf's dtype."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .._compile import CellSpec, _sds
+from .._runtime.slots import GradAccumulator, LossAccumulator, Result, ZeroGrad
+from .._transfer import transfer
+from .draft import Draft
+from .layout import Layout, PlanArgs
+from .programs import StageProgram
+
+
+def accumulator_cells(
+    draft: Draft, layout: Layout, programs: list[StageProgram], args: PlanArgs
+) -> list[tuple[CellSpec, list[int]]]:
+    """One program per rank creating the zero gradient (and loss) accumulators of its stages,
+    with the slots it fills.
+
+    A parameter leaf that no stage reads gets its zero gradient here too, on the
+    first stage's rank: a fresh array every call, so donating it is safe.
+    """
+    per_rank: dict[int, tuple[list, list, list]] = {}
+    read = {a for p in programs for a in p.io.params}
+    unused = [a for a in args.params if a not in read]
+    if unused:
+        shardings, avals, outs = per_rank.setdefault(layout.ranks[0], ([], [], []))
+        shardings += [layout.param(a, 0) for a in unused]
+        avals += [layout.graph.in_avals[a] for a in unused]
+        outs += [draft.slot(ZeroGrad(a)) for a in unused]
+    for s, p in enumerate(programs):
+        shardings, avals, outs = per_rank.setdefault(layout.ranks[s], ([], [], []))
+        shardings += [layout.param(a, s) for a in p.io.params]
+        avals += [layout.accumulator_aval(a) for a in p.io.params]
+        outs += [draft.slot(GradAccumulator(s, a)) for a in p.io.params]
+        if s == layout.last:
+            shardings.append(layout.named(s, None))
+            avals.append(layout.accumulator_aval("loss"))
+            outs.append(draft.slot(LossAccumulator()))
+    return [
+        (CellSpec(_zeros(tuple(avals)), (), tuple(shardings)), outs)
+        for _, (shardings, avals, outs) in sorted(per_rank.items())
+        if outs
+    ]
+
+
+def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram], args: PlanArgs) -> dict:
+    """Sum the gradients of shared parameter leaves on their owner (the first stage reading
+    them), cast accumulators back, stack each auxiliary result over microbatches. Returns
+    the output slots: `{"loss": slot, "grads": {leaf: slot}, "aux": {output: slot}}`."""
+    users: dict[int, list[int]] = {}
+    for s, p in enumerate(programs):
+        for a in p.io.params:
+            users.setdefault(a, []).append(s)
+    grads = {a: draft.slot(ZeroGrad(a)) for a in args.params if a not in users}
+    for a, stages in users.items():
+        owner = stages[0]
+        sh = layout.param(a, owner)
+        slot = draft.slot(GradAccumulator(owner, a))
+        for s in stages[1:]:
+            moved = draft.slot(GradAccumulator(s, a))
+            if layout.param(a, s) != sh:
+                source, moved = moved, draft.new()
+                draft.add(transfer([layout.param(a, s)], [sh]), [source], [moved])
+            total = draft.new()
+            add = CellSpec(_add, (_sds(layout.accumulator_aval(a), sh),) * 2, (sh,), (0,))
+            draft.add(add, [slot, moved], [total])
+            slot = total
+        grads[a] = _cast_back(draft, slot, layout.accumulator_aval(a), layout.graph.in_avals[a], sh)
+    loss = _cast_back(
+        draft,
+        draft.slot(LossAccumulator()),
+        layout.accumulator_aval("loss"),
+        layout.graph.out_avals[0],
+        layout.named(layout.last, None),
+    )
+    aux = {}
+    for j in range(1, len(layout.graph.out_avals)):
+        sh = layout.named(layout.graph.result_stage[j], None)
+        stack = CellSpec(_stack, (_sds(layout.graph.out_avals[j], sh),) * layout.m, (sh,))
+        aux[j] = draft.new()
+        draft.add(stack, [draft.slot(Result(j, i)) for i in range(layout.m)], [aux[j]])
+    return {"loss": loss, "grads": grads, "aux": aux}
+
+
+def _cast_back(draft: Draft, slot: int, acc, aval, sharding) -> int:
+    """A step casting an accumulator to its parameter's (or the loss's) dtype, if they differ."""
+    if acc.dtype == aval.dtype:
+        return slot
+    out = draft.new()
+    draft.add(CellSpec(_caster(aval.dtype), (_sds(acc, sharding),), (sharding,)), [slot], [out])
+    return out
+
+
+def _zeros(avals: tuple):
+    def zeros():
+        return tuple(jnp.zeros(v.shape, v.dtype) for v in avals)
+
+    return zeros
+
+
+def _add(x, y):
+    return (x + y,)
+
+
+def _stack(*xs):
+    return (jnp.stack(xs),)
+
+
+def _caster(dtype):
+    def cast(x):
+        return (x.astype(dtype),)
+
+    return cast

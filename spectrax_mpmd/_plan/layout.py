@@ -1,0 +1,122 @@
+"""Where a plan's stages run and how each value is laid out there."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._mesh import MpmdMesh
+from .._split import StageGraph
+
+REPLICATED = PartitionSpec()
+
+
+class StageOrder:
+    """The layout used when a forward call has no schedule: stage s on rank s, one microbatch."""
+
+    microbatches = 1
+    virtual_stages = 1
+
+    def rank_of(self, stage: int, n: int) -> int:
+        return stage
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
+    microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
+    leaves, parameter PartitionSpecs, and how microbatch losses are reduced."""
+
+    params: tuple = ()
+    batch: tuple = ()
+    batch_avals: dict = field(default_factory=dict)
+    keys: frozenset = frozenset()
+    donated: frozenset = frozenset()
+    param_specs: dict = field(default_factory=dict)
+    reduce: str = "mean"
+    remat: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Stage `s` runs on rank `ranks[s]`'s submesh of `mesh`; `m` microbatches."""
+
+    graph: StageGraph
+    schedule: object
+    mesh: MpmdMesh
+    ranks: tuple
+    m: int
+    param_specs: dict
+    unsharded: bool  # nothing in the pipeline is sharded: every intermediate is replicated
+
+    @classmethod
+    def of(cls, graph: StageGraph, schedule, mesh: MpmdMesh, args: PlanArgs, microbatches: int) -> "Layout":
+        n = mesh.mpmd_dim
+        unsharded = not any(spec is not None for spec in args.param_specs.values()) and all(
+            e.spec is None for e in graph.edges
+        )
+        ranks = tuple(schedule.rank_of(s, n) for s in range(len(graph.stages)))
+        return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded)
+
+    @functools.cached_property
+    def edge_index(self) -> dict:
+        """Each edge's position in the graph's edge list."""
+        return {e: k for k, e in enumerate(self.graph.edges)}
+
+    @property
+    def n(self) -> int:
+        return self.mesh.mpmd_dim
+
+    @property
+    def last(self) -> int:
+        return len(self.graph.stages) - 1
+
+    def splits(self) -> bool:
+        """Whether the schedule splits backwards into I and W cells."""
+        if not hasattr(self.schedule, "actions"):
+            return False
+        return any(
+            p.kind in ("I", "W") for rank in self.schedule.actions(self.n) for a in rank for p in a.parts
+        )
+
+    def submesh(self, s: int):
+        return self.mesh.submesh(self.ranks[s])
+
+    def named(self, s: int, spec) -> NamedSharding:
+        """A sharding on stage `s`'s submesh (`None`: replicated)."""
+        return NamedSharding(self.submesh(s), spec if spec is not None else REPLICATED)
+
+    def param(self, a: int, s: int) -> NamedSharding:
+        """Parameter leaf `a` as stage `s` reads it."""
+        return self.named(s, self.param_specs.get(a))
+
+    def output(self, var, s: int) -> NamedSharding:
+        """Stage `s`'s output `var` as it is made: the spec of its edge to a stage on the same
+        rank, else of its first edge."""
+        edges = [e for e in self.graph.edges if e.var is var and e.src == s]
+        same_rank = [e for e in edges if self.ranks[e.dst] == self.ranks[s]]
+        return self.named(s, (same_rank or edges)[0].spec)
+
+    def edge(self, e) -> NamedSharding:
+        """Edge `e`'s value as its consumer reads it."""
+        return self.named(e.dst, e.spec)
+
+    def free(self, s: int) -> NamedSharding | None:
+        """The sharding of stage `s`'s residuals and stash, when it is known before compiling.
+
+        On a one-device submesh, or when nothing in the pipeline is sharded, every
+        intermediate is replicated, so backward cells can be compiled alongside the
+        forward ones; otherwise (None) XLA picks and the forward is compiled first.
+        """
+        return self.named(s, None) if self.unsharded or self.submesh(s).size == 1 else None
+
+    def accumulator_aval(self, a):
+        """The accumulator of parameter leaf `a` (or of the loss, `a="loss"`): float32 for 16-bit
+        floats, so summing microbatches adds no rounding beyond the reference's."""
+        aval = self.graph.out_avals[0] if a == "loss" else self.graph.in_avals[a]
+        if jnp.dtype(aval.dtype).itemsize < 4 and jnp.issubdtype(aval.dtype, jnp.floating):
+            return aval.update(dtype=jnp.float32)
+        return aval

@@ -1,0 +1,152 @@
+"""Each stage's cell programs as specs: forward, backward (or its I and W halves), and the
+last stage's fused value-and-grad, with the shardings of everything they read and make.
+
+Specs are built, not compiled, here (the compiler compiles them together when the
+plan is sealed); a spec whose output shardings XLA must choose (a sharded
+submesh) is compiled early so the specs that read its outputs can name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+
+from .._cells import StageCells, StageIO
+from .._compile import CellSpec, Compiler, _sds
+from .._split import StageGraph
+from .layout import Layout, PlanArgs
+
+
+@dataclass
+class StageProgram:
+    """One stage's input/output map, cell functions and cell specs by kind (`F`, `B`, `I`,
+    `W`; the last stage's `FB`), with how many residuals its forward saves and how many
+    values its I cell stashes per microbatch."""
+
+    io: StageIO
+    cells: StageCells
+    in_specs: list
+    specs: dict = field(default_factory=dict)
+    n_res: int = 0
+    n_stash: int = 0
+    forwards: dict = field(default_factory=dict)  # (keep residuals, donated positions) -> spec
+
+
+def stage_ios(graph: StageGraph, args: PlanArgs, m: int) -> list[StageIO]:
+    last = len(graph.stages) - 1
+    return [
+        StageIO.build(
+            graph, s, set(args.params), set(args.batch), loss=(s == last), microbatches=m, keys=args.keys
+        )
+        for s in range(len(graph.stages))
+    ]
+
+
+def input_specs(layout: Layout, io: StageIO, s: int, args: PlanArgs) -> list:
+    """Stage `s`'s cell inputs in order: parameters, broadcast and batch leaves, the microbatch
+    index, and the edges it receives."""
+    avals = layout.graph.in_avals
+    specs = [_sds(avals[a], layout.param(a, s)) for a in io.params]
+    specs += [_sds(avals[a], layout.named(s, None)) for a in io.fixed]
+    specs += [_sds(args.batch_avals[a], layout.named(s, None)) for a in io.batch]
+    specs.append(jax.ShapeDtypeStruct((), jnp.int32, sharding=layout.named(s, None)))
+    specs += [_sds(e.aval, layout.edge(e)) for e in io.stage.edge_inputs]
+    return specs
+
+
+def programs_of(layout: Layout, args: PlanArgs, m: int, remat: bool) -> list[StageProgram]:
+    """Every stage's program record, no cell spec built yet."""
+    programs = []
+    for s, io in enumerate(stage_ios(layout.graph, args, m)):
+        specs = input_specs(layout, io, s, args)
+        programs.append(StageProgram(io, StageCells(io, m, remat, specs, args.reduce), specs))
+    return programs
+
+
+def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, donate: tuple = ()) -> CellSpec:
+    """Stage `s`'s forward: edge outputs, results, and (with `residuals`) the saved residuals."""
+    key = (residuals, donate)
+    if key not in p.forwards:
+        outs = [layout.output(v, s) for v in p.io.stage.edge_outputs]
+        outs += [layout.named(s, None)] * len(p.io.stage.results)
+        if residuals:
+            outs += [layout.free(s)] * len(p.cells.produced_residual_avals)
+        fn = p.cells.forward if residuals else p.cells.forward_only
+        p.forwards[key] = CellSpec(fn, tuple(p.in_specs), tuple(outs), donate)
+    return p.forwards[key]
+
+
+def loss_spec(layout: Layout, p: StageProgram) -> CellSpec:
+    """The last stage's fused value-and-grad cell."""
+    s, io = layout.last, p.io
+    acc_sh = [layout.param(a, s) for a in io.params]
+    acc_specs = [_sds(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
+    ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
+    results_sh = [layout.named(s, None)] * (len(io.stage.results) - 1)
+    loss = _sds(layout.accumulator_aval("loss"), layout.named(s, None))
+    n_in = len(p.in_specs)
+    return CellSpec(
+        p.cells.loss_step,
+        tuple(p.in_specs + acc_specs + [loss]),
+        (*acc_sh, *ct_in_sh, layout.named(s, None), *results_sh),
+        tuple(range(n_in, n_in + len(acc_specs) + 1)),
+    )
+
+
+def _made(compiler: Compiler, spec: CellSpec, skip: int, free, avals) -> list:
+    """Specs of `spec`'s outputs from position `skip` on: on `free` when known before compiling,
+    else as the compiled program makes them."""
+    if free is not None:
+        return [_sds(a, free) for a in avals]
+    return [
+        jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
+        for o in compiler.compile_spec(spec).out_info[skip:]
+    ]
+
+
+def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, splits: bool) -> None:
+    """Stage `s`'s forward and backward specs (and I/W halves when the schedule splits)."""
+    io, cells = p.io, p.cells
+    acc_sh = [layout.param(a, s) for a in io.params]
+    acc_specs = [_sds(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
+    ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
+    forward = p.specs["F"] = forward_spec(layout, p, s, residuals=not cells.remat)
+    if cells.remat or not cells.produced_residual_avals:
+        produced = []
+    else:
+        skip = len(io.stage.edge_outputs) + len(io.stage.results)
+        produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
+    p.n_res = len(produced)
+    made = iter(produced)
+    res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
+    ct_specs = [
+        _sds(io.stage.edge_outputs[j].aval, layout.output(io.stage.edge_outputs[j], s))
+        for j, consumers in zip(io.diff_out, io.ct_edges)
+        for _ in consumers
+    ]
+    n_read = len(res_specs) + len(ct_specs)
+    p.specs["B"] = CellSpec(
+        cells.backward,
+        tuple(res_specs + ct_specs + acc_specs),
+        (*acc_sh, *ct_in_sh),
+        tuple(range(n_read, n_read + len(acc_specs))),
+    )
+    if not splits:
+        return
+    i_fn, w_fn, p.n_stash = cells.split_backward()
+    free = layout.free(s)
+    p.specs["I"] = CellSpec(i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
+    if free is not None:
+        stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
+    else:
+        stash = ()
+    stash_specs = _made(compiler, p.specs["I"], len(ct_in_sh), free, stash)
+    n_w_in = n_read + p.n_stash
+    p.specs["W"] = CellSpec(
+        w_fn,
+        tuple(res_specs + ct_specs + stash_specs + acc_specs),
+        tuple(acc_sh),
+        tuple(range(n_w_in, n_w_in + len(acc_specs))),
+    )

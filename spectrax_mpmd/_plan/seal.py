@@ -1,0 +1,127 @@
+"""Seal a draft into a runnable plan: compile every cell, place the constants, name the inputs
+and their shardings, and free each buffer after its last use."""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import NamedSharding
+
+from .._compile import CellSpec, Compiler
+from .._runtime.plan import Plan, Step
+from .._runtime.slots import Activation, Input, Residual, Stash
+from .draft import Draft
+from .layout import REPLICATED, Layout
+from .localize import localize
+from .programs import StageProgram
+
+
+def _free_after_last_use(steps: list, keep: set[int]) -> list:
+    last: dict[int, int] = {}
+    for k, (_, ins, outs, _) in enumerate(steps):
+        for i in (*ins, *outs):
+            last[i] = k
+    frees: dict[int, list[int]] = {}
+    for slot, k in last.items():
+        if slot not in keep:
+            frees.setdefault(k, []).append(slot)
+    return [Step(fn, ins, outs, tuple(frees.get(k, ()))) for k, (fn, ins, outs, _) in enumerate(steps)]
+
+
+def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata) -> Plan:
+    """The runnable plan of `draft` for this process (`localize` first, in a multi-process job).
+
+    `draft.outputs` are kept alive to the end; `metadata` fills the plan's descriptive
+    fields (see `describe_training`)."""
+    keep = {slot for value in draft.outputs.values() for slot in _slots(value)}
+    keep = localize(draft, layout, compiler, keep)
+    local = draft.local_ranks
+    input_keys = [
+        (slot, key)
+        for key, slot in draft.named.items()
+        if isinstance(key, Input) and (local is None or key.rank in local)
+    ]
+    input_shardings = [
+        NamedSharding(
+            layout.mesh.submesh(key.rank),
+            (layout.param_specs.get(key.leaf) if key.kind == "param" else None) or REPLICATED,
+        )
+        for _, key in input_keys
+    ]
+    compiler.prefetch([st.fn for st in draft.steps if isinstance(st.fn, CellSpec)])
+    const_slots = {}
+    if draft.constants:
+        values, shardings = zip(*draft.constants.values())
+        const_slots = dict(zip(draft.constants, jax.device_put(list(values), list(shardings))))
+    steps = [
+        Step(compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs)
+        for fn, ins, outs, _ in draft.steps
+    ]
+    n = layout.n
+    return Plan(
+        steps=_free_after_last_use(steps, keep),
+        log=draft.log,
+        n_slots=draft.count,
+        const_slots=const_slots,
+        input_keys=input_keys,
+        input_shardings=input_shardings,
+        output_slots=draft.outputs,
+        stage_ranks=layout.ranks,
+        action_steps=draft.action_steps,
+        device_rank={d: r for r in range(n) for d in layout.mesh.submesh(r).devices.flat},
+        graph=layout.graph,
+        schedule=schedule,
+        transport=draft.transport,
+        local_ranks=draft.local_ranks,
+        remote_outputs=draft.remote_outputs,
+        **metadata,
+    )
+
+
+def _slots(value) -> list[int]:
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, list):
+        return value
+    return [value]
+
+
+def describe_training(draft: Draft, layout: Layout, programs: list[StageProgram]) -> dict:
+    """What measurements need to know of a training plan's slots and cells, from the full
+    (not yet localized) draft: which buffers hold a `(stage, microbatch)` activation, each
+    slot's key, the cell specs by `(stage, kind)`, which of them run, and how many outputs
+    each forward and I cell keeps per microbatch."""
+    activation_slots: dict = {}
+    for key, slot in draft.named.items():
+        if isinstance(key, (Residual, Stash)):
+            activation_slots[slot] = (layout.ranks[key.stage], key.stage, key.microbatch)
+        elif isinstance(key, Activation) and _kept_for_backward(
+            layout, programs, layout.graph.edges[key.edge]
+        ):
+            e = layout.graph.edges[key.edge]
+            activation_slots.setdefault(slot, (layout.ranks[e.dst], e.dst, key.microbatch))
+    cells = {(s, kind): spec for s, p in enumerate(programs) for kind, spec in p.specs.items()}
+    emitted = {st.fn for st in draft.steps if isinstance(st.fn, CellSpec)}
+    emitted.update(part for parts in draft.fused for part in parts)
+    saved = {}
+    for s, p in enumerate(programs):
+        if "F" in p.specs:
+            saved[(s, "F")] = p.n_res
+        if "I" in p.specs:
+            saved[(s, "I")] = p.n_stash
+    return {
+        "activation_slots": activation_slots,
+        "slot_names": {slot: key for key, slot in draft.named.items()},
+        "forward_steps": draft.forward_steps,
+        "cells": cells,
+        "ran": frozenset(key for key, spec in cells.items() if spec in emitted),
+        "saved": saved,
+    }
+
+
+def _kept_for_backward(layout: Layout, programs: list[StageProgram], e) -> bool:
+    """Whether the activation `e` brings to its stage is kept for that stage's backward."""
+    if e.dst == layout.last:
+        return False
+    io = programs[e.dst].io
+    position = io.n_in - len(io.stage.edge_inputs) + io.stage.edge_inputs.index(e)
+    return position in programs[e.dst].cells.residual_sources

@@ -1,0 +1,58 @@
+"""The plan of one training step (`sxvalue_and_grad`), composed from the passes."""
+
+from __future__ import annotations
+
+from .._compile import Compiler
+from .._order import order_actions
+from .._runtime.plan import Plan
+from .._split import StageGraph
+from ..errors import StageSplitError
+from .draft import Draft
+from .emit import emit_action
+from .gradients import accumulator_cells, reduce_gradients
+from .layout import Layout, PlanArgs
+from .programs import StageProgram, backward_specs, forward_spec, loss_spec, programs_of
+from .seal import describe_training, seal
+
+
+def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler: Compiler) -> Plan:
+    """Layout -> stage programs -> each action's steps in issue order -> gradient reduction ->
+    localize and seal."""
+    _check_loss_stage(graph)
+    layout = Layout.of(graph, schedule, mesh, args, schedule.microbatches)
+    draft = Draft()
+    programs = programs_of(layout, args, layout.m, args.remat)
+    setup = accumulator_cells(draft, layout, programs, args)
+    stage_programs(layout, programs, [spec for spec, _ in setup], compiler)
+    for spec, outs in setup:
+        draft.add(spec, (), outs)
+    for rank, action in order_actions(schedule, layout.n, graph):
+        emit_action(draft, layout, programs, rank, action)
+    draft.outputs = reduce_gradients(draft, layout, programs, args)
+    return seal(draft, layout, compiler, schedule, **describe_training(draft, layout, programs))
+
+
+def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, compiler: Compiler) -> None:
+    """Build every stage's cell specs. When some output shardings are only known once compiled
+    (a sharded submesh), the programs that need no other program's output are compiled
+    together first."""
+    last = programs[layout.last]
+    last.specs["FB"] = loss_spec(layout, last)
+    if not all(layout.free(s) is not None for s in range(len(programs))):
+        forwards = [
+            forward_spec(layout, programs[s], s, residuals=not programs[s].cells.remat)
+            for s in range(layout.last)
+        ]
+        compiler.prefetch([*forwards, *setup, last.specs["FB"]])
+    splits = layout.splits()
+    for s in range(layout.last):
+        backward_specs(layout, programs[s], s, compiler, splits)
+
+
+def _check_loss_stage(graph: StageGraph) -> None:
+    last = len(graph.stages) - 1
+    if 0 not in graph.stages[last].results:
+        raise StageSplitError(
+            "the loss (the function's first output) must be computed in the last stage; it is "
+            f"computed in stage {graph.result_stage[0]}. Move the loss after the last sxstage_iter."
+        )

@@ -1,0 +1,23 @@
+"""Running a plan: the hot loop (`Plan.run`), one instrumented replay, and the measurements
+built on it (timelines, peak activations and bytes, the host and stage profiles)."""
+
+from .host_profile import HostProfile, HostRow, host_profile
+from .measure import action_spans, measure_peak_bytes, measured_timeline, peak_activations, stage_memory
+from .plan import Plan, Step
+from .stage_profile import CellProfile, StageProfile, stage_profile
+
+__all__ = [
+    "HostProfile",
+    "HostRow",
+    "host_profile",
+    "action_spans",
+    "measure_peak_bytes",
+    "measured_timeline",
+    "peak_activations",
+    "stage_memory",
+    "Plan",
+    "Step",
+    "CellProfile",
+    "StageProfile",
+    "stage_profile",
+]

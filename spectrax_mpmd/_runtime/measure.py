@@ -1,0 +1,244 @@
+"""Measurements of one step: its timeline, its peak live activations and bytes per rank.
+
+Each replays the plan once (`replay`). Bytes are per rank: an array's bytes on
+a rank are its largest per-device shard there (a replicated array counts once
+per device, a sharded one its shard). A rank's live bytes are sampled between
+actions (a cell with the sends after it), after the setup that creates the
+accumulators, over every array alive on its devices: parameters and the batch
+(alive for the whole step: the caller holds them), accumulators, and the
+activations, residuals, stashes and cotangents in flight. Temporaries inside a
+cell are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from spectrax_core.schedules import Cost, Event, StageMemory, Timeline
+
+from .replay import replay
+from .slots import (
+    Activation,
+    Cotangent,
+    GradAccumulator,
+    Input,
+    LossAccumulator,
+    MicrobatchIndex,
+    Residual,
+    Stash,
+    ZeroGrad,
+)
+
+
+def action_spans(plan, placed_inputs: Sequence) -> list[tuple[int, object, float, float]]:
+    """Run once, each step alone (waiting for its results), and return per action
+    `(rank, action, start, end)` in seconds from the first step: the cell and the
+    sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+    plan.check_single_process("timeline")
+    owner = {k: j for j, (_, _, a, b) in enumerate(plan.action_steps) for k in range(a, b)}
+    spans: dict[int, list[float]] = {}
+    t0 = None
+
+    def call(k, fn, args):
+        nonlocal t0
+        start = time.perf_counter()
+        t0 = start if t0 is None else t0
+        results = jax.block_until_ready(fn(*args))
+        end = time.perf_counter()
+        if k in owner:
+            span = spans.setdefault(owner[k], [start - t0, end - t0])
+            span[1] = end - t0
+        return results
+
+    replay(plan, placed_inputs, call=call, ready=True)
+    return [(*plan.action_steps[j][:2], *spans[j]) for j in sorted(spans)]
+
+
+def measured_timeline(
+    spans: Sequence[tuple[int, object, float, float]], n: int, name: str, stage_labels: tuple[str, ...] = ()
+) -> Timeline:
+    """`(rank, action, start_s, end_s)` spans as a `spectrax_core.schedules.Timeline` in microseconds."""
+    rows: list[list[Event]] = [[] for _ in range(n)]
+    for rank, action, start, end in spans:
+        rows[rank].append(Event(rank, action, start * 1e6, end * 1e6))
+    makespan = max((e.end for row in rows for e in row), default=0.0)
+    busy = tuple(sum(e.end - e.start for e in row) for row in rows)
+    idle = tuple(makespan - b for b in busy)
+    return Timeline(
+        schedule_name=f"{name} (measured)",
+        n=n,
+        cost=Cost(),
+        events=tuple(tuple(row) for row in rows),
+        makespan=makespan,
+        busy=busy,
+        idle=idle,
+        bubble_fraction=sum(idle) / (n * makespan) if makespan else 0.0,
+        peak_activations=(0,) * n,
+        stage_labels=stage_labels,
+    )
+
+
+def peak_activations(plan, placed_inputs: Sequence) -> list[int]:
+    """Run once, counting per rank the `(stage, microbatch)` pairs whose activation buffers
+    are alive after each step; returns the peaks. Counted buffers: saved residuals and the
+    I/W stash, or with `remat=True` the stage inputs kept for the backward — from the
+    forward that consumes them on (a received input waiting for its forward is not counted)."""
+    plan.check_single_process("peak_activations")
+    ranks = 1 + max(plan.stage_ranks)
+    peak = [0] * ranks
+    started: set = set()
+
+    def stored(k, buf):
+        started.update(plan.forward_steps.get(k, ()))
+        live = {
+            owner
+            for slot, owner in plan.activation_slots.items()
+            if buf[slot] is not None and owner[1:] in started
+        }
+        for r in range(ranks):
+            peak[r] = max(peak[r], sum(1 for owner in live if owner[0] == r))
+
+    replay(plan, placed_inputs, stored=stored)
+    return peak
+
+
+class Sizer:
+    """Per-rank bytes of one array (its largest per-device shard on that rank), memoised by
+    shape, dtype and sharding."""
+
+    def __init__(self, device_rank: dict):
+        self.device_rank = device_rank
+        self.memo: dict = {}
+
+    def __call__(self, array) -> dict[int, int]:
+        key = (array.shape, array.dtype, array.sharding)
+        hit = self.memo.get(key)
+        if hit is None:
+            per_device = (
+                int(math.prod(array.sharding.shard_shape(array.shape))) * np.dtype(array.dtype).itemsize
+            )
+            hit = {}
+            for device in array.sharding.device_set:
+                rank = self.device_rank.get(device)
+                if rank is not None:
+                    hit[rank] = per_device
+            self.memo[key] = hit
+        return hit
+
+
+def _live(buffers, sizer: Sizer, ranks: int) -> list[int]:
+    """Bytes per rank of every distinct array in `buffers` (shards are even, so every device of a
+    rank holds the same)."""
+    total = [0] * ranks
+    seen: set = set()
+    for array in buffers:
+        if array is None or id(array) in seen:
+            continue
+        seen.add(id(array))
+        for rank, nbytes in sizer(array).items():
+            total[rank] += nbytes
+    return total
+
+
+def measure_peak_bytes(plan, placed_inputs: Sequence) -> tuple[int, ...]:
+    """Run `plan` once and return, per rank, the most bytes alive between actions: the plan's
+    buffers, and the placed arguments and constants, which stay alive (held by the caller and
+    the plan) after the plan's last read of them."""
+    ranks = 1 + max(plan.stage_ranks)
+    sizer = Sizer(plan.device_rank)
+    samples = {b - 1 for _, _, a, b in plan.action_steps if b > a}
+    samples.add(min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps)) - 1)
+    held = [*placed_inputs, *plan.const_slots.values()]
+    peaks = [0] * ranks
+
+    def freed(k, buf):
+        nonlocal peaks
+        if k in samples:
+            peaks = [max(p, q) for p, q in zip(peaks, _live(held + buf, sizer, ranks))]
+
+    replay(plan, placed_inputs, freed=freed)
+    return tuple(peaks)
+
+
+def _memory_kind(key, plan) -> tuple[str, str, int] | None:
+    """How `stage_memory` counts the buffer named `key`: `("rank", group, rank)` for a
+    whole-step buffer, `("microbatch", what, stage)` for a per-microbatch one."""
+    if isinstance(key, Input):
+        return ("rank", "params" if key.kind == "param" else "other", key.rank)
+    if isinstance(key, MicrobatchIndex):
+        return ("rank", "other", key.rank)
+    if isinstance(key, GradAccumulator):
+        return ("rank", "accumulators", plan.stage_ranks[key.stage])
+    if isinstance(key, LossAccumulator):
+        return ("rank", "accumulators", plan.stage_ranks[-1])
+    if isinstance(key, ZeroGrad):
+        return ("rank", "accumulators", plan.stage_ranks[0])
+    if isinstance(key, (Residual, Stash)):
+        return ("microbatch", "residuals" if isinstance(key, Residual) else "stash", key.stage)
+    if isinstance(key, Cotangent):
+        return ("microbatch", "grads", plan.graph.edges[key.edge].src)
+    return None
+
+
+def stage_memory(plan, placed_inputs: Sequence) -> StageMemory:
+    """The plan's `StageMemory` (optimizer state zero), from the sizes of the buffers one run makes.
+
+    Each buffer is classified by the slot it fills: parameters, the batch and other
+    arguments, accumulators; per (stage, microbatch) residuals, stashes, received
+    activations (kept for the backward or not) and received cotangents. A stage's
+    figure is its largest microbatch's.
+    """
+    ranks = 1 + max(plan.stage_ranks)
+    sizer = Sizer(plan.device_rank)
+    sizes: dict[int, int] = {}  # slot -> bytes on its rank
+
+    def note(slot: int, array) -> None:
+        if array is not None and slot not in sizes:
+            sizes[slot] = max(sizer(array).values(), default=0)
+
+    def stored(k, buf):
+        for o in plan.steps[k].outs:
+            note(o, buf[o])
+
+    def start(k, buf):
+        if k == -1:
+            for slot, array in enumerate(buf):
+                note(slot, array)
+
+    replay(plan, placed_inputs, stored=stored, freed=start)
+    per_rank = {name: [0] * ranks for name in ("params", "accumulators", "other")}
+    per_mb: dict[tuple[str, int, int], int] = {}
+    for slot, key in plan.slot_names.items():
+        nbytes = sizes.get(slot, 0)
+        if isinstance(key, Activation):
+            kind = (
+                "microbatch",
+                "kept_inputs" if slot in plan.activation_slots else "inputs",
+                plan.graph.edges[key.edge].dst,
+            )
+        else:
+            kind = _memory_kind(key, plan)
+        if kind is None:
+            continue
+        scope, what, where = kind
+        if scope == "rank":
+            per_rank[what][where] += nbytes
+        else:
+            per_mb[(what, where, key.microbatch)] = per_mb.get((what, where, key.microbatch), 0) + nbytes
+    per_stage = {
+        name: [0] * len(plan.stage_ranks) for name in ("inputs", "kept_inputs", "residuals", "grads", "stash")
+    }
+    for (what, stage, _), nbytes in per_mb.items():
+        per_stage[what][stage] = max(per_stage[what][stage], nbytes)
+    return StageMemory(
+        **{name: tuple(v) for name, v in per_stage.items()},
+        params=tuple(per_rank["params"]),
+        accumulators=tuple(per_rank["accumulators"]),
+        optimizer=(0,) * ranks,
+        other=tuple(per_rank["other"]),
+    )

@@ -1,0 +1,131 @@
+"""The compiled plan of one call signature, and the hot loop that runs it.
+
+A plan is a flat list of steps `(callable, input slots, output slots, slots to
+free)` over a list of buffers. Everything else — pytree work, sharding
+decisions, compilation, dependency order — was done once by the plan passes
+(`spectrax_mpmd._plan`); running is a tight loop over flat argument lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+from .._transfer import is_transfer
+from ..errors import MpmdError
+
+
+class Step(NamedTuple):
+    """One plan step: `fn(*buf[ins])` fills `buf[outs]`, then `buf[frees]` are released."""
+
+    fn: Any
+    ins: tuple
+    outs: tuple
+    frees: tuple = ()
+
+
+@dataclass
+class Plan:
+    """A compiled, ordered program for one call signature.
+
+    `steps` run in order; `input_keys` are `(slot, Input(kind, leaf, rank))` of the
+    argument leaves placed on each rank and `input_shardings` their shardings;
+    `output_slots` name the slots holding the call's results. The rest describes
+    the steps for measurement and inspection: `log` / `action_steps` map each
+    issued schedule action to its steps, `cells` the cell specs by
+    `(stage, kind)`, `slot_names` each slot's typed key.
+    """
+
+    steps: list = field(default_factory=list)
+    log: list = field(default_factory=list)  # (rank, action, cell label) in issue order
+    n_slots: int = 0
+    const_slots: dict = field(default_factory=dict)
+    input_keys: list = field(default_factory=list)
+    input_shardings: list = field(default_factory=list)
+    output_slots: dict = field(default_factory=dict)
+    stage_ranks: tuple = ()
+    cells: dict = field(default_factory=dict)
+    activation_slots: dict = field(default_factory=dict)  # slot -> (rank, stage, microbatch)
+    forward_steps: dict = field(default_factory=dict)  # step -> [(stage, microbatch)] it starts
+    action_steps: list = field(default_factory=list)  # (rank, action, first step, end step)
+    device_rank: dict = field(default_factory=dict)  # device -> pipeline rank
+    graph: object = None  # the StageGraph the plan runs
+    saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
+    ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
+    schedule: object = None  # the schedule it runs (regions merged into one)
+    slot_names: dict = field(default_factory=dict)  # slot -> its typed key (last alias wins)
+    # multi-process only: the cross-process transport, the ranks this process runs (None: all),
+    # and (slot, global array without local shards) of outputs held elsewhere
+    transport: object = None
+    local_ranks: frozenset | None = None
+    remote_outputs: list = field(default_factory=list)
+
+    def buffers(self, placed_inputs: Sequence) -> list:
+        """A fresh buffer list holding the constants and `placed_inputs` (aligned with `input_keys`)."""
+        buf: list = [None] * self.n_slots
+        for slot, value in self.const_slots.items():
+            buf[slot] = value
+        for (slot, _), value in zip(self.input_keys, placed_inputs):
+            buf[slot] = value
+        return buf
+
+    def run(self, placed_inputs: Sequence) -> list:
+        """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
+        if self.transport is not None:
+            self.transport.begin()
+        buf = self.buffers(placed_inputs)
+        for fn, ins, outs, frees in self.steps:
+            results = fn(*[buf[i] for i in ins])
+            for o, r in zip(outs, results):
+                buf[o] = r
+            for f in frees:
+                buf[f] = None
+        if self.transport is not None:
+            self.transport.end()  # waits for this call's cross-process receives, up to the timeout
+            for slot, value in self.remote_outputs:
+                buf[slot] = value
+        return buf
+
+    def check_single_process(self, what: str) -> None:
+        """Refuse a diagnostic that walks the steps itself: in a multi-process plan the steps are
+        this process's share, and their transfers pair up only inside `run`."""
+        if self.transport is not None:
+            raise MpmdError(
+                f"{what} runs the plan step by step in one process; in a multi-process run it is not "
+                "available. Profile the same model in one process (a mesh over local devices)."
+            )
+
+    def with_public_transfers(self) -> "Plan":
+        """This plan with every transfer through the public `jax.device_put` (for checking the
+        fast path: both must give the same values on the same shardings)."""
+        steps = [
+            Step(fn.public() if is_transfer(fn) else fn, ins, outs, frees)
+            for fn, ins, outs, frees in self.steps
+        ]
+        return dataclasses.replace(self, steps=steps)
+
+    def produced_shardings(self) -> dict:
+        """`slot -> sharding` of every buffer a step or a constant fills."""
+        produced = {slot: value.sharding for slot, value in self.const_slots.items()}
+        for fn, _, outs, _ in self.steps:
+            shardings = fn.targets if is_transfer(fn) else getattr(fn, "output_shardings", None)
+            if shardings is not None:
+                produced.update(zip(outs, shardings))
+        return produced
+
+    def grad_shardings(self, n_leaves: int) -> dict:
+        """`leaf -> sharding` of each parameter leaf's gradient in a training plan (where the step
+        keeps that leaf): the sharding its gradient is made with, else its first reader's."""
+        produced = self.produced_shardings()
+        readers: dict = {}
+        for (_, key), sharding in zip(self.input_keys, self.input_shardings):
+            if key.kind == "param":
+                readers.setdefault(key.leaf, sharding)
+        grads = self.output_slots["grads"]
+        out = {}
+        for a in range(n_leaves):
+            sharding = produced.get(grads.get(a), readers.get(a))
+            if sharding is not None:
+                out[a] = sharding
+        return out

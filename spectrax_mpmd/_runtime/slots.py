@@ -1,0 +1,107 @@
+"""Typed names of a plan's buffers.
+
+Every buffer slot of a plan is named by one of these keys while the plan is
+built (`Plan.slot_names` keeps them); measurements classify buffers by their
+key's type. Keys of different types never compare equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Input(NamedTuple):
+    """An argument leaf placed on a rank; `kind` is "param" (differentiated), "fixed"
+    (broadcast) or "batch" (split into microbatches)."""
+
+    kind: str
+    leaf: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class MicrobatchIndex:
+    """The int32 index of microbatch `microbatch`, placed on `rank` (a constant)."""
+
+    rank: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class GradAccumulator:
+    """Stage `stage`'s gradient accumulator of parameter leaf `leaf`."""
+
+    stage: int
+    leaf: int
+
+
+@dataclass(frozen=True)
+class LossAccumulator:
+    """The loss summed over microbatches (on the last stage's rank)."""
+
+
+@dataclass(frozen=True)
+class ZeroGrad:
+    """The zero gradient of a parameter leaf that no stage reads."""
+
+    leaf: int
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """Stage `stage`'s edge output `output` for one microbatch, on the producing rank."""
+
+    stage: int
+    output: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """The function's output `output` (not the loss) for one microbatch."""
+
+    output: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class Residual:
+    """Residual `k` a stage's forward saves for its backward, per microbatch."""
+
+    stage: int
+    microbatch: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Stash:
+    """Value `k` a stage's I cell stashes for its W cell, per microbatch."""
+
+    stage: int
+    microbatch: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The value edge `edge` carries, received on its consumer's rank."""
+
+    edge: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class InputCotangent:
+    """The cotangent of edge `edge`'s value, made by its consumer's backward."""
+
+    edge: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class Cotangent:
+    """The cotangent of edge `edge`'s value, received on its producer's rank."""
+
+    edge: int
+    microbatch: int
