@@ -7,9 +7,11 @@ at once.
 
 Program identity: two specs are the same program when they lower to the same
 StableHLO text (which holds every constant's value, every custom rule's effect
-and every static parameter) with the same shardings (each device named by its
-position among the cell's devices), donations and device kinds, under the same
-JAX configuration. Same program on the same devices: one executable. Same
+and every static parameter) with the same argument and result avals (shape,
+dtype, extended dtypes such as typed PRNG keys included, and weak type: the
+text shows a typed key as its raw key data and a weak scalar as a strong one),
+the same shardings (each device named by its position among the cell's
+devices), donations and device kinds, under the same JAX configuration. Same program on the same devices: one executable. Same
 program on other devices: compiled once, loaded onto the others. Nothing is
 keyed on a printed summary or an object id, so a reused executable is provably
 the same program.
@@ -64,6 +66,11 @@ class CellSpec:
             tuple(self.out_shardings) + tuple(other.out_shardings),
             tuple(self.donate) + tuple(n + d for d in other.donate),
         )
+
+
+def _aval_key(aval) -> tuple:
+    """An argument's or result's abstract value as the executable checks and returns it."""
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
 
 
 def _devices_of(shardings) -> tuple:
@@ -217,6 +224,8 @@ class Compiler:
             tuple(_layout_key(s, position) for s in in_shardings),
             tuple(_layout_key(o, position) for o in outs),
             tuple(spec.donate),
+            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.in_avals)),
+            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.out_info)),
             tuple(d.device_kind for d in devices),
             config_key(),
         )
