@@ -287,3 +287,71 @@ def test_host_state_read_from_jax_and_its_fallback_give_equal_results(monkeypatc
         twins = [CellSpec(lambda a: (a * 2,), (_spec((3,), jnp.float32),), (ONE_DEVICE,)) for _ in range(2)]
         shared = compiler.program_key(twins[0]) == compiler.program_key(twins[1])
         assert shared == (path == "jax" and readable), path
+
+
+# --- typed PRNG keys crossing a stage boundary ----------------------------------------------
+
+
+def key_edge_loss(w, x, key):
+    """Stage 0 drops out with one half of `key` and hands the other half to stage 1."""
+    k0, k1 = jax.random.split(key)
+    h = jnp.where(jax.random.bernoulli(k0, 0.8, x.shape), x, 0.0) @ w
+    h, k1 = mp.sxstage_iter((h, k1))
+    h = jnp.where(jax.random.bernoulli(k1, 0.8, h.shape), h, 0.0)
+    return jnp.mean(jnp.tanh(h) ** 2)
+
+
+def key_edge_case():
+    w = jnp.linspace(-1, 1, D * D).reshape(D, D)
+    return w, jnp.linspace(-2, 2, BATCH * D).reshape(BATCH, D), jax.random.key(11)
+
+
+def test_sxjit_typed_key_edge():
+    w, x, key = key_edge_case()
+    assert_close(mp.sxjit(key_edge_loss, mesh=pipeline_mesh(2))(w, x, key), key_edge_loss(w, x, key))
+
+
+@pytest.mark.parametrize("schedule", ["Std1F1B", "ZeroBubbleH1"])
+def test_training_typed_key_edge(schedule):
+    """Each microbatch `i` reads the key folded with `i`; the reference folds it the same way."""
+    w, x, key = key_edge_case()
+
+    def reference(w):
+        parts = x.reshape(MICROBATCHES, -1, D)
+        losses = [key_edge_loss(w, parts[i], jax.random.fold_in(key, i)) for i in range(MICROBATCHES)]
+        return jnp.mean(jnp.stack(losses))
+
+    step = mp.sxvalue_and_grad(
+        key_edge_loss,
+        mesh=pipeline_mesh(2),
+        schedule=getattr(S, schedule)(microbatches=MICROBATCHES),
+        batch_argnums=(1,),
+    )
+    assert_close(step(w, x, key), jax.value_and_grad(reference)(w))
+
+
+def test_copy_moves_typed_keys_as_the_public_path_does():
+    """Keys (one device, and sharded over a 2 x 2 mesh) and plain arrays in one move: the same
+    values, dtypes and shardings as `jax.device_put`; other rejected inputs still raise."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from spectrax_mpmd._transfer import _Copy, fast_path_available
+
+    if not fast_path_available():
+        pytest.skip("this JAX has no C++ batched copy")
+    devices = jax.devices()
+    mesh = lambda ds: jax.sharding.Mesh(np.array(ds).reshape(2, 2), ("fsdp", "tp"))  # noqa: E731
+    src, dst = NamedSharding(mesh(devices[:4]), P("fsdp")), NamedSharding(mesh(devices[4:]), P("fsdp"))
+    one_src = jax.sharding.SingleDeviceSharding(devices[0])
+    one_dst = jax.sharding.SingleDeviceSharding(devices[1])
+    keys = jax.device_put(jax.random.split(jax.random.key(2), 4), src)
+    arrays = [jax.device_put(jax.random.key(1), one_src), keys, jax.device_put(jnp.arange(4.0), src)]
+    move = _Copy([one_dst, dst, dst])
+    got, want = move(*arrays), move.public()(*arrays)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.sharding == b.sharding
+        unwrap = jax.random.key_data if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else np.asarray
+        np.testing.assert_array_equal(np.asarray(unwrap(a)), np.asarray(unwrap(b)))
+    with pytest.raises(TypeError):
+        _Copy([one_dst])(np.arange(3.0))
