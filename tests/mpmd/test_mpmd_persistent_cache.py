@@ -44,7 +44,8 @@ for batch, cache in ((8, "on"), (16, "off")):
     report[cache + " before"] = states()
     x = jnp.linspace(-1, 1, batch * 4).reshape(batch, 4)
     got, want = step(params, x), jax.value_and_grad(loss)(params, x)
-    exact = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want))
+    exact = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in pairs)
     report[cache] = {"exact": bool(exact), "relocated": step.timings()["relocated"], "states": states()}
 print(json.dumps(report))
 """
@@ -58,7 +59,8 @@ def test_cache_turned_off_after_use_keeps_relocation_off(tmp_path):
     cache = tmp_path / "cache"
 
     def run() -> dict:
-        out = subprocess.run([sys.executable, str(script), str(cache)], capture_output=True, text=True, timeout=240)
+        command = [sys.executable, str(script), str(cache)]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=240)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 

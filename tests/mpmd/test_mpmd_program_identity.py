@@ -87,7 +87,8 @@ def test_weak_and_strong_scalars_keep_the_weak_type_jax_jit_gives(strong_first):
         return mp.sxstage_iter(a * 2) + b, a
 
     g = mp.sxjit(f, mesh=pipeline_mesh(2))
-    calls = [(jnp.float32(1.5), 2.0), (1.5, jnp.float32(2.0)), (1.5, 2.0), (jnp.float32(1.5), jnp.float32(2.0))]
+    strong = jnp.float32
+    calls = [(strong(1.5), 2.0), (1.5, strong(2.0)), (1.5, 2.0), (strong(1.5), strong(2.0))]
     if not strong_first:
         calls.reverse()
     for args in calls:
