@@ -7,12 +7,21 @@ at once.
 
 Program identity: two specs are the same program when they lower to the same
 StableHLO text (which holds every constant's value, every custom rule's effect
-and every static parameter) with the same shardings (each device named by its
-position among the cell's devices), donations and device kinds, under the same
-JAX configuration. Same program on the same devices: one executable. Same
-program on other devices: compiled once, loaded onto the others. Nothing is
-keyed on a printed summary or an object id, so a reused executable is provably
-the same program.
+and every static parameter) with the same argument and result avals (shape,
+dtype, extended dtypes such as typed PRNG keys included, and weak type: the
+text shows a typed key as its raw key data and a weak scalar as a strong one),
+the same shardings (each device named by its position among the cell's
+devices), donations and device kinds, under the same JAX configuration, and
+with the same host callbacks: a `jax.pure_callback`, `io_callback` or
+`jax.debug.print` lowers to an index into the executable's own list of Python
+functions, which the text does not show. Those functions (and the objects
+JAX keeps alive with them) enter the key by identity and are held by it, so
+their ids cannot be reused while the key exists; where JAX's lowering does not
+expose them, every program gets a token of its own and is shared with none.
+Same program on the same devices: one executable. Same program on other
+devices: compiled once, loaded onto the others. Nothing is keyed on a printed
+summary or on the id of an object the key does not hold, so a reused
+executable is provably the same program.
 """
 
 from __future__ import annotations
@@ -64,6 +73,46 @@ class CellSpec:
             tuple(self.out_shardings) + tuple(other.out_shardings),
             tuple(self.donate) + tuple(n + d for d in other.donate),
         )
+
+
+def _aval_key(aval) -> tuple:
+    """An argument's or result's abstract value as the executable checks and returns it."""
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
+
+
+class _Held:
+    """An object in a key by identity; the key holds it, so its id is not reused while the key lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Held) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def _compile_args(lowered) -> dict | None:
+    """What JAX hands the compiler besides the text (private, feature-detected), or None."""
+    args = getattr(getattr(lowered, "_lowering", None), "compile_args", None)
+    return args if isinstance(args, dict) and "host_callbacks" in args else None
+
+
+def _host_state(lowered) -> tuple:
+    """The host callbacks the executable calls and the objects kept alive with them (by identity),
+    and its side effects; without JAX's compile arguments, a token unique to this lowering."""
+    args = _compile_args(lowered)
+    if args is None:
+        return (_Held(object()),)
+    held = (*(args["host_callbacks"] or ()), *(args.get("keepalive") or ()))
+    return (
+        tuple(_Held(h) for h in held),
+        tuple(args.get("ordered_effects") or ()),
+        frozenset(args.get("unordered_effects") or ()),
+    )
 
 
 def _devices_of(shardings) -> tuple:
@@ -217,7 +266,10 @@ class Compiler:
             tuple(_layout_key(s, position) for s in in_shardings),
             tuple(_layout_key(o, position) for o in outs),
             tuple(spec.donate),
+            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.in_avals)),
+            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.out_info)),
             tuple(d.device_kind for d in devices),
             config_key(),
+            _host_state(lowered),
         )
         return (program, devices), lowered

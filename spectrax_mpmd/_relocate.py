@@ -63,17 +63,38 @@ def relocation_available() -> bool:
     return _TOOLS is not None
 
 
+def _detect_cache_state():
+    """JAX's compilation-cache module if it shows whether JAX holds an open cache, or None."""
+    try:
+        from jax._src import compilation_cache
+    except ImportError:
+        return None
+    return compilation_cache if hasattr(compilation_cache, "_cache") else None
+
+
+_CACHE_STATE = _detect_cache_state()
+
+
+def persistent_cache_configured() -> bool:
+    """Whether JAX's configuration turns the persistent compilation cache on (public)."""
+    return bool(getattr(jax.config, "jax_compilation_cache_dir", None)) and bool(
+        getattr(jax.config, "jax_enable_compilation_cache", True)
+    )
+
+
 def persistent_cache_active() -> bool:
-    """Whether JAX's persistent compilation cache is on (a cache directory is set).
+    """Whether JAX's persistent compilation cache is in use: configured on, or opened by JAX.
 
     Programs then come back from `compile()` already deserialized from the cache,
     and such an executable cannot be serialized again faithfully (on CPU its copy
     fails at run time), so relocation stands aside: every rank's program is
-    compiled, or loaded from the cache, by JAX itself.
+    compiled, or loaded from the cache, by JAX itself. Once JAX has opened its
+    cache it keeps reading and writing it even after the cache directory is set
+    back to None, so JAX's own state (private, feature-detected) counts too;
+    without it, the configuration alone decides.
     """
-    return bool(getattr(jax.config, "jax_compilation_cache_dir", None)) and bool(
-        getattr(jax.config, "jax_enable_compilation_cache", True)
-    )
+    opened = _CACHE_STATE is not None and getattr(_CACHE_STATE, "_cache", None) is not None
+    return opened or persistent_cache_configured()
 
 
 class Serialized:

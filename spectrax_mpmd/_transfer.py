@@ -9,7 +9,8 @@ ends in) does it without the Python layer around it (flattening, abstract
 values, sharding checks), for a fraction of the host time.
 
 That entry point is private, so it is feature-detected at import: where it is
-absent, or a move changes the layout, the public `jax.device_put` runs instead.
+absent, a move changes the layout, or an array has an extended dtype (a typed
+PRNG key, which the C++ copy rejects), the public `jax.device_put` runs instead.
 Both give the same values on the same shardings (a test runs both on one plan).
 """
 
@@ -61,18 +62,36 @@ def _spec(sharding: NamedSharding) -> tuple:
     return spec
 
 
-class _Copy:
-    """Per-shard copies of several buffers, one C++ call."""
+def _extended(array) -> bool:
+    """Whether `array` has an extended dtype (a typed PRNG key), which the C++ copy rejects."""
+    dtype = getattr(array, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
 
-    __slots__ = ("targets", "device_lists", "semantics", "sources")
+
+class _Copy:
+    """Per-shard copies of several buffers, one C++ call.
+
+    The C++ copy takes plain arrays only: it rejects arrays of an extended
+    dtype (typed PRNG keys) with a `TypeError` before copying anything, and
+    such moves go through `jax.device_put`, which copies their key data and
+    keeps them typed.
+    """
+
+    __slots__ = ("targets", "device_lists", "semantics", "sources", "put")
 
     def __init__(self, targets: Sequence[Sharding]):
         self.targets, self.sources = list(targets), None
         self.device_lists = [s._internal_device_list for s in targets]
         self.semantics = [_COPIER[1]] * len(targets)
+        self.put = _Put(targets)
 
     def __call__(self, *arrays):
-        return _COPIER[0](list(arrays), self.device_lists, self.targets, self.semantics)
+        try:
+            return _COPIER[0](list(arrays), self.device_lists, self.targets, self.semantics)
+        except TypeError:
+            if not any(_extended(a) for a in arrays):
+                raise
+        return self.put(*arrays)
 
     def public(self) -> "_Put":
         return _Put(self.targets)
