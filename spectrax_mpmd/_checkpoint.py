@@ -4,8 +4,8 @@
 steps, `max_to_keep`, asynchronous saves, atomic commits); `save_checkpoint`
 and `restore_checkpoint` are the one-call forms. A checkpoint holds three
 items: `params` and `opt_state` (arrays under layout-independent names, see
-`_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype, and the
-caller's `extra`). Orbax writes each array shard from the device that holds
+`_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype and the
+checksum of its contents (`_checkpoint_digest`), and the caller's `extra`). Orbax writes each array shard from the device that holds
 it and reads each straight onto the devices of the target sharding, so a
 checkpoint written by a 4-rank pipeline restores into 2 or 8 ranks, another
 schedule, or one device, with nothing converted offline.
@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
+from ._checkpoint_digest import checksums as compute_checksums
 from ._checkpoint_layout import CheckpointError, save_arrays, staged_opt_target, tree_target
 
 FORMAT = 1
@@ -61,6 +62,10 @@ class CheckpointManager:
         copied off the devices, so training may go on and change them. Call
         `wait_until_finished` (or `close`) before reading the files.
       create: create `directory` if missing (restoring never creates it).
+      checksums: record a checksum of every array's contents when saving, and
+        check the arrays read against it when restoring (a `CheckpointError`
+        names the step and the array that differs). False skips both, for
+        speed; a step saved without checksums is restored unchecked.
 
     A step becomes visible only when orbax has committed it: a save that is
     interrupted leaves a temporary folder that `all_steps`, `latest_step` and
@@ -75,6 +80,7 @@ class CheckpointManager:
         save_interval_steps: int = 1,
         async_save: bool = True,
         create: bool = True,
+        checksums: bool = True,
     ):
         ocp = _orbax()
         self.directory = Path(directory).absolute()
@@ -90,6 +96,7 @@ class CheckpointManager:
             create=create,
         )
         self._ocp = ocp
+        self.checksums = checksums
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     # -- steps ---------------------------------------------------------------------------
@@ -145,6 +152,8 @@ class CheckpointManager:
             )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
         meta = {"format": FORMAT, **desc, "extra": extra}
+        if self.checksums:
+            meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
         ocp = self._ocp
         items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
@@ -170,7 +179,9 @@ class CheckpointManager:
 
         Returns `Restored(step, params, opt_state, extra)`. Raises
         `CheckpointError` naming the first leaf whose path, shape or dtype does
-        not match, or listing the steps there are when `step` is missing.
+        not match, or listing the steps there are when `step` is missing, or
+        naming the step and the array whose contents differ from the checksum
+        recorded at save (see `checksums`).
         """
         step = self._resolve(step)
         ocp = self._ocp
@@ -184,6 +195,9 @@ class CheckpointManager:
             o_target.check(meta["opt_state"], "opt_state")
             items["opt_state"] = ocp.args.StandardRestore(o_target.want)
         got = self._manager.restore(step, args=ocp.args.Composite(**items))
+        if self.checksums and "checksums" in meta:
+            for item in items:
+                _verify(step, item, dict(got[item]), meta["checksums"][item])
         params = p_rebuild(p_target.finish(dict(got["params"])))
         opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
@@ -231,6 +245,23 @@ class CheckpointManager:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
 
 
+def _checksums(arrays: dict) -> dict:
+    return dict(zip(arrays, compute_checksums(list(arrays.values()))))
+
+
+def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
+    """Raise naming the first array read whose contents differ from the checksum its save recorded."""
+    names = list(got)
+    found = zip(names, compute_checksums([got[n] for n in names]))
+    bad = [n for n, c in found if None not in (c, recorded.get(n)) and c != recorded[n]]
+    if bad:
+        raise CheckpointError(
+            f"restore: step {step}'s {item} array {bad[0]!r} does not match the checksum recorded when it "
+            f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
+            "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
+        )
+
+
 def _check_step(step) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"save: step must be a non-negative int, got {step!r}.")
@@ -238,10 +269,16 @@ def _check_step(step) -> int:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, step: int, *, params, opt_state=None, extra: Any = None
+    directory: str | os.PathLike,
+    step: int,
+    *,
+    params,
+    opt_state=None,
+    extra: Any = None,
+    checksums: bool = True,
 ) -> Path:
     """Save one step synchronously (see `CheckpointManager.save`); returns the step's folder."""
-    with CheckpointManager(directory, async_save=False) as manager:
+    with CheckpointManager(directory, async_save=False, checksums=checksums) as manager:
         manager.save(step, params=params, opt_state=opt_state, extra=extra, force=True)
     return manager.directory / str(step)
 
@@ -254,9 +291,11 @@ def restore_checkpoint(
     shardings=None,
     optimizer=None,
     opt_like=None,
+    checksums: bool = True,
 ) -> Restored:
-    """Restore one step (default: the latest); see `CheckpointManager.restore`."""
-    with CheckpointManager(directory, create=False) as manager:
+    """Restore one step (default: the latest); see `CheckpointManager.restore`. `checksums=False`
+    reads the arrays without checking them against the checksums their save recorded."""
+    with CheckpointManager(directory, create=False, checksums=checksums) as manager:
         return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
 
 
