@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -185,7 +186,7 @@ class CheckpointManager:
         """
         step = self._resolve(step)
         ocp = self._ocp
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta = self._read(step, meta=ocp.args.JsonRestore())["meta"]
         p_target, p_rebuild = tree_target(like, shardings)
         p_target.check(meta["params"], "params")
         items = {"params": ocp.args.StandardRestore(p_target.want)}
@@ -194,13 +195,26 @@ class CheckpointManager:
             o_target, o_rebuild = self._opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             items["opt_state"] = ocp.args.StandardRestore(o_target.want)
-        got = self._manager.restore(step, args=ocp.args.Composite(**items))
+        got = self._read(step, **items)
         if self.checksums and "checksums" in meta:
             for item in items:
                 _verify(step, item, dict(got[item]), meta["checksums"][item])
         params = p_rebuild(p_target.finish(dict(got["params"])))
         opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
+
+    def _read(self, step: int, **items) -> dict:
+        """orbax's restore of `items`; a file it cannot read raises naming the step (and the array)."""
+        try:
+            return self._manager.restore(step, args=self._ocp.args.Composite(**items))
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(
+                f"restore: step {step} in {self.directory} cannot be read ({_read_failure(err)}): a file "
+                f"of the step is damaged, truncated or missing. Restore another step (it holds "
+                f"{self.all_steps()}), or copy the step again from where it was saved."
+            ) from err
 
     def _opt_target(self, meta, like, shardings, optimizer, opt_like):
         kind = meta.get("opt_kind")
@@ -243,6 +257,22 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
+
+
+_OCDBT_READ = re.compile(r'Error reading "([^"]+)/[^"/]*" in OCDBT database at [^"]*"([^"]*)": (.*)')
+
+
+def _read_failure(err: BaseException) -> str:
+    """What orbax could not read: the item and array with TensorStore's reason, else the error's first line."""
+    cause: BaseException | None = err
+    while cause is not None:
+        found = _OCDBT_READ.search(str(cause))
+        if found:
+            name, database, reason = found.groups()
+            return f"{Path(database).name} array {name!r}: {reason.strip()}"
+        cause = cause.__cause__ or cause.__context__
+    first = str(err).split(" See full TensorStore details", 1)[0].splitlines()
+    return f"{type(err).__name__}: {first[0] if first else ''}"
 
 
 def _checksums(arrays: dict) -> dict:

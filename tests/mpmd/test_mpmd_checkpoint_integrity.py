@@ -3,7 +3,9 @@
 A byte flipped in any of a checkpoint's data files either leaves the values
 intact (a restore then succeeds) or changes them, and then the restore raises
 a `CheckpointError` naming the step and an array whose values changed; with
-`checksums=False` the same files restore unchecked. The checksum itself
+`checksums=False` the same files restore unchecked. A truncated, emptied or
+deleted data file (or a missing `meta`) is a `CheckpointError` naming the step
+and, where orbax says it, the array. The checksum itself
 changes with every single-bit flip and with swapped elements, whatever the
 dtype, and does not depend on the array's sharding.
 """
@@ -27,6 +29,8 @@ from spectrax_core.models import TransformerLM
 from spectrax_mpmd._checkpoint_digest import checksums
 
 pytest.importorskip("orbax.checkpoint")
+# when one read of a damaged file fails, orbax leaves its other reads unawaited; Python reports them
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 STEP = 1
 
@@ -108,6 +112,35 @@ def test_a_flipped_byte_in_any_data_file_is_caught_or_harmless(saved, tmp_path, 
         assert name in changed, (damaged.name, name, changed)
         caught += 1
     assert caught >= 3  # several data files held values, and each flip in them was caught
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _empty, Path.unlink], ids=["truncated", "emptied", "deleted"])
+@pytest.mark.parametrize("item", ["params", "opt_state"])
+def test_an_unreadable_data_file_names_the_step_and_array(saved, tmp_path, damage, item):
+    directory, lm = saved
+    copy = _copy(directory, tmp_path)
+    damage(_data_files(copy, item)[-1])  # the largest: it holds array chunks
+    for checked in (True, False):
+        with pytest.raises(mp.CheckpointError, match=rf"step {STEP} in .* cannot be read \({item} array") as err:
+            _restore(copy, lm, checksums=checked)
+        text = str(err.value)
+        assert "holds [1]" in text and "TensorStore" not in text and len(text) < 600, text
+
+
+def test_a_missing_meta_file_names_the_step(saved, tmp_path):
+    directory, lm = saved
+    copy = _copy(directory, tmp_path)
+    (copy / str(STEP) / "meta" / "metadata").unlink()
+    with pytest.raises(mp.CheckpointError, match=rf"step {STEP} in .* cannot be read \(FileNotFoundError"):
+        _restore(copy, lm)
 
 
 def test_the_checksums_are_recorded_in_meta(saved):
