@@ -167,6 +167,9 @@ class CheckpointManager:
     ) -> Restored:
         """Read `step` (default: the latest) into parameters shaped and placed like `like`.
 
+        Waits first for this manager's saves in flight, so the latest step is the
+        one saved last and a step just saved can be restored at once.
+
         Args:
           like: the target parameters: a pytree of arrays or `jax.ShapeDtypeStruct`s
             in the target layout (e.g. `mp.stage_blocks(model, n)` for n
@@ -240,6 +243,7 @@ class CheckpointManager:
         return tree_target(opt_like)
 
     def _resolve(self, step: int | None) -> int:
+        self._manager.wait_until_finished()  # this manager's saves in flight are steps it holds
         steps = self.all_steps()
         if not steps:
             raise CheckpointError(
