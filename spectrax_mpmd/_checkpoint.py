@@ -5,21 +5,24 @@ steps, `max_to_keep`, asynchronous saves, atomic commits); `save_checkpoint`
 and `restore_checkpoint` are the one-call forms. A checkpoint holds three
 items: `params` and `opt_state` (arrays under layout-independent names, see
 `_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype and the
-checksum of its contents (`_checkpoint_digest`), and the caller's `extra`). Orbax writes each array shard from the device that holds
-it and reads each straight onto the devices of the target sharding, so a
-checkpoint written by a 4-rank pipeline restores into 2 or 8 ranks, another
-schedule, or one device, with nothing converted offline.
+checksum of its contents, see `_checkpoint_digest`, and the caller's
+`extra`). Orbax writes each array shard from the device that holds it and
+reads each straight onto the devices of the target sharding, so a checkpoint
+written by a 4-rank pipeline restores into 2 or 8 ranks, another schedule, or
+one device, with nothing converted offline.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
@@ -57,8 +60,10 @@ class CheckpointManager:
     Args:
       directory: where step folders (`<directory>/<step>`) are written.
       max_to_keep: keep only the newest this many steps (None: all).
-      save_interval_steps: `save` writes only steps that are multiples of this
-        (pass `force=True` to write any step).
+      save_interval_steps: `save` writes a step that is a multiple of this, or
+        any step while the directory holds none (orbax's rule: a run gets its
+        first checkpoint at once); it never writes a step older than the
+        latest. `save` returns whether it wrote; `force=True` writes any step.
       async_save: write in the background; `save` returns once the arrays are
         copied off the devices, so training may go on and change them. Call
         `wait_until_finished` (or `close`) before reading the files.
@@ -113,7 +118,7 @@ class CheckpointManager:
 
     def delete(self, step: int) -> None:
         """Remove a committed step (e.g. the later steps of a run resumed from an earlier one)."""
-        self._manager.delete(self._resolve(step))
+        self._manager.delete(self._resolve(step, "delete"))
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
@@ -242,7 +247,8 @@ class CheckpointManager:
             )
         return tree_target(opt_like)
 
-    def _resolve(self, step: int | None) -> int:
+    def _resolve(self, step: int | None, where: str = "restore") -> int:
+        step = None if step is None else _check_step(step, where)
         self._manager.wait_until_finished()  # this manager's saves in flight are steps it holds
         steps = self.all_steps()
         if not steps:
@@ -267,7 +273,7 @@ _OCDBT_READ = re.compile(r'Error reading "([^"]+)/[^"/]*" in OCDBT database at [
 
 
 def _read_failure(err: BaseException) -> str:
-    """What orbax could not read: the item and array with TensorStore's reason, else the error's first line."""
+    """What orbax could not read: the item and array with TensorStore's reason, else the first line."""
     cause: BaseException | None = err
     while cause is not None:
         found = _OCDBT_READ.search(str(cause))
@@ -296,10 +302,19 @@ def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
         )
 
 
-def _check_step(step) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise CheckpointError(f"save: step must be a non-negative int, got {step!r}.")
-    return step
+def _check_step(step, where: str = "save") -> int:
+    """`step` as an int: any integer type (int, a NumPy integer, a 0-d integer array), not a bool."""
+    is_bool = isinstance(step, (bool, np.bool_)) or getattr(step, "dtype", None) == np.bool_
+    try:
+        value = None if is_bool else operator.index(step)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise CheckpointError(
+            f"{where}: step must be a non-negative int (any integer type: int, np.int64, a 0-d integer "
+            f"array), got {step!r}."
+        )
+    return value
 
 
 def save_checkpoint(

@@ -129,7 +129,8 @@ def test_an_unreadable_data_file_names_the_step_and_array(saved, tmp_path, damag
     copy = _copy(directory, tmp_path)
     damage(_data_files(copy, item)[-1])  # the largest: it holds array chunks
     for checked in (True, False):
-        with pytest.raises(mp.CheckpointError, match=rf"step {STEP} in .* cannot be read \({item} array") as err:
+        unreadable = rf"step {STEP} in .* cannot be read \({item} array"
+        with pytest.raises(mp.CheckpointError, match=unreadable) as err:
             _restore(copy, lm, checksums=checked)
         text = str(err.value)
         assert "holds [1]" in text and "TensorStore" not in text and len(text) < 600, text

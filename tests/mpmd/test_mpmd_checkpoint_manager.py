@@ -41,3 +41,46 @@ def test_restore_right_after_an_async_save_reads_that_step(tmp_path):
             want = 3 if k == 4 else k
             assert (got.step, _value(got)) == (want, want)
         assert manager.all_steps() == [1, 2, 3]
+
+
+SMALL = {"w": np.arange(3, dtype=np.float32)}
+
+
+def test_the_save_interval_writes_multiples_and_a_first_step(tmp_path):
+    """Orbax's rule: a multiple of the interval, or any step while the directory holds none; never a
+    step older than the latest; `force=True` writes any new step."""
+    with mp.CheckpointManager(tmp_path, save_interval_steps=10, async_save=False) as manager:
+        wrote = {k: manager.save(k, params=SMALL) for k in (5, 7, 10, 15, 20, 12)}
+        assert wrote == {5: True, 7: False, 10: True, 15: False, 20: True, 12: False}
+        assert manager.save(13, params=SMALL, force=True)
+    with mp.CheckpointManager(tmp_path, save_interval_steps=10, async_save=False) as manager:
+        assert [manager.save(k, params=SMALL) for k in (25, 30)] == [False, True]  # not a fresh directory
+        assert manager.all_steps() == [5, 10, 13, 20, 30]
+    with mp.CheckpointManager(tmp_path / "from0", save_interval_steps=3, async_save=False) as manager:
+        wrote = [manager.save(k, params=SMALL) for k in range(7)]
+        assert wrote == [True, False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize("step", [np.int64(7), np.uint8(7), np.int32(7), np.array(7), jnp.int32(7)])
+def test_any_integer_type_is_a_step(tmp_path, step):
+    with mp.CheckpointManager(tmp_path, async_save=False) as manager:
+        assert manager.save(step, params=SMALL)
+        assert manager.all_steps() == [7]
+        got = manager.restore(step, like=SMALL)
+    assert type(got.step) is int and got.step == 7
+    np.testing.assert_array_equal(got.params["w"], SMALL["w"])
+
+
+@pytest.mark.parametrize(
+    "step", [True, np.bool_(False), jnp.bool_(True), 3.0, np.float64(3.0), -1, np.int64(-2), "3"]
+)
+def test_a_step_that_is_not_a_non_negative_integer_is_refused(tmp_path, step):
+    with mp.CheckpointManager(tmp_path, async_save=False) as manager:
+        with pytest.raises(mp.CheckpointError, match=r"save: step must be a non-negative int .*got"):
+            manager.save(step, params=SMALL)
+        assert manager.all_steps() == []
+        manager.save(3, params=SMALL)
+        with pytest.raises(mp.CheckpointError, match=r"restore: step must be a non-negative int"):
+            manager.restore(step, like=SMALL)
+        with pytest.raises(mp.CheckpointError, match=r"delete: step must be a non-negative int"):
+            manager.delete(step)
