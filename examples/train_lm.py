@@ -7,10 +7,11 @@ rank) and trained with a pipeline schedule on the public-domain text in
 per byte). Without an accelerator the script runs on 8 fake CPU devices.
 
 It prints the schedule's grid and a progress bar, writes the loss curve, the
-measured per-rank timeline of one real step (Chrome trace JSON: open it in
-Perfetto) and, with matplotlib, PNG plots; at the end it continues a prompt
-greedily through the pipelined decoder (each rank keeps its own KV cache)
-and through the unsplit model, which must agree.
+per-rank timeline of one real step run cell by cell (Chrome trace JSON: open
+it in Perfetto) with the schedule's bubble simulated from those cell times,
+and, with matplotlib, PNG plots; at the end it continues a prompt greedily
+through the pipelined decoder (each rank keeps its own KV cache) and through
+the unsplit model, which must agree.
 
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
@@ -20,7 +21,9 @@ and through the unsplit model, which must agree.
 
 With `--checkpoint-dir`, each rank writes its own parameters and optimizer
 state through orbax-checkpoint (the `checkpoint` extra); `--resume` reads the
-latest step onto the ranks of this run's layout, which may differ.
+latest step onto the ranks of this run's layout, which may differ. Resuming
+from an earlier step (`--resume 60`) while the directory holds later steps
+stops without touching them, unless `--overwrite` says to delete them.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         const="latest",
         default=None,
         help="continue from the latest checkpoint in --checkpoint-dir (or from the step given)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --resume STEP: delete the directory's later steps (the run this one replaces); "
+        "without it such steps are kept and the run stops",
     )
     p.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this many steps")
     return p.parse_args(argv)
@@ -133,16 +142,59 @@ def plot(out: Path, losses: list[float], timeline) -> list[str]:
 
 
 def checkpoints(args):
-    """The run's `mp.CheckpointManager` (None without --checkpoint-dir)."""
+    """The run's `mp.CheckpointManager` (None without --checkpoint-dir) and the step to resume from
+    (None: the latest), after checking that resuming deletes nothing the user did not ask to."""
+    if args.overwrite and args.resume in (None, "latest"):
+        raise SystemExit("--overwrite applies to --resume STEP: it deletes the steps after STEP.")
     if args.checkpoint_dir is None:
         if args.resume is not None:
             raise SystemExit("--resume needs --checkpoint-dir, the directory a run saved to.")
-        return None
-    return mp.CheckpointManager(args.checkpoint_dir, max_to_keep=3)
+        return None, None
+    at = None
+    if args.resume not in (None, "latest"):
+        if not args.resume.isdigit():
+            raise SystemExit(f"--resume takes a step number (or nothing: the latest), got {args.resume!r}.")
+        at = int(args.resume)
+    manager = mp.CheckpointManager(args.checkpoint_dir, max_to_keep=3)
+    later = [k for k in manager.all_steps() if at is not None and k > at]
+    if later and not args.overwrite:
+        raise SystemExit(
+            f"--resume {at}: {manager.directory} also holds the later steps {later}, of the run this one "
+            f"would replace; they are kept and nothing was trained. Pass --overwrite to delete them and "
+            f"train on from step {at}, resume from the latest step (--resume), or give another "
+            "--checkpoint-dir."
+        )
+    return manager, at
+
+
+def measured_cost(timeline, n_stages: int) -> schedules.StageCost:
+    """Each stage's median measured time per cell kind (µs), as a `StageCost` for `simulate`.
+
+    The last stage's fused loss cell is its F (its B, I and W are 0); a full B
+    counts as I = W = B / 2, split I and W cells as B = I + W. A fused
+    forward-backward cell's time is shared evenly by its parts.
+    """
+    times: dict[tuple[int, str], list[float]] = {}
+    for row in timeline.events:
+        for event in row:
+            parts = event.cell.parts
+            for part in parts:
+                times.setdefault((part.stage, part.kind), []).append((event.end - event.start) / len(parts))
+    cost = {kind: [] for kind in "FBIW"}
+    for s in range(n_stages):
+        f, b, i, w = (float(np.median(times.get((s, kind), [0.0]))) for kind in "FBIW")
+        if (s, "B") in times:
+            i = w = b / 2
+        else:
+            b = i + w
+        for kind, value in zip("FBIW", (f, b, i, w)):
+            cost[kind].append(value)
+    return schedules.StageCost(*(tuple(cost[kind]) for kind in "FBIW"))
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    manager, resume_at = checkpoints(args)  # before anything else: a resume that would delete stops here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = np.frombuffer(CORPUS.read_bytes(), np.uint8)
@@ -178,7 +230,6 @@ def main(argv=None) -> dict:
     opt = mp.StagedOptimizer(tx, max_grad_norm=1.0)
     stream = batches(data, args.batch, args.seq)
     tokens, targets = next(stream)
-    manager = checkpoints(args)
     ckpt = {"dir": args.checkpoint_dir, "saved": [], "save_s": [], "restore_s": None}
 
     programs = "one XLA program" if args.spmd else "one XLA program per stage and cell kind"
@@ -188,20 +239,18 @@ def main(argv=None) -> dict:
     if args.resume is not None:
         shardings = mp.owner_shardings(step, params, tokens, targets)  # builds the step: compiles
         t0 = time.perf_counter()
-        restored = manager.restore(
-            None if args.resume == "latest" else int(args.resume), like=params, shardings=shardings, optimizer=opt
-        )
+        restored = manager.restore(resume_at, like=params, shardings=shardings, optimizer=opt)
         ckpt["restore_s"] = time.perf_counter() - t0
         params, state, first = restored.params, restored.opt_state, restored.step
         if first >= (min(args.steps, args.stop_after) if args.stop_after else args.steps):
             raise SystemExit(f"the checkpoint is at step {first}: nothing left to train (--steps {args.steps}).")
         print(f"resumed at step {first} from {manager.directory} in {ckpt['restore_s']:.2f} s "
               f"(saved by {restored.extra['layout']}), each leaf read onto the rank that uses it")
-        later = [k for k in manager.all_steps() if k > first]
+        later = [k for k in manager.all_steps() if k > first]  # only with --overwrite (see checkpoints)
         for k in later:  # this run continues from `first`: later steps belonged to the one it replaces
             manager.delete(k)
         if later:
-            print(f"deleted the later checkpoints {later}: this run replaces them")
+            print(f"deleted the later checkpoints {later} (--overwrite): this run replaces them")
         for _ in range(first):  # the data stream where the saved run stopped
             tokens, targets = next(stream)
     loss, grads = step(params, tokens, targets)
@@ -258,8 +307,15 @@ def main(argv=None) -> dict:
         trace = out / "timeline.json"
         trace.write_text(json.dumps(schedules.chrome_trace(timeline, us_per_unit=1.0)))
         files.append(trace.name)
-        print(f"one step, measured cell by cell: {timeline.makespan / 1e3:.1f} ms, "
-              f"bubble {timeline.bubble_fraction:.0%} (open {trace} in Perfetto)")
+        simulated = schedules.simulate(
+            schedule, args.stages, measured_cost(timeline, schedule.num_stages(args.stages))
+        )
+        print(f"one step, run cell by cell (one cell at a time on the whole machine, so ranks never "
+              f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
+              f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it is "
+              f"not the pipeline bubble")
+        print(f"the schedule's bubble, simulated with these measured cell times (sends free): "
+              f"{simulated.bubble_fraction:.0%}, step {simulated.makespan / 1e3:.1f} ms")
         host = step.runner.step.profile(params, None, tokens, targets, rounds=3)
         print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
         print(host.table())
@@ -289,6 +345,8 @@ def main(argv=None) -> dict:
         "programs": compiled,
         "first_call": first_call,
         "host": None if args.spmd else host.as_dict(),
+        "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
+        "simulated_bubble": None if timeline is None else simulated.bubble_fraction,
         "decode_identical": same,
         "checkpoint": ckpt if manager is not None else None,
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from spectrax_core import schedules as S
 
-from .errors import MpmdError, StageSplitError
+from .errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
 
 ALL = S.ALL_SCHEDULES
 
@@ -43,16 +43,33 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A valid configuration that could not be profiled on these arguments, and why (e.g. a
+    microbatch count that does not divide the batch)."""
+
+    schedule: object
+    microbatches: int
+    virtual_stages: int
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return type(self.schedule).__name__
+
+
+@dataclass(frozen=True)
 class Advice:
     """Candidates ranked: those that fit the budget first, each group by predicted step time.
 
     `smallest_peak` is the candidate whose largest per-rank peak is smallest, and
     `binding_rank` its rank holding that peak: what a budget must at least allow.
+    `skipped` lists the configurations that could not be profiled, with the reason.
     """
 
     candidates: tuple[Candidate, ...]
     memory_budget: int | None
     smallest_peak: Candidate
+    skipped: tuple[Skipped, ...] = ()
 
     @property
     def binding_rank(self) -> int:
@@ -63,7 +80,7 @@ class Advice:
         """The same candidates ranked for another budget (bytes per device; None: no limit)."""
         _check_budget(memory_budget)
         rows = [replace(c, fits=_fits(c.peak_bytes, memory_budget)) for c in self.candidates]
-        return _ranked(rows, memory_budget)
+        return _ranked(rows, memory_budget, self.skipped)
 
     @property
     def fitting(self) -> tuple[Candidate, ...]:
@@ -89,6 +106,8 @@ class Advice:
                 + ", ".join(f"{p / 2**20:.3f}" for p in s.peak_bytes)
                 + " MiB); raise the budget to at least that, or use remat=True or more ranks."
             )
+        for s in self.skipped:
+            lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -107,6 +126,15 @@ class Advice:
                 for c in self.candidates
             ],
             "binding_rank": self.binding_rank,
+            "skipped": [
+                {
+                    "schedule": s.name,
+                    "microbatches": s.microbatches,
+                    "virtual_stages": s.virtual_stages,
+                    "reason": s.reason,
+                }
+                for s in self.skipped
+            ],
         }
 
 
@@ -120,13 +148,21 @@ def _check_budget(memory_budget) -> None:
         )
 
 
+def _check_rounds(rounds) -> None:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise MpmdError(
+            f"advise: rounds must be a positive int (each profile runs the step that many times, cell by "
+            f"cell, to time its cells), received {rounds!r}. Pass rounds=1 or more."
+        )
+
+
 def _fits(peaks: tuple[int, ...], memory_budget) -> bool:
     return memory_budget is None or max(peaks) <= memory_budget
 
 
-def _ranked(rows: list[Candidate], memory_budget) -> Advice:
+def _ranked(rows: list[Candidate], memory_budget, skipped: tuple[Skipped, ...] = ()) -> Advice:
     rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
-    return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)))
+    return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)), tuple(skipped))
 
 
 def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
@@ -200,8 +236,11 @@ def advise(
     with no `args`, `fn(n_stages)` returns `(loss_fn, args)` for a model cut into
     `n_stages`. `memory_budget` is bytes per device; `optimizer_states` estimates
     the optimizer's state as that many copies of each rank's parameters (2 for
-    Adam); `comm` is one transfer's seconds. `step_kwargs` go to
-    `sxvalue_and_grad` (e.g. `remat=True`).
+    Adam); `comm` is one transfer's seconds; `rounds` how many timed runs each
+    profile takes. `step_kwargs` go to `sxvalue_and_grad` (e.g. `remat=True`).
+    A configuration that cannot be profiled on these arguments (a microbatch
+    count that does not divide the batch) is skipped and listed, with the
+    reason, in `Advice.skipped`; if every one is, the error says why for each.
     """
     from ._api import _check_mesh, sxvalue_and_grad
     from ._compile import Compiler
@@ -209,6 +248,7 @@ def advise(
     mesh = _check_mesh("advise", mesh)
     n = mesh.mpmd_dim
     _check_budget(memory_budget)
+    _check_rounds(rounds)
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     if not candidates:
         raise MpmdError(
@@ -227,17 +267,24 @@ def advise(
             step.compiler = compiler
             try:
                 profiles[key] = step.profile_stages(*loss_args, rounds=rounds)
-            except StageSplitError:
+            except StageSplitError as err:
                 if not args:
                     raise
-                profiles[key] = None  # the function's markers cut it into another number of stages
+                profiles[key] = err  # the function's markers cut it into another number of stages
+            except (TraceContextError, MeshError, DistributedError):
+                raise  # the same for every configuration
+            except MpmdError as err:
+                profiles[key] = err  # e.g. the batch does not split into this many microbatches
         return profiles[key]
 
-    rows = []
+    rows, skipped, errors = [], [], []
     for schedule in candidates:
         m, v = schedule.microbatches, schedule.virtual_stages
         timing, held = profile(_cost_schedule(m, v)), profile(_memory_schedule(schedule))
-        if timing is None or held is None:
+        failed = next((p for p in (timing, held) if isinstance(p, MpmdError)), None)
+        if failed is not None:
+            skipped.append(Skipped(schedule, m, v, str(failed)))
+            errors.append(failed)
             continue
         cost = timing.stage_cost(comm=comm)
         if schedule.splits_backward and schedule.layout == "flat":
@@ -247,9 +294,20 @@ def advise(
         fits = _fits(peaks, memory_budget)
         rows.append(Candidate(schedule, m, v, timeline.makespan, timeline.bubble_fraction, peaks, fits))
     if not rows:
+        _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
+    return _ranked(rows, memory_budget, tuple(skipped))
+
+
+def _raise_none_profiled(fn, n: int, virtual_stages, skipped: list[Skipped], errors: list[MpmdError]):
+    """Every configuration was skipped: say why (another cut, or each one's reason)."""
+    failed = [(s, err) for s, err in zip(skipped, errors) if not isinstance(err, StageSplitError)]
+    if not failed:
         raise MpmdError(
             f"advise: {getattr(fn, '__name__', 'fn')} is cut into a number of stages that no configuration "
             f"uses ({n} ranks x virtual_stages {tuple(virtual_stages)}); pass virtual_stages matching its "
             "markers, or a function of the stage count (see the docstring)."
         )
-    return _ranked(rows, memory_budget)
+    reasons = "\n".join(f"  {s.name} m={s.microbatches} v={s.virtual_stages}: {s.reason}" for s, _ in failed)
+    raise MpmdError(
+        f"advise: no configuration could be profiled on these arguments; each was skipped:\n{reasons}"
+    ) from failed[0][1]

@@ -4,25 +4,30 @@
 steps, `max_to_keep`, asynchronous saves, atomic commits); `save_checkpoint`
 and `restore_checkpoint` are the one-call forms. A checkpoint holds three
 items: `params` and `opt_state` (arrays under layout-independent names, see
-`_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype, and the
-caller's `extra`). Orbax writes each array shard from the device that holds
-it and reads each straight onto the devices of the target sharding, so a
-checkpoint written by a 4-rank pipeline restores into 2 or 8 ranks, another
-schedule, or one device, with nothing converted offline.
+`_checkpoint_layout`) and `meta` (JSON: every name's shape and dtype and the
+checksum of its contents, see `_checkpoint_digest`, and the caller's
+`extra`). Orbax writes each array shard from the device that holds it and
+reads each straight onto the devices of the target sharding, so a checkpoint
+written by a 4-rank pipeline restores into 2 or 8 ranks, another schedule, or
+one device, with nothing converted offline.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
+from ._checkpoint_digest import checksums as compute_checksums
 from ._checkpoint_layout import CheckpointError, save_arrays, staged_opt_target, tree_target
 
 FORMAT = 1
@@ -55,12 +60,18 @@ class CheckpointManager:
     Args:
       directory: where step folders (`<directory>/<step>`) are written.
       max_to_keep: keep only the newest this many steps (None: all).
-      save_interval_steps: `save` writes only steps that are multiples of this
-        (pass `force=True` to write any step).
+      save_interval_steps: `save` writes a step that is a multiple of this, or
+        any step while the directory holds none (orbax's rule: a run gets its
+        first checkpoint at once); it never writes a step older than the
+        latest. `save` returns whether it wrote; `force=True` writes any step.
       async_save: write in the background; `save` returns once the arrays are
         copied off the devices, so training may go on and change them. Call
         `wait_until_finished` (or `close`) before reading the files.
       create: create `directory` if missing (restoring never creates it).
+      checksums: record a checksum of every array's contents when saving, and
+        check the arrays read against it when restoring (a `CheckpointError`
+        names the step and the array that differs). False skips both, for
+        speed; a step saved without checksums is restored unchecked.
 
     A step becomes visible only when orbax has committed it: a save that is
     interrupted leaves a temporary folder that `all_steps`, `latest_step` and
@@ -75,6 +86,7 @@ class CheckpointManager:
         save_interval_steps: int = 1,
         async_save: bool = True,
         create: bool = True,
+        checksums: bool = True,
     ):
         ocp = _orbax()
         self.directory = Path(directory).absolute()
@@ -90,6 +102,7 @@ class CheckpointManager:
             create=create,
         )
         self._ocp = ocp
+        self.checksums = checksums
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     # -- steps ---------------------------------------------------------------------------
@@ -105,7 +118,7 @@ class CheckpointManager:
 
     def delete(self, step: int) -> None:
         """Remove a committed step (e.g. the later steps of a run resumed from an earlier one)."""
-        self._manager.delete(self._resolve(step))
+        self._manager.delete(self._resolve(step, "delete"))
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
@@ -145,6 +158,8 @@ class CheckpointManager:
             )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
         meta = {"format": FORMAT, **desc, "extra": extra}
+        if self.checksums:
+            meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
         ocp = self._ocp
         items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
@@ -156,6 +171,9 @@ class CheckpointManager:
         self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None
     ) -> Restored:
         """Read `step` (default: the latest) into parameters shaped and placed like `like`.
+
+        Waits first for this manager's saves in flight, so the latest step is the
+        one saved last and a step just saved can be restored at once.
 
         Args:
           like: the target parameters: a pytree of arrays or `jax.ShapeDtypeStruct`s
@@ -170,11 +188,13 @@ class CheckpointManager:
 
         Returns `Restored(step, params, opt_state, extra)`. Raises
         `CheckpointError` naming the first leaf whose path, shape or dtype does
-        not match, or listing the steps there are when `step` is missing.
+        not match, or listing the steps there are when `step` is missing, or
+        naming the step and the array whose contents differ from the checksum
+        recorded at save (see `checksums`).
         """
         step = self._resolve(step)
         ocp = self._ocp
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta = self._read(step, meta=ocp.args.JsonRestore())["meta"]
         p_target, p_rebuild = tree_target(like, shardings)
         p_target.check(meta["params"], "params")
         items = {"params": ocp.args.StandardRestore(p_target.want)}
@@ -183,10 +203,26 @@ class CheckpointManager:
             o_target, o_rebuild = self._opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             items["opt_state"] = ocp.args.StandardRestore(o_target.want)
-        got = self._manager.restore(step, args=ocp.args.Composite(**items))
+        got = self._read(step, **items)
+        if self.checksums and "checksums" in meta:
+            for item in items:
+                _verify(step, item, dict(got[item]), meta["checksums"][item])
         params = p_rebuild(p_target.finish(dict(got["params"])))
         opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
+
+    def _read(self, step: int, **items) -> dict:
+        """orbax's restore of `items`; a file it cannot read raises naming the step (and the array)."""
+        try:
+            return self._manager.restore(step, args=self._ocp.args.Composite(**items))
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(
+                f"restore: step {step} in {self.directory} cannot be read ({_read_failure(err)}): a file "
+                f"of the step is damaged, truncated or missing. Restore another step (it holds "
+                f"{self.all_steps()}), or copy the step again from where it was saved."
+            ) from err
 
     def _opt_target(self, meta, like, shardings, optimizer, opt_like):
         kind = meta.get("opt_kind")
@@ -211,7 +247,9 @@ class CheckpointManager:
             )
         return tree_target(opt_like)
 
-    def _resolve(self, step: int | None) -> int:
+    def _resolve(self, step: int | None, where: str = "restore") -> int:
+        step = None if step is None else _check_step(step, where)
+        self._manager.wait_until_finished()  # this manager's saves in flight are steps it holds
         steps = self.all_steps()
         if not steps:
             raise CheckpointError(
@@ -231,17 +269,65 @@ class CheckpointManager:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
 
 
-def _check_step(step) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise CheckpointError(f"save: step must be a non-negative int, got {step!r}.")
-    return step
+_OCDBT_READ = re.compile(r'Error reading "([^"]+)/[^"/]*" in OCDBT database at [^"]*"([^"]*)": (.*)')
+
+
+def _read_failure(err: BaseException) -> str:
+    """What orbax could not read: the item and array with TensorStore's reason, else the first line."""
+    cause: BaseException | None = err
+    while cause is not None:
+        found = _OCDBT_READ.search(str(cause))
+        if found:
+            name, database, reason = found.groups()
+            return f"{Path(database).name} array {name!r}: {reason.strip()}"
+        cause = cause.__cause__ or cause.__context__
+    first = str(err).split(" See full TensorStore details", 1)[0].splitlines()
+    return f"{type(err).__name__}: {first[0] if first else ''}"
+
+
+def _checksums(arrays: dict) -> dict:
+    return dict(zip(arrays, compute_checksums(list(arrays.values()))))
+
+
+def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
+    """Raise naming the first array read whose contents differ from the checksum its save recorded."""
+    names = list(got)
+    found = zip(names, compute_checksums([got[n] for n in names]))
+    bad = [n for n, c in found if None not in (c, recorded.get(n)) and c != recorded[n]]
+    if bad:
+        raise CheckpointError(
+            f"restore: step {step}'s {item} array {bad[0]!r} does not match the checksum recorded when it "
+            f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
+            "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
+        )
+
+
+def _check_step(step, where: str = "save") -> int:
+    """`step` as an int: any integer type (int, a NumPy integer, a 0-d integer array), not a bool."""
+    is_bool = isinstance(step, (bool, np.bool_)) or getattr(step, "dtype", None) == np.bool_
+    try:
+        value = None if is_bool else operator.index(step)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise CheckpointError(
+            f"{where}: step must be a non-negative int (any integer type: int, np.int64, a 0-d integer "
+            f"array), got {step!r}."
+        )
+    return value
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, step: int, *, params, opt_state=None, extra: Any = None
+    directory: str | os.PathLike,
+    step: int,
+    *,
+    params,
+    opt_state=None,
+    extra: Any = None,
+    checksums: bool = True,
 ) -> Path:
     """Save one step synchronously (see `CheckpointManager.save`); returns the step's folder."""
-    with CheckpointManager(directory, async_save=False) as manager:
+    with CheckpointManager(directory, async_save=False, checksums=checksums) as manager:
         manager.save(step, params=params, opt_state=opt_state, extra=extra, force=True)
     return manager.directory / str(step)
 
@@ -254,9 +340,11 @@ def restore_checkpoint(
     shardings=None,
     optimizer=None,
     opt_like=None,
+    checksums: bool = True,
 ) -> Restored:
-    """Restore one step (default: the latest); see `CheckpointManager.restore`."""
-    with CheckpointManager(directory, create=False) as manager:
+    """Restore one step (default: the latest); see `CheckpointManager.restore`. `checksums=False`
+    reads the arrays without checking them against the checksums their save recorded."""
+    with CheckpointManager(directory, create=False, checksums=checksums) as manager:
         return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
 
 

@@ -46,18 +46,26 @@ def test_every_script_answers_help():
 
 def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
     """The main job (small) trains through 4 ranks, checks its decode, stops after 5 steps
-    (saved at 3 and 5); a second run resumes from step 3 on 2 ranks and the loss curve goes on."""
+    (saved at 3 and 5); resuming from step 3 stops without touching step 5 unless --overwrite
+    is given; with it a second run resumes from step 3 on 2 ranks and the loss curve goes on."""
     flags = "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --lr 1e-2"
     script = [sys.executable, str(ROOT / "examples" / "train_lm.py"), *flags.split()]
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    resume = ["--stages", "2", "--schedule", "ZeroBubbleH1", "--resume", "3", "--sample-tokens", "2"]
     runs = {
         "stopped": ["--stages", "4", "--stop-after", "5", "--save-every", "3", "--sample-tokens", "6"],
-        "resumed": ["--stages", "2", "--schedule", "ZeroBubbleH1", "--resume", "3", "--sample-tokens", "2"],
+        "kept": resume,
+        "resumed": [*resume, "--overwrite"],
     }
     metrics, stdout = {}, {}
     for name, extra in runs.items():
         cmd = [*script, *ckpt, *extra, "--out", str(tmp_path / name)]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        if name == "kept":  # the later step 5 is kept, and the run stops before training
+            assert result.returncode == 1 and "later steps [5]" in result.stderr, result.stderr[-3000:]
+            assert "--overwrite" in result.stderr and not (tmp_path / name / "metrics.json").exists()
+            assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [3, 5]
+            continue
         assert result.returncode == 0, result.stderr[-3000:]
         metrics[name] = json.loads((tmp_path / name / "metrics.json").read_text())
         stdout[name] = result.stdout
@@ -70,6 +78,12 @@ def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
     assert {e["tid"] for e in cells} == {0, 1, 2, 3}
     assert all(e["dur"] >= 0 and e["name"][0].isdigit() for e in cells)
     assert "compiling" in stdout["stopped"] and "pipelined decode" in stdout["stopped"]
+    # cells run one at a time leave each of 4 ranks idle at least 3/4 of the time; the schedule's
+    # simulated bubble over the same cell times is what the pipeline would idle
+    assert "not the pipeline bubble" in stdout["stopped"]
+    assert "simulated with these measured cell times" in stdout["stopped"]
+    assert stopped["cell_by_cell_idle"] >= 0.75 - 1e-9
+    assert 0 < stopped["simulated_bubble"] < stopped["cell_by_cell_idle"]
     assert stopped["checkpoint"]["saved"] == [3, 5] and len(stopped["losses"]) == 5
     assert resumed["first_step"] == 3 and resumed["stages"] == 2 and len(resumed["losses"]) == 3
     assert resumed["checkpoint"]["restore_s"] > 0 and resumed["checkpoint"]["saved"] == [6]

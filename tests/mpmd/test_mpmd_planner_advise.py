@@ -1,6 +1,9 @@
 """`mp.advise`: every valid configuration simulated with profiled costs and bytes, ranked; under a
 budget, what it recommends really fits (its top 3 run and measured); a budget nothing fits gets
-the smallest peak and the rank that binds."""
+the smallest peak and the rank that binds; a microbatch count that does not divide the batch is
+skipped with its reason; bad `rounds` is refused before anything is profiled."""
+
+import re
 
 import pytest
 from planner_cases import MESH, init, lm_loss, profiled
@@ -72,3 +75,26 @@ def test_bad_arguments_say_what_to_change():
         loss, *args, mesh=MESH, schedules=(S.GPipe, S.InterleavedGPipe), microbatches=(2,), rounds=1
     )
     assert {(c.name, c.virtual_stages) for c in fixed.candidates} == {("GPipe", 1)}
+
+
+@pytest.mark.parametrize("rounds", [0, -1, 1.5, True, "2"])
+def test_rounds_is_checked_before_any_profile(rounds):
+    with pytest.raises(mp.MpmdError, match=rf"advise: rounds must be a positive int .*received {rounds!r}"):
+        mp.advise(build, mesh=MESH, rounds=rounds)
+
+
+def test_microbatch_counts_that_do_not_divide_the_batch_are_skipped_with_the_reason():
+    """The batch is 32: m = 3 and 5 cannot split it, m = 8 can; the two flat schedules share m."""
+    advice = mp.advise(build, mesh=MESH, schedules=(S.GPipe, S.Std1F1B), microbatches=(3, 8, 5), rounds=1)
+    assert {(c.name, c.microbatches) for c in advice.candidates} == {("GPipe", 8), ("Std1F1B", 8)}
+    assert {(s.name, s.microbatches, s.virtual_stages) for s in advice.skipped} == {
+        (name, m, 1) for name in ("GPipe", "Std1F1B") for m in (3, 5)
+    }
+    for s in advice.skipped:
+        assert re.search(rf"batch size 32 .* not divisible by .*microbatches={s.microbatches}", s.reason)
+    table = advice.table()
+    assert "skipped GPipe, m=3, v=1: " in table and "skipped Std1F1B, m=5, v=1: " in table
+    assert len(advice.as_dict()["skipped"]) == 4 and advice.under(None).skipped == advice.skipped
+    none = r"no configuration could be profiled(.|\n)*GPipe m=5 v=1: .*divisible"
+    with pytest.raises(mp.MpmdError, match=none):
+        mp.advise(build, mesh=MESH, schedules=(S.GPipe,), microbatches=(3, 5), rounds=1)
