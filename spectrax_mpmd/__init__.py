@@ -3,20 +3,27 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
-from ._advise import Advice, Candidate, advise
 from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
-from ._balance import Balance, balance, split_blocks
-from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
-from ._checkpoint_layout import CheckpointError
-from ._decode import PipelineDecoder
+from ._checkpoint.layout import CheckpointError
+from ._checkpoint.manager import (
+    CheckpointManager,
+    Restored,
+    owner_shardings,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from ._distributed import initialize
-from ._marker import sxstage_iter
+from ._facade.decode import PipelineDecoder
+from ._facade.run import gather, run, runner, sxcall
+from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
-from ._region import sxstage_region
+from ._planner.advise import Advice, Candidate, advise
+from ._planner.balance import Balance, balance, split_blocks
 from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
-from ._run import Runner, call_with, gather, pipeline_stages, run, runner, sxcall, train_loss
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
+from ._trace.marker import sxstage_iter
+from ._trace.region import sxstage_region
 from .errors import (
     DistributedError,
     MarkerError,

@@ -21,7 +21,7 @@ from jaxtyping import Array
 from spectrax_core import apply, register_apply
 from spectrax_core.nn import BlockStack, KVCache
 
-from ._marker import sxstage_iter
+from ._trace.marker import sxstage_iter
 from .errors import StageSplitError
 
 

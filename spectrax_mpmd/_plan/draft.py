@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._compile import CellSpec
+from .._compile.compiler import CellSpec
 from .._runtime.plan import Step
 
 

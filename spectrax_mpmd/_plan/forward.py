@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .._compile import CellSpec, Compiler, _sds
-from .._order import order_actions
+from .._compile.compiler import CellSpec, Compiler, _sds
 from .._runtime.plan import Plan
-from .._split import StageGraph
+from .._trace.split import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_forward
 from .layout import Layout, PlanArgs, StageOrder
+from .order import order_actions
 from .programs import StageProgram, forward_spec, programs_of
 from .seal import seal
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .._compile import CellSpec, _sds
+from .._compile.compiler import CellSpec, _sds
 from .._runtime.slots import GradAccumulator, LossAccumulator, Result, ZeroGrad
 from .._transfer import transfer
 from .draft import Draft

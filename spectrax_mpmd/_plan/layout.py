@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
-from .._split import StageGraph
+from .._trace.split import StageGraph
 
 REPLICATED = PartitionSpec()
 

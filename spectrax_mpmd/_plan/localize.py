@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._compile import CellSpec
+from .._compile.compiler import CellSpec
 from .._runtime.plan import Step
 from .._runtime.slots import Activation, Cotangent, GradAccumulator
 from .._transfer import is_transfer

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from .._cells import StageCells, StageIO
-from .._compile import CellSpec, Compiler, _sds
-from .._split import StageGraph
+from .._compile.compiler import CellSpec, Compiler, _sds
+from .._trace.cells import StageCells, StageIO
+from .._trace.split import StageGraph
 from .layout import Layout, PlanArgs
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding
 
-from .._compile import CellSpec, Compiler
+from .._compile.compiler import CellSpec, Compiler
 from .._runtime.plan import Plan, Step
 from .._runtime.slots import Activation, Input, Residual, Stash
 from .draft import Draft

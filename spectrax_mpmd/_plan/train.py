@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from .._compile import Compiler
-from .._order import order_actions
+from .._compile.compiler import Compiler
 from .._runtime.plan import Plan
-from .._split import StageGraph
+from .._trace.split import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_action
 from .gradients import accumulator_cells, reduce_gradients
 from .layout import Layout, PlanArgs
+from .order import order_actions
 from .programs import StageProgram, backward_specs, forward_spec, loss_spec, programs_of
 from .seal import describe_training, seal
 

@@ -12,7 +12,7 @@ import jax
 import pytest
 from mpmd_cases import ALL, config_of
 
-from spectrax_mpmd._jaxpr import sub_jaxprs
+from spectrax_mpmd._trace.jaxpr import sub_jaxprs
 
 
 def _eqns(jaxpr):

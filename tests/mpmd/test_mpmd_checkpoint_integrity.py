@@ -26,7 +26,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 import spectrax_mpmd as mp
 from spectrax_core.models import TransformerLM
-from spectrax_mpmd._checkpoint_digest import checksums
+from spectrax_mpmd._checkpoint.digest import checksums
 
 pytest.importorskip("orbax.checkpoint")
 # when one read of a damaged file fails, orbax leaves its other reads unawaited; Python reports them

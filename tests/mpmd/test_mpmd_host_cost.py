@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 from mpmd_cases import make_schedule
 
 import spectrax_mpmd as mp
-from spectrax_mpmd._compile import Compiler
-from spectrax_mpmd._relocate import relocation_available
+from spectrax_mpmd._compile.compiler import Compiler
+from spectrax_mpmd._compile.relocate import relocation_available
 from spectrax_mpmd._transfer import _Copy, fast_path_available, is_transfer, same_layout
 
 D, B, LAYERS = 16, 16, 4
@@ -122,7 +122,7 @@ def test_unused_arguments_in_other_positions_are_other_programs():
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     spec = jax.ShapeDtypeStruct((3,), jnp.float32, sharding=sharding)
     compiler = Compiler()
-    from spectrax_mpmd._compile import CellSpec
+    from spectrax_mpmd._compile.compiler import CellSpec
 
     first = CellSpec(lambda x, y, z: (x + z,), (spec,) * 3, (sharding,))
     second = CellSpec(lambda x, y, z: (y + z,), (spec,) * 3, (sharding,))

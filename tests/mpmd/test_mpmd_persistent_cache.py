@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from spectrax_mpmd import _relocate
+from spectrax_mpmd._compile import relocate
 
 ON_THEN_OFF = """
 import json, os, sys
@@ -21,7 +21,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, numpy as np
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_mpmd._relocate import persistent_cache_active, persistent_cache_configured
+from spectrax_mpmd._compile.relocate import persistent_cache_active, persistent_cache_configured
 
 def loss(params, x):
     for k, w in enumerate(params):

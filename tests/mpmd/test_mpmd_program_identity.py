@@ -20,7 +20,7 @@ from mpmd_cases import assert_close, pipeline_mesh
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_mpmd._compile import CellSpec, Compiler
+from spectrax_mpmd._compile.compiler import CellSpec, Compiler
 
 ONE_DEVICE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
@@ -270,7 +270,7 @@ def test_a_collected_host_function_never_lends_its_executable():
 def test_host_state_read_from_jax_and_its_fallback_give_equal_results(monkeypatch):
     """Without JAX's compile arguments every program gets a token of its own: nothing is shared,
     and the results are those of the path that reads the callbacks."""
-    from spectrax_mpmd import _compile
+    from spectrax_mpmd._compile import compiler
 
     readable = _compile._compile_args(jax.jit(lambda a: a).lower(1.0)) is not None
     p, x = host_case()

@@ -13,7 +13,7 @@ from mpmd_cases import assert_close, pipeline_mesh
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_mpmd import _context
+from spectrax_mpmd._trace import context as _context
 
 D, BATCH, M = 4, 8, 4
 

@@ -22,8 +22,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ._marker import sxstage_iter_p
-from .errors import TraceContextError
+from ..errors import TraceContextError
+from .marker import sxstage_iter_p
 
 
 def _private(module: str, name: str) -> Callable | None:

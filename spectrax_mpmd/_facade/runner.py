@@ -1,8 +1,5 @@
-"""One entry point for a model on any mesh: `run`, `runner`, `sxcall`, and `gather`.
+"""`Runner`: a forward function plus what to do with it (train or forward), on any mesh.
 
-A run is a forward function `forward(params, extra, inputs) -> outputs` plus
-what to do with it: train (`loss_fn(outputs, targets)`, returns the loss and
-the gradients of `params`) or forward (returns the outputs in batch order).
 On a mesh with a pipeline axis the forward's stage markers cut it into
 per-rank programs (`sxvalue_and_grad` / `sxjit`); on a mesh without one it is
 one `jax.jit` over the mesh, microbatches accumulated by `lax.scan`. Both
@@ -13,26 +10,21 @@ mean loss, and a PRNG key in `extra` reaches microbatch `i` as
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from spectrax_core import apply
 from spectrax_core import sharding as core_sharding
 from spectrax_core.schedules import GPipe
 
-from ._api import sxjit, sxvalue_and_grad
-from ._args import is_prng_key
-from ._balance import balance
-from ._cells import fold_key
-from ._marker import sxstage_iter
-from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._stages import _blocks_of, stage_blocks
-from .errors import MpmdError
+from .._api import sxjit, sxvalue_and_grad
+from .._mesh import MpmdMesh, as_mpmd_mesh
+from .._trace.args import is_prng_key
+from .._trace.cells import fold_key
+from ..errors import MpmdError
 
 MODES = ("train", "forward")
 DATA_AXES = ("dp", "fsdp")
@@ -70,6 +62,16 @@ def fold_keys(extra: Any, i) -> Any:
         return fold_key(x, i) if dtype is not None and is_prng_key(jnp.shape(x), dtype) else x
 
     return jax.tree.map(fold, extra)
+
+
+def train_loss(forward: Callable, loss_fn: Callable) -> Callable:
+    """`loss(params, extra, inputs, targets)`: `loss_fn` of `forward`'s outputs, as a run trains it."""
+
+    def loss(params, extra, inputs, targets):
+        out = forward(params, extra, inputs)
+        return loss_fn(out, targets) if targets is not None else loss_fn(out)
+
+    return loss
 
 
 class Runner:
@@ -230,217 +232,3 @@ class Runner:
             return jax.device_put(x, NamedSharding(mesh, PartitionSpec(axes if ok else None)))
 
         return (params, extra, *jax.tree.map(place, batch))
-
-
-def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None) -> Callable:
-    """The forward of a core model whose `blocks` are cut into `n_stages` by a `StagedStack`; a
-    model without `blocks` is cut where its forward places `sxstage_iter` markers and regions."""
-
-    def forward(model, _extra, inputs):
-        if n_stages > 1 and hasattr(model, "blocks"):
-            model = stage_blocks(model, n_stages, sizes)
-        return call_with(apply_fn, model, inputs)
-
-    return forward
-
-
-def train_loss(forward: Callable, loss_fn: Callable) -> Callable:
-    """`loss(params, extra, inputs, targets)`: `loss_fn` of `forward`'s outputs, as a run trains it."""
-
-    def loss(params, extra, inputs, targets):
-        out = forward(params, extra, inputs)
-        return loss_fn(out, targets) if targets is not None else loss_fn(out)
-
-    return loss
-
-
-def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget) -> Callable:
-    """A train step whose stage sizes are chosen on its first call by `balance` (kept as
-    `step.balance`); later calls reuse that split."""
-    schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
-
-    def step(model, inputs, targets=None):
-        if step.runner is None:
-            n_blocks = _blocks_of(model).n_layers
-
-            def cut(sizes):
-                forward = core_forward(apply_fn, len(sizes), sizes)
-                return train_loss(forward, loss_fn), (model, None, inputs, targets)
-
-            step.balance = balance(
-                cut,
-                mesh=mesh,
-                schedule=schedule,
-                n_blocks=n_blocks,
-                memory_budget=memory_budget,
-                batch_argnums=(2, 3),
-                has_aux=has_aux,
-                rules=rules,
-            )
-            step.runner = Runner(
-                core_forward(apply_fn, pipeline_stages(mesh, schedule), step.balance.sizes),
-                mesh=mesh,
-                loss_fn=loss_fn,
-                schedule=schedule,
-                has_aux=has_aux,
-                rules=rules,
-            )
-        return step.runner(model, None, inputs, targets)
-
-    step.runner = step.balance = None
-    return step
-
-
-def runner(
-    *,
-    mesh,
-    mode: str = "train",
-    loss_fn: Callable | None = None,
-    microbatches: int = 1,
-    schedule=None,
-    has_aux: bool = False,
-    stage_sizes: Sequence[int] | str | None = None,
-    apply_fn: Callable = apply,
-    rules=None,
-    memory_budget: int | None = None,
-    region_ranks: dict | None = None,
-) -> Callable:
-    """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
-
-    Use this in a training loop; `run` builds (and compiles) a new step on every call.
-    With `stage_sizes="auto"` the first call profiles the model's blocks and picks
-    the split (`step.balance` says which, with its predicted per-stage times).
-    `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
-    `sxvalue_and_grad`).
-    """
-    if isinstance(stage_sizes, str):
-        if stage_sizes != "auto":
-            raise MpmdError(f"run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
-        if mode != "train":
-            raise MpmdError(
-                "run: stage_sizes='auto' balances a training step from its profiled costs; with "
-                "mode='forward' give the block counts (e.g. the `balance.sizes` of a training run)."
-            )
-        if pipeline_stages(mesh, schedule) > 1:
-            if loss_fn is None:
-                raise MpmdError(
-                    "run: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss."
-                )
-            return _auto_runner(
-                mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget
-            )
-        stage_sizes = None
-    inner = Runner(
-        core_forward(apply_fn, pipeline_stages(mesh, schedule), stage_sizes),
-        mesh=mesh,
-        mode=mode,
-        loss_fn=loss_fn,
-        microbatches=microbatches,
-        schedule=schedule,
-        has_aux=has_aux,
-        rules=rules,
-        region_ranks=region_ranks,
-    )
-
-    @functools.wraps(inner.__call__)
-    def step(model, inputs, targets=None):
-        return inner(model, None, inputs, targets)
-
-    step.runner = inner
-    return step
-
-
-def run(
-    model,
-    *,
-    inputs,
-    targets=None,
-    mesh,
-    mode: str = "train",
-    loss_fn: Callable | None = None,
-    microbatches: int = 1,
-    schedule=None,
-    has_aux: bool = False,
-    stage_sizes: Sequence[int] | str | None = None,
-    apply_fn: Callable = apply,
-    rules=None,
-    memory_budget: int | None = None,
-    region_ranks: dict | None = None,
-):
-    """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
-
-    `apply_fn(model, inputs)` is the forward (`spectrax_core.apply` by default;
-    a tuple of inputs is passed as `*inputs`, a dict as `**inputs`). On an MPMD
-    mesh, the model's `blocks` (a `BlockStack`, or a `StagedStack` from
-    `stage_blocks`) are cut into `mesh.mpmd_dim x virtual_stages` stages — evenly,
-    by `stage_sizes`, or with `stage_sizes="auto"` where the profiled per-block
-    costs say (within `memory_budget` bytes per device, if given; see `balance`) —
-    through the model's own forward: what runs before the blocks is on the first
-    stage, what runs after on the last. A model without `blocks` is cut where its
-    forward places `sxstage_iter` markers and `sxstage_region`s (placed by
-    `region_ranks`, as in `sxvalue_and_grad`).
-
-    `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
-    targets)` over `microbatches` and its gradients, shaped like `model`.
-    `mode="forward"`: returns the outputs in batch order. Each call compiles;
-    in a loop use `runner(...)` once and call the step it returns.
-    """
-    step = runner(
-        mesh=mesh,
-        mode=mode,
-        loss_fn=loss_fn,
-        microbatches=microbatches,
-        schedule=schedule,
-        has_aux=has_aux,
-        stage_sizes=stage_sizes,
-        apply_fn=apply_fn,
-        rules=rules,
-        memory_budget=memory_budget,
-        region_ranks=region_ranks,
-    )
-    return step(model, inputs, targets)
-
-
-def sxcall(
-    stages: Sequence[tuple[Callable, Any]],
-    batch,
-    *,
-    mesh,
-    schedule=None,
-    loss_fn: Callable | None = None,
-    mode: str = "train",
-):
-    """Run a list of `(apply_fn, params)` stages as a pipeline, stage `k` on its own rank.
-
-    `mode="train"`: `batch` is `(inputs, targets)`; returns `(loss, grads)` with
-    one gradient tree per stage. `mode="forward"`: `batch` is the inputs;
-    returns the last stage's outputs in batch order.
-    """
-    if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[0]) for s in stages):
-        raise MpmdError(
-            "sxcall: stages must be a non-empty list of (apply_fn, params) pairs; for an eager "
-            "PipelineSequential use spectrax_eager.sxcall (or spx.run)."
-        )
-    fns = tuple(fn for fn, _ in stages)
-
-    def forward(params, _extra, inputs):
-        x = inputs
-        for k, (fn, p) in enumerate(zip(fns, params)):
-            x = fn(p, x)
-            if k < len(fns) - 1:
-                x = sxstage_iter(x)
-        return x
-
-    step = Runner(forward, mesh=mesh, mode=mode, loss_fn=loss_fn, schedule=schedule, name="sxcall")
-    params = [p for _, p in stages]
-    if mode == "train":
-        if not (isinstance(batch, tuple) and len(batch) == 2):
-            raise MpmdError("sxcall: with mode='train', batch must be a pair (inputs, targets).")
-        return step(params, None, *batch)
-    return step(params, None, batch)
-
-
-def gather(tree, device: jax.Device | None = None):
-    """Every leaf of `tree` copied to one device (default: the first), e.g. parameters spread over ranks."""
-    device = device if device is not None else jax.devices()[0]
-    return jax.device_put(tree, device)

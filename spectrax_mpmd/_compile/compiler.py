@@ -35,9 +35,9 @@ from typing import Any, Callable
 import jax
 from jax.sharding import NamedSharding
 
-from ._context import config_key
-from ._relocate import persistent_cache_active, relocate, relocation_available, serialized
-from ._timings import BuildStats
+from .._trace.context import config_key
+from .relocate import persistent_cache_active, relocate, relocation_available, serialized
+from .stats import BuildStats
 
 
 def _sds(aval, sharding):

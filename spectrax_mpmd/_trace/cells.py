@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
-from ._jaxpr import eval_eqns, inline_calls, needed_eqns, read, resolve
-from ._split import Stage, StageGraph
+from .jaxpr import eval_eqns, inline_calls, needed_eqns, read, resolve
+from .split import Stage, StageGraph
 
 
 def _is_float(aval) -> bool:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, replace
 
 from spectrax_core import schedules as S
 
-from .errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
+from .._api import check_mesh, step_function
+from .._compile.compiler import Compiler
+from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
 
 ALL = S.ALL_SCHEDULES
 
@@ -242,10 +244,8 @@ def advise(
     count that does not divide the batch) is skipped and listed, with the
     reason, in `Advice.skipped`; if every one is, the error says why for each.
     """
-    from ._api import _check_mesh, sxvalue_and_grad
-    from ._compile import Compiler
 
-    mesh = _check_mesh("advise", mesh)
+    mesh = check_mesh("advise", mesh)
     n = mesh.mpmd_dim
     _check_budget(memory_budget)
     _check_rounds(rounds)
@@ -263,8 +263,7 @@ def advise(
         key = repr(schedule)
         if key not in profiles:
             loss, loss_args = fn(n * schedule.virtual_stages) if not args else (fn, args)
-            step = sxvalue_and_grad(loss, mesh=mesh, schedule=schedule, **step_kwargs)
-            step.compiler = compiler
+            step = step_function(loss, mesh=mesh, schedule=schedule, compiler=compiler, **step_kwargs)
             try:
                 profiles[key] = step.profile_stages(*loss_args, rounds=rounds)
             except StageSplitError as err:

@@ -20,9 +20,10 @@ import numpy as np
 
 from spectrax_core import schedules as S
 
-from ._mesh import MpmdMesh, as_mpmd_mesh
-from ._stages import stage_sizes
-from .errors import StageSplitError
+from .._api import check_mesh, check_schedule, sxvalue_and_grad
+from .._mesh import MpmdMesh, as_mpmd_mesh
+from .._stages import stage_sizes
+from ..errors import StageSplitError
 
 log = logging.getLogger("spectrax_mpmd")
 
@@ -239,12 +240,11 @@ def balance(
     of `sizes[k]` blocks (markers after the blocks ending each stage), as
     `sxvalue_and_grad` takes them; `step_kwargs` go to `sxvalue_and_grad`.
     """
-    from ._api import _check_mesh, _check_schedule, sxvalue_and_grad
 
-    mesh = _check_mesh("balance", mesh)
+    mesh = check_mesh("balance", mesh)
     if schedule is None:
         raise StageSplitError("balance: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
-    _check_schedule("balance", schedule, mesh.mpmd_dim)
+    check_schedule("balance", schedule, mesh.mpmd_dim)
     n_stages = mesh.mpmd_dim * schedule.virtual_stages
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why

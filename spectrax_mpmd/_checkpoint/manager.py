@@ -27,8 +27,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
-from ._checkpoint_digest import checksums as compute_checksums
-from ._checkpoint_layout import CheckpointError, save_arrays, staged_opt_target, tree_target
+from .digest import checksums as compute_checksums
+from .layout import CheckpointError, save_arrays, staged_opt_target, tree_target
 
 FORMAT = 1
 ITEMS = ("params", "opt_state", "meta")

@@ -24,10 +24,10 @@ from spectrax_core import apply
 from spectrax_core.models import greedy_decode, init_cache
 from spectrax_core.nn import KVCache
 
-from ._api import sxjit
-from ._mesh import as_mpmd_mesh
-from ._stages import stage_blocks
-from .errors import MpmdError
+from .._api import sxjit
+from .._mesh import as_mpmd_mesh
+from .._stages import stage_blocks
+from ..errors import MpmdError
 
 
 def _decode_step(lm, tokens, cache):

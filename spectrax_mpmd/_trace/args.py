@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from ._context import config_key
-from .errors import MpmdError
+from ..errors import MpmdError
+from .context import config_key
 
 
 def as_tuple(argnums) -> tuple[int, ...]:

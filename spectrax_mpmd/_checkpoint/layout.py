@@ -29,9 +29,9 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from spectrax_core.nn import BlockStack
 
-from ._optim import StagedOptState
-from ._stages import StagedStack
-from .errors import MpmdError
+from .._optim import StagedOptState
+from .._stages import StagedStack
+from ..errors import MpmdError
 
 
 class CheckpointError(MpmdError):

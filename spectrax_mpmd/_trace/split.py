@@ -20,7 +20,8 @@ import jax
 from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
 from jax.sharding import PartitionSpec
 
-from ._jaxpr import (
+from ..errors import StageSplitError
+from .jaxpr import (
     contains_primitive,
     eval_eqns,
     inline_calls,
@@ -29,9 +30,8 @@ from ._jaxpr import (
     resolve,
     sub_jaxprs,
 )
-from ._marker import sxstage_iter_p
-from ._region import DEFAULT_REGION, SCOPE_PREFIX, recording_regions, region_of
-from .errors import StageSplitError
+from .marker import sxstage_iter_p
+from .region import DEFAULT_REGION, SCOPE_PREFIX, recording_regions, region_of
 
 MARKER = sxstage_iter_p.name
 _EXPENSIVE = frozenset(

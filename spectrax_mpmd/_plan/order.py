@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._split import StageGraph
-from .errors import StageSplitError
+from .._trace.split import StageGraph
+from ..errors import StageSplitError
 
 
 def order_actions(schedule, n: int, graph: StageGraph) -> list[tuple[int, Any]]:

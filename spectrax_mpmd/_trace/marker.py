@@ -9,7 +9,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec
 
-from .errors import MarkerError
+from ..errors import MarkerError
 
 sxstage_iter_p = Primitive("sxstage_iter")
 sxstage_iter_p.multiple_results = True

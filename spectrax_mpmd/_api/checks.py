@@ -1,0 +1,57 @@
+"""Checks shared by the entry points: the mesh, the schedule, and the schedule a trace runs."""
+
+from __future__ import annotations
+
+from .._mesh import MpmdMesh, as_mpmd_mesh
+from .._plan.regions import region_schedule
+from ..errors import MpmdError
+
+
+def check_mesh(name: str, mesh) -> MpmdMesh:
+    mesh = as_mpmd_mesh(mesh)
+    if not mesh.is_mpmd:
+        raise MpmdError(
+            f"{name}: the mesh has no pipeline axis; build it with "
+            "create_mesh(..., mpmd_axis='pp') (or pass a jax Mesh with a 'pp' axis)."
+        )
+    return mesh
+
+
+def check_schedule(name: str, schedule, n: int) -> tuple[int, MpmdError | None]:
+    """The schedule's virtual stages, and the error its table gives on all `n` ranks: raised at
+    the first call unless the function has regions (each region's schedule is then checked
+    on its own ranks)."""
+    if schedule is None:
+        return 1, None
+    if not hasattr(schedule, "actions"):
+        raise MpmdError(
+            f"{name}: schedule must be a schedule object (e.g. Std1F1B(microbatches=8)), got {schedule!r}."
+        )
+    try:
+        schedule.validate(n)
+    except ValueError as err:
+        return schedule.virtual_stages, MpmdError(
+            f"{name}: schedule {schedule!r} is not valid for {n} pipeline ranks: {err}"
+        )
+    return schedule.virtual_stages, None
+
+
+def pipeline_schedule(owner, graph, regions: dict):
+    """The schedule a traced function runs: the call's, or its regions' merged into one.
+
+    Called twice: before the split with no graph (the trace opened no region, so the
+    call's schedule must be valid on every rank) and after it."""
+    if graph is not None and graph.has_regions:
+        return region_schedule(
+            graph, regions, owner.schedule, owner.mesh.mpmd_dim, owner.region_ranks, owner.name
+        )
+    if graph is None and regions:
+        return None
+    if owner.region_ranks is not None:
+        raise MpmdError(
+            f"{owner.name}: region_ranks places sxstage_regions, but the function opens none; "
+            "drop region_ranks or wrap each branch in `with sxstage_region(name):`."
+        )
+    if owner.schedule_error is not None:
+        raise owner.schedule_error
+    return owner.schedule

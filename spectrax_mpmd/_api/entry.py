@@ -1,0 +1,129 @@
+"""What every call of an entry point goes through: its signature's cached plan, the placement
+of its arguments, and the build report and host profile of that plan."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+
+from .._compile.compiler import Compiler
+from .._runtime import HostProfile, Plan, host_profile
+from .._trace.args import signature
+from .._trace.context import check_no_trace
+from ..errors import MpmdError
+
+
+class Placer:
+    """Places argument leaves on the ranks that read them.
+
+    A `jax.Array` is immutable, so its placement is cached by identity and reused
+    while the caller passes the same object; numpy arrays and Python values can
+    change in place and are placed again on every call, and so are leaves whose
+    key is None (donated ones, consumed by the call).
+    """
+
+    def __init__(self):
+        self.cache: dict = {}
+
+    def place(self, values: list, shardings: list, keys: list) -> list:
+        out: list = [None] * len(values)
+        miss_v, miss_s, miss_i = [], [], []
+        for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
+            hit = self.cache.get(key) if key is not None else None
+            if hit is not None and hit[0] is v and isinstance(v, jax.Array):
+                out[k] = hit[1]
+            else:
+                miss_v.append(v)
+                miss_s.append(sh)
+                miss_i.append(k)
+        if miss_v:
+            placed = jax.device_put(miss_v, miss_s)
+            for k, p in zip(miss_i, placed):
+                out[k] = p
+                if keys[k] is not None and isinstance(values[k], jax.Array):
+                    self.cache[keys[k]] = (values[k], p)
+        return out
+
+
+@dataclass
+class Entry:
+    """A compiled plan with what a call needs around it, all fixed per signature."""
+
+    plan: Plan
+    out_tree: Any
+    donated: frozenset = frozenset()
+    grad_trees: tuple = ()  # per argnum: (treedef, the buffer slot of each leaf's gradient)
+
+    def __post_init__(self):
+        self.input_leaves = [key.leaf for _, key in self.plan.input_keys]
+        self.cache_keys = [None if key.leaf in self.donated else key for _, key in self.plan.input_keys]
+        self.build: dict = {}  # the build's BuildStats report; first_run is filled by the first run
+        self.ran = False
+
+    def place(self, placer: Placer, leaves: Sequence) -> list:
+        """The argument leaves the plan reads, each on the ranks that read it."""
+        values = [leaves[a] for a in self.input_leaves]
+        return placer.place(values, self.plan.input_shardings, self.cache_keys) if values else []
+
+    def run(self, placer: Placer, leaves: Sequence) -> list:
+        """Place the arguments and run the plan; returns the buffers."""
+        if self.ran or not self.build:
+            return self.plan.run(self.place(placer, leaves))
+        start = time.perf_counter()
+        buf = self.plan.run(self.place(placer, leaves))
+        self.build["seconds"]["first_run"] = time.perf_counter() - start
+        self.build["total_s"] = sum(self.build["seconds"].values())
+        self.ran = True
+        return buf
+
+
+def cached_entry(owner, args) -> tuple[Entry, list]:
+    """`owner`'s entry for this call's signature (built on a miss) and the call's leaves.
+
+    Refuses calls under a JAX transformation before any cache is read or written.
+    """
+    check_no_trace(owner.name)
+    sig = signature(owner.name, owner.fn, args, owner.static_argnums)
+    entry = owner.cache.get(sig.key)
+    if entry is None:
+        stats = owner.compiler.stats
+        stats.reset()
+        with stats.timed("plan"):
+            entry = owner._build(sig)
+        entry.build = stats.report()
+        owner.cache[sig.key] = entry
+    owner.last_entry = entry
+    return entry, sig.leaves
+
+
+def host_cost(owner, args, rounds: int) -> HostProfile:
+    """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
+    entry, leaves = cached_entry(owner, args)
+    entry.plan.check_single_process(f"{owner.name}.profile")
+    if entry.donated:
+        raise MpmdError(
+            f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
+            "donate_argnums lets the first run consume them; profile the function without donate_argnums."
+        )
+    return host_profile(entry.plan, entry.place(owner.placer, leaves), rounds)
+
+
+def build_timings(owner, args) -> dict:
+    """The build report of `args`' signature (building it if needed), or of the last call's."""
+    if args:
+        return cached_entry(owner, args)[0].build
+    entry = getattr(owner, "last_entry", None)
+    if entry is None:
+        raise MpmdError(f"{owner.name}: nothing has been built yet; call it first or pass arguments.")
+    return entry.build
+
+
+def build_plan(compiler: Compiler, build, *args) -> Plan:
+    """Build a plan; the compiler keeps its compiled programs but no per-build lowerings."""
+    try:
+        return build(*args, compiler)
+    finally:
+        compiler.forget_lowerings()

@@ -1,0 +1,319 @@
+"""`sxvalue_and_grad` and `sxgrad`: the pipelined training step, and its measurements."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from spectrax_core import sharding as core_sharding
+from spectrax_core.schedules import Timeline
+
+from .._compile.compiler import Compiler
+from .._plan import PlanArgs, build_train_plan
+from .._runtime import (
+    HostProfile,
+    Plan,
+    StageProfile,
+    action_spans,
+    measure_peak_bytes,
+    measured_timeline,
+    peak_activations,
+    stage_profile,
+)
+from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.split import split, trace
+from ..errors import MpmdError
+from .checks import check_mesh, check_schedule, pipeline_schedule
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+
+
+class _StepFunction:
+    """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
+
+    def __init__(
+        self,
+        fn,
+        argnums=0,
+        *,
+        mesh,
+        schedule,
+        has_aux=False,
+        remat=False,
+        rules=None,
+        batch_argnums=None,
+        static_argnums=(),
+        reduce="mean",
+        region_ranks=None,
+        value=True,
+        compiler: Compiler | None = None,
+    ):
+        self.name = "sxvalue_and_grad" if value else "sxgrad"
+        self.fn, self.argnums = fn, as_tuple(argnums)
+        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
+        self.static_argnums = as_tuple(static_argnums)
+        self.mesh = check_mesh(self.name, mesh)
+        if schedule is None:
+            raise MpmdError(f"{self.name}: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
+        if reduce not in ("mean", "sum"):
+            raise MpmdError(
+                f"{self.name}: reduce must be 'mean' (the loss and gradients are averaged over "
+                f"microbatches) or 'sum' (added up), got {reduce!r}."
+            )
+        self.v, self.schedule_error = check_schedule(self.name, schedule, self.mesh.mpmd_dim)
+        self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
+        self.region_ranks = region_ranks
+        self.value, self.reduce = value, reduce
+        self.compiler = compiler if compiler is not None else Compiler()
+        self.placer = Placer()
+        self.cache: dict = {}
+        functools.update_wrapper(self, fn)
+
+    @property
+    def n_stages(self) -> int:
+        return self.mesh.mpmd_dim * self.v
+
+    def _traced_fn(self, fn):
+        has_aux = self.has_aux
+
+        def wrapped(*args):
+            out = fn(*args)
+            if has_aux:
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise MpmdError("has_aux=True: the function must return a pair (loss, aux).")
+                return out
+            return out, None
+
+        return wrapped
+
+    def _build(self, sig: Signature) -> Entry:
+        m = self.schedule.microbatches
+        kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
+        micro = traced_avals(sig, kinds, m)
+        with self.compiler.stats.timed("trace"):
+            closed, _, out_tree, regions = trace(
+                self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro)
+            )
+        loss_aval = closed.out_avals[0]
+        if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
+            raise MpmdError(
+                f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
+                "reduce it (e.g. mean over the batch) before returning."
+            )
+        pipeline_schedule(self, None, regions)
+        with self.compiler.stats.timed("split"):
+            graph = split(closed, self.n_stages)
+        schedule = pipeline_schedule(self, graph, regions)
+        dynamic = sig.in_tree.unflatten(sig.leaves)
+        ranges = dict(zip(sig.positions, sig.ranges()))
+        args = PlanArgs(
+            params=tuple(kinds.params),
+            batch=tuple(kinds.batch),
+            batch_avals={a: sig.aval(a) for a in kinds.batch},
+            keys=kinds.keys,
+            param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
+            reduce=self.reduce,
+            remat=self.remat,
+        )
+        plan = build_plan(self.compiler, build_train_plan, graph, schedule, self.mesh, args)
+        slots = plan.output_slots["grads"]
+        grad_trees = tuple(
+            (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
+            for k in kinds.argnums
+        )
+        self.last_graph = graph
+        return Entry(plan, out_tree, grad_trees=grad_trees)
+
+    def _param_specs(self, dynamic, sig: Signature, argnums, ranges) -> dict:
+        if self.rules is None:
+            return {}
+        specs = {}
+        for k in argnums:
+            arg = dynamic[sig.positions.index(k)]
+            tree = core_sharding.param_specs(arg, self.rules, mesh=self.mesh.submesh(0))
+            specs.update(zip(ranges[k], jax.tree.structure(arg).flatten_up_to(tree)))
+        return specs
+
+    def _entry(self, args):
+        return cached_entry(self, args)
+
+    def measure_peak_activations(self, *args) -> list[int]:
+        """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
+        entry, leaves = self._entry(args)
+        return peak_activations(entry.plan, entry.place(self.placer, leaves))
+
+    def measure_peak_bytes(self, *args) -> tuple[int, ...]:
+        """Run one step and return, per rank, the most bytes alive on its devices between actions
+        (its most loaded device: parameters, batch, accumulators and every activation, residual,
+        stash and cotangent in flight; temporaries inside a cell are not counted). The step's
+        results are discarded."""
+        entry, leaves = self._entry(args)
+        return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
+
+    def measure_timeline(self, *args) -> Timeline:
+        """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.
+
+        Each action is one event on its rank (its cell plus the sends after it);
+        `spectrax_core.schedules.chrome_trace(timeline, us_per_unit=1)` turns it
+        into a Chrome trace (one track per rank, slices named like `2F5`).
+        """
+        entry, leaves = self._entry(args)
+        schedule, n = entry.plan.schedule, self.mesh.mpmd_dim
+        spans = action_spans(entry.plan, entry.place(self.placer, leaves))
+        return measured_timeline(spans, n, repr(schedule), schedule.stage_labels(n))
+
+    def profile(self, *args, rounds: int = 7) -> HostProfile:
+        """Host cost of one step on these arguments: issue CPU time per rank and cell kind, call
+        and transfer counts, and the share of the step spent issuing (`HostProfile`; print
+        `.table()`). Runs the step `2 * rounds` times."""
+        return host_cost(self, args, rounds)
+
+    def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
+        """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
+        compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
+        rank's parameter and accumulator bytes, bytes per edge, the bytes each stage and rank
+        holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
+        `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
+        entry, leaves = self._entry(args)
+        entry.plan.check_single_process(f"{self.name}.profile_stages")
+        try:
+            return stage_profile(
+                entry.plan,
+                self.compiler.compile_spec,
+                dict(enumerate(leaves)),
+                entry.place(self.placer, leaves),
+                rounds,
+            )
+        finally:
+            self.compiler.forget_lowerings()
+
+    def timings(self, *args) -> dict:
+        """Where the first call's time went, for these arguments' signature (default: the last
+        call's): seconds per phase (trace, split, lower, compile, relocate, plan, first_run;
+        see `BuildStats`), their total, and how many programs were compiled and relocated."""
+        return build_timings(self, args)
+
+    def plan_for(self, *args) -> Plan:
+        """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""
+        return self._entry(args)[0].plan
+
+    def __call__(self, *args):
+        entry, leaves = self._entry(args)
+        buf = entry.run(self.placer, leaves)
+        self.last_plan = entry.plan
+        out = entry.plan.output_slots
+        trees = [treedef.unflatten([buf[s] for s in slots]) for treedef, slots in entry.grad_trees]
+        grads = trees[0] if len(trees) == 1 else tuple(trees)
+        loss = buf[out["loss"]]
+        if self.has_aux:
+            aux_leaves = [buf[out["aux"][j]] for j in sorted(out["aux"])]
+            (_, aux) = jax.tree.unflatten(entry.out_tree, [loss, *aux_leaves])
+            value = (loss, aux)
+        else:
+            value = loss
+        if self.value:
+            return value, grads
+        return (grads, value[1]) if self.has_aux else grads
+
+    @property
+    def dispatch_log(self) -> list:
+        """`(rank, action, cell)` for every action issued by the last call, in issue order."""
+        return list(self.last_plan.log)
+
+
+def sxvalue_and_grad(
+    fn: Callable,
+    argnums: int | Sequence[int] = 0,
+    *,
+    mesh,
+    schedule,
+    has_aux: bool = False,
+    remat: bool = False,
+    rules=None,
+    batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    reduce: str = "mean",
+    region_ranks: dict | None = None,
+) -> Callable:
+    """Pipelined `jax.value_and_grad`: `step(params, batch, ...) -> (loss, grads)`.
+
+    Arguments are of four kinds. `argnums` are the parameters (differentiated,
+    never split). `batch_argnums` (default: every other non-static argument)
+    are split on their shared leading axis into `schedule.microbatches`. Every
+    other non-static argument is broadcast: the same value reaches every
+    microbatch, and a PRNG key among them reaches microbatch `i` as
+    `jax.random.fold_in(key, i)`. `static_argnums` are hashed into the cache key
+    and bound into the trace, as in `jax.jit`.
+
+    The loss is the mean (`reduce="mean"`) or the sum (`"sum"`) of the
+    microbatch losses, and the gradients are its exact gradients, each leaf on
+    the submesh of the rank that owns it (the first stage that reads it).
+    `remat=True` recomputes each stage's forward in its backward instead of
+    keeping residuals. `rules` (a `spectrax_core.sharding` rules object) shards
+    each stage's parameters over its submesh; default replicated.
+
+    A function with `sxstage_region`s runs each region's stages on its own ranks
+    with its own schedule (`schedule` is the default region's); `region_ranks`
+    (`{region name: (rank, ...)}`, `"default"` for the code outside regions)
+    places them, by default on consecutive ranks of their own.
+    """
+    return _StepFunction(
+        fn,
+        argnums,
+        mesh=mesh,
+        schedule=schedule,
+        has_aux=has_aux,
+        remat=remat,
+        rules=rules,
+        batch_argnums=batch_argnums,
+        static_argnums=static_argnums,
+        reduce=reduce,
+        region_ranks=region_ranks,
+        value=True,
+    )
+
+
+def sxgrad(
+    fn: Callable,
+    argnums: int | Sequence[int] = 0,
+    *,
+    mesh,
+    schedule,
+    has_aux: bool = False,
+    remat: bool = False,
+    rules=None,
+    batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    reduce: str = "mean",
+    region_ranks: dict | None = None,
+) -> Callable:
+    """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
+    return _StepFunction(
+        fn,
+        argnums,
+        mesh=mesh,
+        schedule=schedule,
+        has_aux=has_aux,
+        remat=remat,
+        rules=rules,
+        batch_argnums=batch_argnums,
+        static_argnums=static_argnums,
+        reduce=reduce,
+        region_ranks=region_ranks,
+        value=False,
+    )
+
+
+def step_function(fn: Callable, *, compiler: Compiler, **kwargs) -> Callable:
+    """`sxvalue_and_grad(fn, **kwargs)` compiling through `compiler`, which several steps may
+    share: a program two of them have in common compiles once (the planner profiles many)."""
+    return _StepFunction(fn, compiler=compiler, **kwargs)
+
+
+def profile_stages(fn: Callable, *args, mesh, schedule, rounds: int = 3, **step_kwargs) -> StageProfile:
+    """`sxvalue_and_grad(fn, mesh=, schedule=, **step_kwargs).profile_stages(*args)`: the
+    per-stage profile of `fn`'s pipelined training step on these arguments."""
+    step = sxvalue_and_grad(fn, mesh=mesh, schedule=schedule, **step_kwargs)
+    return step.profile_stages(*args, rounds=rounds)

@@ -1,0 +1,123 @@
+"""`sxjit`: a function's forward, one program per pipeline stage."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+
+from .._compile.compiler import Compiler
+from .._plan import PlanArgs, build_forward_plan
+from .._runtime import HostProfile
+from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.split import split, trace
+from ..errors import MpmdError
+from .checks import check_mesh, check_schedule, pipeline_schedule
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+
+
+class _JitFunction:
+    """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
+
+    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks=None):
+        self.fn, self.name = fn, "sxjit"
+        self.mesh = check_mesh("sxjit", mesh)
+        self.v, self.schedule_error = check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
+        self.schedule, self.region_ranks = schedule, region_ranks
+        if batch_argnums is not None and schedule is None:
+            raise MpmdError(
+                "sxjit: batch_argnums splits the batch into the schedule's microbatches; pass a "
+                "schedule too, e.g. schedule=GPipe(microbatches=4)."
+            )
+        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
+        self.static_argnums = as_tuple(static_argnums)
+        self.donate_argnums = as_tuple(donate_argnums)
+        self.compiler, self.placer, self.cache = Compiler(), Placer(), {}
+        functools.update_wrapper(self, fn)
+
+    def _build(self, sig: Signature) -> Entry:
+        kinds, split_batch = None, {}
+        if self.batch_argnums is not None:
+            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, self.schedule.microbatches)
+            split_batch = dict(
+                batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
+            )
+        avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
+        with self.compiler.stats.timed("trace"):
+            closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+        pipeline_schedule(self, None, regions)
+        with self.compiler.stats.timed("split"):
+            graph = split(closed, self.mesh.mpmd_dim * self.v)
+        schedule = pipeline_schedule(self, graph, regions)
+        n_args = len(sig.positions) + len(sig.statics)
+        donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
+        donated = frozenset(
+            a
+            for position, leaf_range in zip(sig.positions, sig.ranges())
+            if position in donate
+            for a in leaf_range
+        )
+        args = PlanArgs(donated=donated, **split_batch)
+        self.last_graph = graph
+        plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
+        return Entry(plan, out_tree, donated=donated)
+
+    def __call__(self, *args):
+        entry, leaves = cached_entry(self, args)
+        buf = entry.run(self.placer, leaves)
+        self.last_plan = entry.plan
+        return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
+
+    def profile(self, *args, rounds: int = 7) -> HostProfile:
+        """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""
+        return host_cost(self, args, rounds)
+
+    def timings(self, *args) -> dict:
+        """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""
+        return build_timings(self, args)
+
+    @property
+    def dispatch_log(self) -> list:
+        return list(self.last_plan.log)
+
+
+def sxjit(
+    fn: Callable | None = None,
+    *,
+    mesh,
+    schedule=None,
+    static_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
+    batch_argnums: int | Sequence[int] | None = None,
+    region_ranks: dict | None = None,
+):
+    """Compile `fn` into one program per pipeline stage and run its forward.
+
+    `fn` is cut at its `sxstage_iter` markers into `mesh.mpmd_dim x v` stages
+    (`v = schedule.virtual_stages`, 1 without a schedule); each stage runs on
+    its rank's submesh and its outputs are sent to the stages that read them.
+    Traces once per signature: the argument structure, each leaf's shape, dtype
+    and weak type, the values (and types) of `static_argnums`, and JAX's
+    trace-affecting configuration. Usable as `@sxjit(mesh=...)`.
+
+    Pipelined inference: with `batch_argnums` (and a schedule), those arguments
+    are split on their leading axis into `schedule.microbatches`, the
+    microbatches flow through the stages in the schedule's forward order, and
+    every output (which must have a leading batch axis) comes back concatenated
+    in batch order. Other arguments are broadcast to every microbatch, a PRNG
+    key folded with the microbatch index, as in `sxvalue_and_grad`.
+
+    `sxstage_region`s and `region_ranks` work as in `sxvalue_and_grad`.
+    """
+    if fn is None:
+        return functools.partial(
+            sxjit,
+            mesh=mesh,
+            schedule=schedule,
+            static_argnums=static_argnums,
+            donate_argnums=donate_argnums,
+            batch_argnums=batch_argnums,
+            region_ranks=region_ranks,
+        )
+    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks)

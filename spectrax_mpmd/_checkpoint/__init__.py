@@ -1,0 +1,1 @@
+"""Checkpoints: the orbax manager, layout-independent array names, restore targets and checksums."""
