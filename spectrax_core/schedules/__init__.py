@@ -17,7 +17,8 @@ from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH
 from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
-from ._simulate import Cost, Event, StageCost, Timeline, simulate, validate
+from ._simulate import simulate, validate
+from ._timeline import Cost, Event, StageCost, Timeline
 
 ALL_SCHEDULES = (
     GPipe,

@@ -14,7 +14,8 @@ import functools
 from typing import ClassVar
 
 from ._actions import ScheduleError, Table
-from ._simulate import Timeline, simulate
+from ._simulate import simulate
+from ._timeline import Timeline
 
 
 def check_count(owner: str, name: str, value, minimum: int) -> None:

@@ -26,10 +26,8 @@ not inside a cell (temporaries are not counted).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._simulate import Timeline
+from ._timeline import Timeline
 
 _PER_STAGE = ("inputs", "kept_inputs", "residuals", "grads", "stash")
 _PER_RANK = ("params", "accumulators", "optimizer", "other")
