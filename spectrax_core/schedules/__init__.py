@@ -6,13 +6,16 @@ Nine schedules — `GPipe`, `Std1F1B`, `Eager1F1B`, `ZeroBubbleH1`,
 schedules also take `virtual_stages=v`). `schedule.actions(n)` is the table:
 one tuple per rank of `Action` / `FusedAction` cells in execution order.
 `simulate` runs a table on a `Cost` model (and a `StageMemory` for bytes); `render_grid` and `chrome_trace`
-show the result. See docs/schedules.md.
+show the result. `Flow` says what each cell waits for and `issue_order` walks a table in
+that order (the simulator, the memory model, the region merge and the MPMD runtime share
+both). See docs/schedules.md.
 """
 
 from ._actions import Action, FusedAction, ScheduleError, check_table
 from ._base import Schedule
 from ._dualpipe import DualPipeV
 from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
+from ._flow import DeadlockError, Dependency, Flow, Stuck, issue_order
 from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH1, KimiK2
 from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
@@ -50,6 +53,11 @@ __all__ = [
     "Action",
     "FusedAction",
     "ScheduleError",
+    "DeadlockError",
+    "Flow",
+    "Dependency",
+    "Stuck",
+    "issue_order",
     "Cost",
     "StageCost",
     "StageMemory",
