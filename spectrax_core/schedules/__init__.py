@@ -8,7 +8,8 @@ one tuple per rank of `Action` / `FusedAction` cells in execution order.
 `simulate` runs a table on a `Cost` model (and a `StageMemory` for bytes); `render_grid` and `chrome_trace`
 show the result. `Flow` says what each cell waits for and `issue_order` walks a table in
 that order (the simulator, the memory model, the region merge and the MPMD runtime share
-both). See docs/schedules.md.
+both). A table has a text form: `format_table` writes it, `parse_table` reads it back
+(`Action.parse("2F3")` is stage 2, forward, microbatch 3). See docs/schedules.md.
 """
 
 from ._actions import Action, FusedAction, ScheduleError, check_table
@@ -21,6 +22,7 @@ from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
 from ._simulate import simulate, validate
+from ._text import format_table, parse_cell, parse_table
 from ._timeline import Cost, Event, StageCost, Timeline
 
 ALL_SCHEDULES = (
@@ -67,6 +69,9 @@ __all__ = [
     "simulate",
     "validate",
     "check_table",
+    "parse_cell",
+    "parse_table",
+    "format_table",
     "render_grid",
     "chrome_trace",
     "save_chrome_trace",

@@ -54,11 +54,11 @@ def simulate(
     finished: dict[Dependency, float] = {}
     free = [0.0] * n
     events: list[list[Event]] = [[] for _ in range(n)]
-    for r, cell, needs in _walk_table(schedule, n, table, flow):
+    for r, cell, needs in walk_table(schedule, n, table, flow):
         start = free[r]
         for need in needs:
             t = finished[need]
-            start = max(start, t + comm if owner[need[1]] != r else t)
+            start = max(start, t + comm if owner[need[1]] != r else t)  # need: (kind, stage, mb)
         end = start + cost.of(cell)
         finished.update((Flow.makes(a), end) for a in cell.parts)
         free[r] = end
@@ -67,7 +67,7 @@ def simulate(
     return timeline if memory is None else replace(timeline, peak_bytes=peak_bytes(timeline, memory))
 
 
-def _walk_table(schedule, n: int, table, flow: Flow) -> list[tuple[int, Cell, tuple]]:
+def walk_table(schedule, n: int, table, flow: Flow) -> list[tuple[int, Cell, tuple]]:
     """`walk` over `table`, `schedule`'s table on `n` ranks, and its `flow`; a table that stalls
     raises `DeadlockError` naming the schedule and what each stuck rank waits for."""
     try:
