@@ -6,18 +6,24 @@ Nine schedules — `GPipe`, `Std1F1B`, `Eager1F1B`, `ZeroBubbleH1`,
 schedules also take `virtual_stages=v`). `schedule.actions(n)` is the table:
 one tuple per rank of `Action` / `FusedAction` cells in execution order.
 `simulate` runs a table on a `Cost` model (and a `StageMemory` for bytes); `render_grid` and `chrome_trace`
-show the result. See docs/schedules.md.
+show the result. `Flow` says what each cell waits for and `issue_order` walks a table in
+that order (the simulator, the memory model, the region merge and the MPMD runtime share
+both). A table has a text form: `format_table` writes it, `parse_table` reads it back
+(`Action.parse("2F3")` is stage 2, forward, microbatch 3). See docs/schedules.md.
 """
 
 from ._actions import Action, FusedAction, ScheduleError, check_table
 from ._base import Schedule
 from ._dualpipe import DualPipeV
 from ._flat import Eager1F1B, GPipe, Std1F1B, ZeroBubbleH1
+from ._flow import DeadlockError, Dependency, Flow, Stuck, issue_order
 from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH1, KimiK2
 from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
-from ._simulate import Cost, Event, StageCost, Timeline, simulate, validate
+from ._simulate import simulate, validate
+from ._text import format_table, parse_cell, parse_table
+from ._timeline import Cost, Event, StageCost, Timeline
 
 ALL_SCHEDULES = (
     GPipe,
@@ -49,6 +55,11 @@ __all__ = [
     "Action",
     "FusedAction",
     "ScheduleError",
+    "DeadlockError",
+    "Flow",
+    "Dependency",
+    "Stuck",
+    "issue_order",
     "Cost",
     "StageCost",
     "StageMemory",
@@ -58,6 +69,9 @@ __all__ = [
     "simulate",
     "validate",
     "check_table",
+    "parse_cell",
+    "parse_table",
+    "format_table",
     "render_grid",
     "chrome_trace",
     "save_chrome_trace",

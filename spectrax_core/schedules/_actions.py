@@ -8,10 +8,12 @@ backward that run as one overlapped cell, as in DualPipeV and KimiK2).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Union
 
 KINDS = ("F", "B", "I", "W")
+_ACTION_TEXT = re.compile(r"(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)")
 
 
 class ScheduleError(ValueError):
@@ -25,7 +27,8 @@ class Action:
     `kind` is `"F"` (forward), `"B"` (full backward), `"I"` (input-gradient
     half of a backward) or `"W"` (weight-gradient half); `stage` is the logical
     stage (0 … n·v−1, in model order) and `microbatch` the microbatch index.
-    `str` gives the grid label (`F3`); `repr` adds the stage (`2F3`).
+    `str` gives the grid label (`F3`); `repr` adds the stage (`2F3`), the text form that
+    `Action.parse` reads back.
     """
 
     kind: str
@@ -44,6 +47,17 @@ class Action:
     def parts(self) -> tuple["Action"]:
         """The actions this cell runs: itself (mirrors `FusedAction.parts`)."""
         return (self,)
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """The action whose `repr` is `text`: `"2F3"` is stage 2, kind F, microbatch 3."""
+        match = _ACTION_TEXT.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise ScheduleError(
+                "Action.parse: expected stage, kind and microbatch as repr writes them ('2F3': stage 2, "
+                f"kind F, B, I or W, microbatch 3; numbers without leading zeros), received {text!r}."
+            )
+        return cls(match[2], int(match[1]), int(match[3]))
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}"
@@ -81,6 +95,17 @@ class FusedAction:
     @property
     def kind(self) -> str:
         return "F&B"
+
+    @classmethod
+    def parse(cls, text: str) -> FusedAction:
+        """The fused cell whose `repr` is `text`: `"0F3&7B1"`, its forward then its backward."""
+        parts = text.split("&") if isinstance(text, str) else ()
+        if len(parts) != 2:
+            raise ScheduleError(
+                "FusedAction.parse: expected a forward and a backward action joined by '&' as repr "
+                f"writes them ('0F3&7B1'), received {text!r}."
+            )
+        return cls(tuple(Action.parse(p) for p in parts))
 
     def __str__(self) -> str:
         return f"{self.parts[0]}&{self.parts[1]}"

@@ -14,7 +14,9 @@ import functools
 from typing import ClassVar
 
 from ._actions import ScheduleError, Table
-from ._simulate import Timeline, simulate
+from ._flow import Flow
+from ._simulate import simulate
+from ._timeline import Timeline
 
 
 def check_count(owner: str, name: str, value, minimum: int) -> None:
@@ -106,6 +108,10 @@ class Schedule(abc.ABC):
         """Per stage, the stages whose input gradient its backward waits for: s + 1 in a chain."""
         last = self.num_stages(n) - 1
         return tuple((s + 1,) if s < last else () for s in range(last + 1))
+
+    def flow(self, n: int) -> Flow:
+        """`stage_inputs` and `gradient_inputs` as one `Flow`: what each cell waits for."""
+        return Flow(self.stage_inputs(n), self.gradient_inputs(n))
 
     def stage_labels(self, n: int) -> tuple[str, ...]:
         """Names of the stages in grids and traces; empty: the stage number."""

@@ -26,10 +26,9 @@ not inside a cell (temporaries are not counted).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._simulate import Timeline
+from ._flow import DeadlockError, Flow, issue_order
+from ._timeline import Timeline
 
 _PER_STAGE = ("inputs", "kept_inputs", "residuals", "grads", "stash")
 _PER_RANK = ("params", "accumulators", "optimizer", "other")
@@ -118,45 +117,24 @@ def peak_bytes(timeline: Timeline, memory: StageMemory, order: str = "issue") ->
             "give one byte count per logical stage."
         )
     if order == "issue":
-        return _peaks(_issued(timeline.events, stages - 1), 0.0, memory)
+        return _peaks(_issued(timeline.events, stages), 0.0, memory)
     rows = [[(e.rank, e.cell, e.start, e.end) for e in row] for row in timeline.events]
     return _peaks(rows, float(timeline.cost.comm), memory)
 
 
-def _issued(events, last: int) -> list[list[tuple]]:
-    """Each rank's cells as `(rank, cell, k, k + 1)`, k the cell's place in the round-robin
-    issue order."""
+def _issued(events, stages: int) -> list[list[tuple]]:
+    """Each rank's cells as `(rank, cell, k, k + 1)`, k the cell's place in the issue order of
+    a chain of `stages` stages."""
     table = [[e.cell for e in row] for row in events]
-    done: set = set()
-    pos = [0] * len(table)
+    try:
+        order = issue_order(table, Flow.chain(stages))
+    except DeadlockError as err:
+        message = "peak_bytes: the timeline's cells cannot be issued in table order."
+        raise DeadlockError(message, err.stuck) from None
     rows: list[list] = [[] for _ in table]
-    k = 0
-    while any(p < len(row) for p, row in zip(pos, table)):
-        progressed = False
-        for r, row in enumerate(table):
-            if pos[r] < len(row) and all(key in done for a in row[pos[r]].parts for key in _reads(a, last)):
-                cell = row[pos[r]]
-                done.update(
-                    ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch) for a in cell.parts
-                )
-                rows[r].append((r, cell, float(k), float(k + 1)))
-                pos[r] += 1
-                k += 1
-                progressed = True
-        if not progressed:
-            raise ValueError("peak_bytes: the timeline's cells cannot be issued in table order.")
+    for k, (r, cell) in enumerate(order):
+        rows[r].append((r, cell, float(k), float(k + 1)))
     return rows
-
-
-def _reads(a, last: int) -> list[tuple[str, int, int]]:
-    """What `a` waits for: the forward before it; for B or I its own forward and the next
-    stage's input gradient (`G`: its B or I); for W its own I."""
-    s, mb = a.stage, a.microbatch
-    if a.kind == "F":
-        return [("F", s - 1, mb)] if s > 0 else []
-    if a.kind == "W":
-        return [("G", s, mb)]
-    return [("F", s, mb)] + ([("G", s + 1, mb)] if s < last else [])
 
 
 def _peaks(rows, comm: float, memory: StageMemory) -> tuple[int, ...]:

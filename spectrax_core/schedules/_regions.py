@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ._actions import Action, FusedAction, ScheduleError, cell_label
 from ._base import Schedule
+from ._flow import DeadlockError, Flow, issue_order
 
 
 @dataclass(frozen=True)
@@ -189,12 +190,14 @@ class RegionSchedule(Schedule):
             raise ScheduleError(f"RegionSchedule: rank {rank} holds {len(stages)} stage(s), received v={v}.")
         return stages[v]
 
+    def flow(self, n: int) -> Flow:
+        return Flow.from_edges(self.num_stages(n), self.edges, self.gradient_edges)
+
     def stage_inputs(self, n: int) -> tuple[tuple[int, ...], ...]:
-        return _grouped(self.edges, self.num_stages(n), by_dst=True)
+        return self.flow(n).inputs
 
     def gradient_inputs(self, n: int) -> tuple[tuple[int, ...], ...]:
-        edges = self.edges if self.gradient_edges is None else self.gradient_edges
-        return _grouped(edges, self.num_stages(n), by_dst=False)
+        return self.flow(n).gradient_inputs
 
     def stage_labels(self, n: int) -> tuple[str, ...]:
         prefixes = region_labels(tuple(r.name for r in self.regions))
@@ -207,7 +210,7 @@ class RegionSchedule(Schedule):
     # --- the merged table ------------------------------------------------------------
     def _depth_after(self, stage: int, n: int) -> int:
         """How many stages the longest path from `stage` to the end of the model passes."""
-        feeds = _grouped(self.edges, self.num_stages(n), by_dst=False)
+        feeds = Flow.from_edges(self.num_stages(n), self.edges).gradient_inputs  # the stages reading s
         depth: dict[int, int] = {}
 
         def walk(s: int) -> int:
@@ -231,73 +234,43 @@ class RegionSchedule(Schedule):
 
     def _rows(self, n: int) -> list[list]:
         """Each region's rows (`_region_rows`) on global stages, merged per rank in dependency
-        order: every (region, rank) row is a queue; round-robin, a queue issues its next cell
-        once all that cell reads has been issued. When every queue waits — a region's
-        backward needs a gradient that another region sends only after more forwards — the
-        first forward that can run moves ahead of its queue's waiting cell (a fused cell gives
-        up its forward part), so any acyclic set of regions merges."""
-        queues = []
+        order: every (region, rank) row is a queue of `issue_order`. When every queue waits — a
+        region's backward needs a gradient that another region sends only after more forwards —
+        the first forward that can run moves ahead of its queue's waiting cell (`_overtake`),
+        so any acyclic set of regions merges."""
+        owners, ranks, queues = [], [], []
         for r in self.regions:
             for local_rank, row in enumerate(self._region_rows(r, n)):
-                queues.append((r, r.ranks[local_rank], [_globalize(c, r.stages) for c in row]))
-        inputs, gradient_inputs = self.stage_inputs(n), self.gradient_inputs(n)
-        done: set = set()
-
-        def ready(a: Action) -> bool:
-            s, i = a.stage, a.microbatch
-            if a.kind == "F":
-                return all(("F", p, i) in done for p in inputs[s])
-            if a.kind == "W":
-                return ("G", s, i) in done
-            return ("F", s, i) in done and all(("G", c, i) in done for c in gradient_inputs[s])
-
+                owners.append(r)
+                ranks.append(r.ranks[local_rank])
+                queues.append([_globalize(c, r.stages) for c in row])
+        try:
+            order = issue_order(queues, self.flow(n), ranks=ranks, unblock=_overtake)
+        except DeadlockError as err:
+            labels = self.stage_labels(n)
+            stuck = "; ".join(
+                f"region {owners[s.queue].name!r} on rank {s.rank} at {cell_label(s.cell, labels)}"
+                for s in err.stuck
+            )
+            raise DeadlockError(
+                f"RegionSchedule: the regions' tables deadlock once merged ({stuck}).", err.stuck
+            ) from None
         rows: list[list] = [[] for _ in range(n)]
-        pos = [0] * len(queues)
-        while any(pos[q] < len(row) for q, (_, _, row) in enumerate(queues)):
-            progressed = False
-            for q, (_, rank, row) in enumerate(queues):
-                if pos[q] < len(row) and all(ready(p) for p in row[pos[q]].parts):
-                    cell = row[pos[q]]
-                    done.update(
-                        ("G" if p.kind in "BI" else p.kind, p.stage, p.microbatch) for p in cell.parts
-                    )
-                    rows[rank].append(cell)
-                    pos[q] += 1
-                    progressed = True
-            if not progressed and not _overtake(queues, pos, ready):
-                labels = self.stage_labels(n)
-                stuck = "; ".join(
-                    f"region {r.name!r} on rank {rank} at {cell_label(row[pos[q]], labels)}"
-                    for q, (r, rank, row) in enumerate(queues)
-                    if pos[q] < len(row)
-                )
-                raise ScheduleError(f"RegionSchedule: the regions' tables deadlock once merged ({stuck}).")
+        for rank, cell in order:
+            rows[rank].append(cell)
         return rows
 
 
-def _overtake(queues: list, pos: list[int], ready) -> bool:
-    """Move the first ready forward of some queue ahead of that queue's blocked cell."""
-    for q, (_, _, row) in enumerate(queues):
-        for j in range(pos[q], len(row)):
-            cell = row[j]
+def _overtake(left: tuple[tuple, ...], ready) -> tuple[tuple, ...] | None:
+    """`left` with the first ready forward of some queue moved ahead of that queue's waiting
+    cell (a fused cell gives up its forward part and keeps its place); None if there is none."""
+    for q, row in enumerate(left):
+        for j, cell in enumerate(row):
             forward = cell.parts[0]
             if forward.kind == "F" and ready(forward):
-                if isinstance(cell, FusedAction):
-                    row[j] = cell.parts[1]  # the backward part keeps its place
-                else:
-                    del row[j]
-                row.insert(pos[q], forward)
-                return True
-    return False
-
-
-def _grouped(edges, n_stages: int, by_dst: bool) -> tuple[tuple[int, ...], ...]:
-    out: list[list[int]] = [[] for _ in range(n_stages)]
-    for src, dst in edges:
-        key, value = (dst, src) if by_dst else (src, dst)
-        if value not in out[key]:
-            out[key].append(value)
-    return tuple(tuple(sorted(x)) for x in out)
+                moved = (forward, *row[:j], *cell.parts[1:], *row[j + 1 :])
+                return (*left[:q], moved, *left[q + 1 :])
+    return None
 
 
 def _globalize(cell, stages: tuple[int, ...]):

@@ -7,7 +7,7 @@ import math
 import os
 
 from ._actions import cell_label
-from ._simulate import Timeline
+from ._timeline import Timeline
 
 IDLE = "."
 CONTINUED = "-"

@@ -1,160 +1,22 @@
-"""Execute a schedule table on a cost model: `Cost`, `Timeline`, `simulate`, `validate`.
+"""Execute a schedule table on a cost model (`Cost`, `StageCost`): `simulate`, `validate`.
 
-Semantics: every rank runs its cells in table order, one at a
-time; a cell starts when its rank is free and all its inputs exist. F of stage
-s needs F of the stages it reads (`schedule.stage_inputs`: s−1 in a chain,
-same microbatch); B/I of s needs its own F and the B/I of the stages that read
-it (`schedule.gradient_inputs`: s+1 in a chain); W needs its own I. An input produced on another rank arrives `comm` later.
-A fused cell waits for the inputs of both parts and costs the sum of its parts
-unless `Cost.FB` is given.
+Semantics: every rank runs its cells in table order, one at a time; a cell starts
+when its rank is free and all it waits for has finished (the rule of `Flow`, over
+`schedule.flow(n)`: F of stage s needs F of the stages it reads, s−1 in a chain; B/I of s
+its own F and the B/I of the stages whose gradient it reads, s+1 in a chain; W its own I).
+An input produced on another rank arrives `comm` later. A fused cell waits for the inputs
+of both parts and costs the sum of its parts unless `Cost.FB` is given. Cells are timed in
+`issue_order`, so every input is timed before the cells that read it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ._actions import Action, Cell, FusedAction, ScheduleError, check_table
+from ._actions import Cell, check_table
+from ._flow import DeadlockError, Dependency, Flow, walk
 from ._memory import StageMemory, peak_bytes
-
-
-@dataclass(frozen=True)
-class Cost:
-    """Duration of each action kind and of one cross-rank transfer.
-
-    `FB` is the duration of a fused forward+full-backward cell (default: F + B,
-    no overlap gain). Defaults are the unit costs: T_F = T_I = T_W = 1,
-    T_B = T_I + T_W = 2, no transfer latency.
-    """
-
-    F: float = 1.0
-    B: float = 2.0
-    I: float = 1.0  # noqa: E741 - the field's name is the action kind
-    W: float = 1.0
-    comm: float = 0.0
-    FB: float | None = None
-
-    def __post_init__(self):
-        for name in ("F", "B", "I", "W", "comm", "FB"):
-            value = getattr(self, name)
-            if value is None and name == "FB":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"Cost: {name} must be a non-negative number, received {value!r}.")
-
-    def of(self, cell: Cell) -> float:
-        """Duration of one cell."""
-        if isinstance(cell, FusedAction):
-            fwd, bwd = cell.parts
-            if self.FB is not None and bwd.kind == "B":
-                return float(self.FB)
-            return float(getattr(self, fwd.kind) + getattr(self, bwd.kind))
-        return float(getattr(self, cell.kind))
-
-
-@dataclass(frozen=True)
-class StageCost:
-    """Per-stage durations: `F[s]`, `B[s]`, `I[s]`, `W[s]` are stage s's cells, `comm` one
-    cross-rank transfer. A fused cell costs the sum of its parts.
-
-    For pipelines whose stages differ (an embedding first, a head and loss last,
-    blocks of other widths between); `Cost` is the uniform case.
-    """
-
-    F: tuple[float, ...]
-    B: tuple[float, ...]
-    I: tuple[float, ...]  # noqa: E741 - the field's name is the action kind
-    W: tuple[float, ...]
-    comm: float = 0.0
-
-    def __post_init__(self):
-        n = len(self.F)
-        for name in ("F", "B", "I", "W"):
-            values = getattr(self, name)
-            if not isinstance(values, tuple) or len(values) != n:
-                raise ValueError(
-                    f"StageCost: {name} must be a tuple with one duration per stage (as F has, {n}), "
-                    f"received {values!r}."
-                )
-            for s, v in enumerate(values):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                    raise ValueError(f"StageCost: {name}[{s}] must be a non-negative number, received {v!r}.")
-        if isinstance(self.comm, bool) or not isinstance(self.comm, (int, float)) or self.comm < 0:
-            raise ValueError(f"StageCost: comm must be a non-negative number, received {self.comm!r}.")
-
-    @property
-    def stages(self) -> int:
-        return len(self.F)
-
-    def of(self, cell: Cell) -> float:
-        """Duration of one cell (the sum of its parts when fused)."""
-        return float(sum(getattr(self, a.kind)[a.stage] for a in cell.parts))
-
-
-@dataclass(frozen=True)
-class Event:
-    """One executed cell: `cell` ran on `rank` from `start` to `end`."""
-
-    rank: int
-    cell: Cell
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """Result of `simulate`.
-
-    `events[r]` are rank r's cells in order with their times; `busy[r]` and
-    `idle[r]` sum to `makespan`; `bubble_fraction` = Σ idle / (n · makespan);
-    `peak_activations[r]` is the most (stage, microbatch) activations live on
-    rank r at once (live from the start of F to the end of B, or of W when the
-    backward is split). `stage_labels` name the stages in grids and traces
-    (empty: their numbers). `peak_bytes[r]` is rank r's peak in bytes when `simulate`
-    was given a `StageMemory` (None otherwise).
-    """
-
-    schedule_name: str
-    n: int
-    cost: Cost | StageCost
-    events: tuple[tuple[Event, ...], ...]
-    makespan: float
-    busy: tuple[float, ...]
-    idle: tuple[float, ...]
-    bubble_fraction: float
-    peak_activations: tuple[int, ...]
-    stage_labels: tuple[str, ...] = ()
-    peak_bytes: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class _Flow:
-    """Where each stage lives and which stages feed its forward and its backward."""
-
-    rank_of: tuple[int, ...]
-    inputs: tuple[tuple[int, ...], ...]
-    gradient_inputs: tuple[tuple[int, ...], ...]
-
-    @property
-    def is_chain(self) -> bool:
-        n = len(self.inputs)
-        return self.inputs == tuple(
-            (s - 1,) if s else () for s in range(n)
-        ) and self.gradient_inputs == tuple((s + 1,) if s < n - 1 else () for s in range(n))
-
-    def needs(self, a: Action) -> list[tuple[tuple[str, int, int], int]]:
-        """Inputs of `a` as (key, producing rank); key kinds: F done, G = input grad done, W done."""
-        s, mb = a.stage, a.microbatch
-        if a.kind == "F":
-            return [(("F", p, mb), self.rank_of[p]) for p in self.inputs[s]]
-        if a.kind == "W":
-            return [(("G", s, mb), self.rank_of[s])]
-        return [(("F", s, mb), self.rank_of[s])] + [
-            (("G", c, mb), self.rank_of[c]) for c in self.gradient_inputs[s]
-        ]
-
-
-def _makes(a: Action) -> tuple[str, int, int]:
-    return ("G" if a.kind in ("B", "I") else a.kind, a.stage, a.microbatch)
+from ._timeline import Cost, Event, StageCost, Timeline
 
 
 def simulate(
@@ -180,72 +42,43 @@ def simulate(
             f"simulate: the StageCost has {cost.stages} stages but {type(schedule).__name__} on {n} ranks "
             f"has {n_stages}; give one duration per stage."
         )
-    flow = _Flow(
-        tuple(schedule.rank_of(s, n) for s in range(n_stages)),
-        schedule.stage_inputs(n),
-        schedule.gradient_inputs(n),
-    )
+    flow = schedule.flow(n)
     if memory is not None and not flow.is_chain:
         raise ValueError(
             f"simulate: peak bytes (memory=) are modelled for a chain of stages, each reading the one "
             f"before; the stages of {type(schedule).__name__} form a graph (regions). Simulate it "
             "without memory=, or each region's chain on its own."
         )
+    owner = tuple(schedule.rank_of(s, n) for s in range(n_stages))
     comm = float(cost.comm)
-    done: dict[tuple[str, int, int], float] = {}
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    blocked_on: dict[int, tuple[str, int, int]] = {}
-    pos = [0] * n
+    finished: dict[Dependency, float] = {}
     free = [0.0] * n
     events: list[list[Event]] = [[] for _ in range(n)]
-    todo = list(range(n))
-    while todo:
-        r = todo.pop()
-        row = table[r]
-        while pos[r] < len(row):
-            cell = row[pos[r]]
-            start = free[r]
-            missing = None
-            for a in cell.parts:
-                for key, src in flow.needs(a):
-                    t = done.get(key)
-                    if t is None:
-                        missing = key
-                        break
-                    start = max(start, t + comm if src != r else t)
-                if missing is not None:
-                    break
-            if missing is not None:
-                waiting.setdefault(missing, []).append(r)
-                blocked_on[r] = missing
-                break
-            blocked_on.pop(r, None)
-            end = start + cost.of(cell)
-            for a in cell.parts:
-                key = _makes(a)
-                done[key] = end
-                todo.extend(waiting.pop(key, ()))
-            free[r] = end
-            events[r].append(Event(r, cell, start, end))
-            pos[r] += 1
-    stuck = [r for r in range(n) if pos[r] < len(table[r])]
-    if stuck:
-        lines = "; ".join(
-            f"rank {r} at cell {pos[r]} ({table[r][pos[r]]!r}) waits for {_describe(blocked_on[r])}"
-            for r in stuck
-        )
-        raise ScheduleError(
-            f"{type(schedule).__name__}: the table deadlocks on n={n} ranks: {lines}. "
-            "Reorder the rows so every input is produced before it is needed."
-        )
+    for r, cell, needs in walk_table(schedule, n, table, flow):
+        start = free[r]
+        for need in needs:
+            t = finished[need]
+            start = max(start, t + comm if owner[need[1]] != r else t)  # need: (kind, stage, mb)
+        end = start + cost.of(cell)
+        finished.update((Flow.makes(a), end) for a in cell.parts)
+        free[r] = end
+        events[r].append(Event(r, cell, start, end))
     timeline = _timeline(schedule, n, cost, events)
     return timeline if memory is None else replace(timeline, peak_bytes=peak_bytes(timeline, memory))
 
 
-def _describe(key: tuple[str, int, int]) -> str:
-    kind, s, mb = key
-    what = {"F": "the forward", "G": "the input gradient", "W": "the weight gradient"}[kind]
-    return f"{what} of stage {s}, microbatch {mb}"
+def walk_table(schedule, n: int, table, flow: Flow) -> list[tuple[int, Cell, tuple]]:
+    """`walk` over `table`, `schedule`'s table on `n` ranks, and its `flow`; a table that stalls
+    raises `DeadlockError` naming the schedule and what each stuck rank waits for."""
+    try:
+        return walk(table, flow)
+    except DeadlockError as err:
+        raise DeadlockError(
+            f"{type(schedule).__name__}: the table deadlocks on n={n} ranks: "
+            f"{'; '.join(map(str, err.stuck))}. Reorder the rows so every input is produced before "
+            "it is needed.",
+            err.stuck,
+        ) from None
 
 
 def _timeline(schedule, n, cost, events) -> Timeline:

@@ -20,6 +20,8 @@ import jax
 from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
 from jax.sharding import PartitionSpec
 
+from spectrax_core.schedules import Flow
+
 from ..errors import StageSplitError
 from .jaxpr import (
     contains_primitive,
@@ -107,6 +109,15 @@ class StageGraph:
     @property
     def has_regions(self) -> bool:
         return any(region != DEFAULT_REGION for region, _ in self.stage_regions)
+
+    def flow(self) -> Flow:
+        """What each cell waits for: every edge feeds its destination's forward; the
+        differentiable ones carry a gradient back to their source's backward."""
+        return Flow.from_edges(
+            len(self.stages),
+            [(e.src, e.dst) for e in self.edges],
+            [(e.src, e.dst) for e in self.edges if e.differentiable],
+        )
 
     def consumers(self, stage: int) -> dict[Var, list[Edge]]:
         """Edges leaving `stage`, grouped by the value they carry."""
