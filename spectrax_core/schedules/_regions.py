@@ -111,26 +111,8 @@ class RegionSchedule(Schedule):
             raise ScheduleError(f"{where}: its schedule is not valid on {n} rank(s): {err}") from None
 
     def _check_acyclic(self, n_stages: int) -> None:
-        feeds: dict[int, set[int]] = {s: set() for s in range(n_stages)}
-        for src, dst in self.edges:
-            feeds[src].add(dst)
-        indegree = {s: 0 for s in range(n_stages)}
-        for dsts in feeds.values():
-            for d in dsts:
-                indegree[d] += 1
-        ready = [s for s, k in indegree.items() if k == 0]
-        while ready:
-            for d in feeds[ready.pop()]:
-                indegree[d] -= 1
-                if indegree[d] == 0:
-                    ready.append(d)
-        left = {s for s, k in indegree.items() if k > 0}
-        if left:  # every stage left is on or behind a cycle: walk back until one repeats
-            path, node = [], min(left)
-            while node not in path:
-                path.append(node)
-                node = next(src for src in left if node in feeds[src])
-            cycle = path[path.index(node) :][::-1]
+        cycle = _cycle(self.edges, n_stages)
+        if cycle:
             labels = self.stage_labels(self.n_ranks)
             raise ScheduleError(
                 "RegionSchedule: the stages form a cycle ("
@@ -278,3 +260,28 @@ def _globalize(cell, stages: tuple[int, ...]):
     if isinstance(cell, FusedAction):
         return FusedAction(tuple(_globalize(p, stages) for p in cell.parts))
     return Action(cell.kind, stages[cell.stage], cell.microbatch)
+
+
+def _cycle(edges, n_stages: int) -> list[int]:
+    """A cycle among the stages joined by `edges` (its stages in order), or [] when there is none."""
+    feeds: dict[int, set[int]] = {s: set() for s in range(n_stages)}
+    for src, dst in edges:
+        feeds[src].add(dst)
+    indegree = {s: 0 for s in range(n_stages)}
+    for dsts in feeds.values():
+        for d in dsts:
+            indegree[d] += 1
+    ready = [s for s, k in indegree.items() if k == 0]
+    while ready:
+        for d in feeds[ready.pop()]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                ready.append(d)
+    left = {s for s, k in indegree.items() if k > 0}
+    if not left:
+        return []
+    path, node = [], min(left)  # every stage left is on or behind a cycle: walk back until one repeats
+    while node not in path:
+        path.append(node)
+        node = next(src for src in left if node in feeds[src])
+    return path[path.index(node) :][::-1]

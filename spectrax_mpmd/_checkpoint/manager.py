@@ -200,7 +200,7 @@ class CheckpointManager:
         items = {"params": ocp.args.StandardRestore(p_target.want)}
         o_rebuild = None
         if optimizer is not None or opt_like is not None:
-            o_target, o_rebuild = self._opt_target(meta, like, shardings, optimizer, opt_like)
+            o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             items["opt_state"] = ocp.args.StandardRestore(o_target.want)
         got = self._read(step, **items)
@@ -223,29 +223,6 @@ class CheckpointManager:
                 f"of the step is damaged, truncated or missing. Restore another step (it holds "
                 f"{self.all_steps()}), or copy the step again from where it was saved."
             ) from err
-
-    def _opt_target(self, meta, like, shardings, optimizer, opt_like):
-        kind = meta.get("opt_kind")
-        if kind is None:
-            raise CheckpointError(
-                "restore: this checkpoint holds no optimizer state; drop optimizer= / opt_like= and "
-                "initialise the optimizer afresh."
-            )
-        if optimizer is not None and opt_like is not None:
-            raise CheckpointError("restore: give optimizer= (a StagedOptimizer) or opt_like=, not both.")
-        if kind == "staged":
-            if optimizer is None or not hasattr(optimizer, "tx"):
-                raise CheckpointError(
-                    "restore: the checkpoint holds a StagedOptState; pass optimizer=<the StagedOptimizer> so "
-                    "that it is rebuilt for the target parameters' placement."
-                )
-            return staged_opt_target(optimizer, like, shardings)
-        if opt_like is None:
-            raise CheckpointError(
-                "restore: the checkpoint holds an optimizer state pytree (not a StagedOptState); pass "
-                "opt_like= shaped like it."
-            )
-        return tree_target(opt_like)
 
     def _resolve(self, step: int | None, where: str = "restore") -> int:
         step = None if step is None else _check_step(step, where)
@@ -300,6 +277,32 @@ def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
             f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
             "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
         )
+
+
+def _opt_target(meta, like, shardings, optimizer, opt_like):
+    """The restore target of a checkpoint's optimizer state: a StagedOptState rebuilt for the
+    target placement, or a pytree shaped like `opt_like`."""
+    kind = meta.get("opt_kind")
+    if kind is None:
+        raise CheckpointError(
+            "restore: this checkpoint holds no optimizer state; drop optimizer= / opt_like= and "
+            "initialise the optimizer afresh."
+        )
+    if optimizer is not None and opt_like is not None:
+        raise CheckpointError("restore: give optimizer= (a StagedOptimizer) or opt_like=, not both.")
+    if kind == "staged":
+        if optimizer is None or not hasattr(optimizer, "tx"):
+            raise CheckpointError(
+                "restore: the checkpoint holds a StagedOptState; pass optimizer=<the StagedOptimizer> so "
+                "that it is rebuilt for the target parameters' placement."
+            )
+        return staged_opt_target(optimizer, like, shardings)
+    if opt_like is None:
+        raise CheckpointError(
+            "restore: the checkpoint holds an optimizer state pytree (not a StagedOptState); pass "
+            "opt_like= shaped like it."
+        )
+    return tree_target(opt_like)
 
 
 def _check_step(step, where: str = "save") -> int:
