@@ -25,9 +25,9 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._comm.local import is_transfer
+from ._comm.transfer_server import make_transport
 from ._compile import CellSpec
-from ._transfer import is_transfer
-from ._transport import make_transport
 from .errors import DistributedError
 
 

@@ -99,7 +99,7 @@ class StagedOptimizer:
             home = partial[0].sharding
             return jnp.sqrt(sum(jax.device_put(partial, [home] * len(partial))))
         if self._exchange is None:  # other processes hold the other groups
-            from ._exchange import Exchange
+            from ._comm.exchange import Exchange
 
             self._exchange = Exchange("grad_norm")
         mine = sum(float(x) for x in partial)

@@ -19,12 +19,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._cells import StageCells, StageIO
+from ._comm.local import is_transfer, transfer
 from ._compile import CellSpec, Compiler, _sds
 from ._mesh import MpmdMesh
 from ._multihost import localize
 from ._order import order_actions
 from ._split import StageGraph
-from ._transfer import is_transfer, transfer
 from .errors import MpmdError, StageSplitError
 
 REPLICATED = PartitionSpec()

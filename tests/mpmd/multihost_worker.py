@@ -211,7 +211,7 @@ def run(mode: str) -> dict:
     # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
     from mpmd_cases import hetero_loss
 
-    from spectrax_mpmd._transport import TRANSPORT_ENV, TRANSPORTS, make_transport
+    from spectrax_mpmd._comm.transfer_server import TRANSPORT_ENV, TRANSPORTS, make_transport
 
     results = {}
     if mode in ("schedules", "adamw"):
@@ -229,7 +229,7 @@ def run(mode: str) -> dict:
     elif mode == "adamw":
         # the runtime's exchange through the coordination service, and its public fallback (a
         # device collective), with no transfer in flight: the same values in the same order
-        from spectrax_mpmd._exchange import Exchange, _collective_allgather
+        from spectrax_mpmd._comm.exchange import Exchange, _collective_allgather
 
         mine = f"process {jax.process_index()}"
         results["exchange"] = {

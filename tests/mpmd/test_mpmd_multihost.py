@@ -215,7 +215,7 @@ def test_setup_errors_are_clear_and_fast(monkeypatch):
     """A second process 0, a second process 1 on the same host and an unreachable coordinator
     are clear errors within seconds, raised before JAX's own initialisation (which would abort
     the job or wait out its registration timeout)."""
-    from spectrax_mpmd._distributed import claim_path
+    from spectrax_mpmd._comm.distributed import claim_path
 
     monkeypatch.delenv("SPECTRAX_MPMD_TIMEOUT", raising=False)
     port, dead_port = _free_port(), _free_port()

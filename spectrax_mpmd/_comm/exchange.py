@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import jax
 
-from ._transport import configured_timeout
-from .errors import DistributedError
+from ..errors import DistributedError
+from .transfer_server import configured_timeout
 
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 

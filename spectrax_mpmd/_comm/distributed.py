@@ -25,8 +25,8 @@ import time
 
 import jax
 
-from ._transport import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS, configured_timeout, configured_transport
-from .errors import DistributedError
+from ..errors import DistributedError
+from .transfer_server import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS, configured_timeout, configured_transport
 
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 

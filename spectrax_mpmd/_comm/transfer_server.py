@@ -41,8 +41,8 @@ from typing import Callable, Sequence
 
 import jax
 
-from ._transfer import transfer
-from .errors import DistributedError, PeerLostError, TransferTimeoutError
+from ..errors import DistributedError, PeerLostError, TransferTimeoutError
+from .local import transfer
 
 DEFAULT_TIMEOUT = 30.0
 RENDEZVOUS_TIMEOUT = 300.0  # seconds a first build or the exit waits for the other processes
@@ -193,7 +193,7 @@ class CrossProcess:
     name = ""
 
     def __init__(self, timeout: float | None = None):
-        from ._exchange import Exchange  # imports this module
+        from .exchange import Exchange  # imports this module
 
         self.timeout = configured_timeout() if timeout is None else float(timeout)
         self.process = jax.process_index()
@@ -303,7 +303,7 @@ class TransferServerTransport(CrossProcess):
 def make_transport() -> CrossProcess:
     """The cross-process transport `$SPECTRAX_MPMD_TRANSPORT` names (the transfer server by default)."""
     if configured_transport() == "ppermute":
-        from ._pair import PairTransport
+        from .ppermute import PairTransport
 
         return PairTransport()
     return TransferServerTransport()

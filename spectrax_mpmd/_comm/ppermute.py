@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from ._transport import CrossProcess
+from .transfer_server import CrossProcess
 
 
 def _first_device(sharding):
