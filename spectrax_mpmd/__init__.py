@@ -9,7 +9,7 @@ from ._balance import Balance, balance, split_blocks
 from ._checkpoint import CheckpointManager, Restored, owner_shardings, restore_checkpoint, save_checkpoint
 from ._checkpoint_layout import CheckpointError
 from ._decode import PipelineDecoder
-from ._comm.distributed import initialize
+from ._comm import initialize
 from ._marker import sxstage_iter
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState

@@ -25,8 +25,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._comm.local import is_transfer
-from ._comm.transfer_server import make_transport
+from ._comm import is_transfer, make_transport
 from ._compile import CellSpec
 from .errors import DistributedError
 

@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._cells import StageCells, StageIO
-from ._comm.local import is_transfer, transfer
+from ._comm import is_transfer, transfer
 from ._compile import CellSpec, Compiler, _sds
 from ._mesh import MpmdMesh
 from ._multihost import localize

@@ -142,3 +142,47 @@ def test_import_direction(package):
     n_files, found = violations(package)
     assert n_files > 0, f"no module files found under {ROOT / package}"
     assert not found, f"{package} must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(found)
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Cycles among the modules of `package` (an import of an enclosing package's `__init__`
+    does not count: the package initialises around its submodules)."""
+    modules = {_module_name(path): path for path in _files(package)}
+    graph = {
+        m: sorted(t for t in imported_modules(path) if t in modules and t != m and not m.startswith(t + "."))
+        for m, path in modules.items()
+    }
+    cycles, state, stack = [], {}, []
+
+    def visit(m: str) -> None:
+        state[m] = "open"
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == "open":
+                cycles.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def test_planted_cycle_is_reported(tmp_path, monkeypatch):
+    pkg = tmp_path / "spectrax_mpmd" / "_sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "spectrax_mpmd" / "__init__.py").write_text("from ._sub import a\n")
+    (pkg / "__init__.py").write_text("from .a import f\n")
+    (pkg / "a.py").write_text("from .. import _sub\ndef f():\n    from .b import g\n")
+    (pkg / "b.py").write_text("from .a import f\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert import_cycles("spectrax_mpmd") == [["spectrax_mpmd._sub.a", "spectrax_mpmd._sub.b", "spectrax_mpmd._sub.a"]]
+
+
+@pytest.mark.parametrize("package", ("spectrax_mpmd", "spectrax_eager"))
+def test_no_import_cycle_inside_a_package(package):
+    cycles = import_cycles(package)
+    assert not cycles, f"{package} has import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -25,20 +25,19 @@ import time
 
 import jax
 
+from .._env import (
+    ADDRESS_ENV,
+    ID_ENV,
+    TIMEOUT_ENV,
+    TRANSPORT_ENV,
+    TRANSPORTS,
+    WORLD_ENV,
+    configured_timeout,
+    configured_transport,
+    coordinator_from_env,
+    int_env,
+)
 from ..errors import DistributedError
-from .transfer_server import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS, configured_timeout, configured_transport
-
-ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
-
-
-def _int_env(name: str):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -162,9 +161,9 @@ def initialize(
     (SLURM, Open MPI, ...) supplies them; without a cluster either, nothing happens and
     the script runs as one process. Returns whether this process joined a job.
     """
-    address = coordinator_address or os.environ.get(ADDRESS_ENV) or None
-    world = num_processes if num_processes is not None else _int_env(WORLD_ENV)
-    pid = process_id if process_id is not None else _int_env(ID_ENV)
+    address = coordinator_address or coordinator_from_env()
+    world = num_processes if num_processes is not None else int_env(WORLD_ENV)
+    pid = process_id if process_id is not None else int_env(ID_ENV)
     if timeout is not None:
         if not timeout > 0:
             raise DistributedError(

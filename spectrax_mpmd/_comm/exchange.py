@@ -13,9 +13,10 @@ missing, the public collective is the fallback.
 from __future__ import annotations
 
 import jax
+import numpy as np
 
+from .._env import configured_timeout
 from ..errors import DistributedError
-from .transfer_server import configured_timeout
 
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 
@@ -73,7 +74,6 @@ class Exchange:
 
 def _collective_allgather(value: str) -> list[str]:
     """The public fallback: one `process_allgather` of the encoded strings."""
-    import numpy as np
     from jax.experimental import multihost_utils
 
     raw = np.zeros(256, np.uint8)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from .transfer_server import CrossProcess
+from .base import CrossProcess
 
 
 def _first_device(sharding):

@@ -211,7 +211,8 @@ def run(mode: str) -> dict:
     # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
     from mpmd_cases import hetero_loss
 
-    from spectrax_mpmd._comm.transfer_server import TRANSPORT_ENV, TRANSPORTS, make_transport
+    from spectrax_mpmd._comm import make_transport
+    from spectrax_mpmd._env import TRANSPORT_ENV, TRANSPORTS
 
     results = {}
     if mode in ("schedules", "adamw"):

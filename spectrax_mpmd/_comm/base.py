@@ -1,0 +1,197 @@
+"""The transport contract, and what the cross-process transports share.
+
+A plan moves a buffer from one pipeline rank to another with a step made by its
+transport. Every transport keeps one contract (`Transport`); a single-process
+plan needs only its in-process copies (`local.transfer`), a multi-process plan
+(`_multihost.localize`) all of it:
+
+* while a plan is built, `new_group(what, sender)` numbers each cross-process
+  transfer group (the arrays one process sends another at one plan step; every
+  process numbers them identically, since plans are built in the same order),
+  `local_step` makes the copy between two ranks of this process, and
+  `send_step` / `recv_step` make the two halves of a group's move;
+* around each call of a plan, `begin()` starts a call and `end()` waits, up to
+  the timeout, for the call's receives, raising `TransferTimeoutError` or
+  `PeerLostError` naming the transfer that is missing.
+
+`CrossProcess` implements the shared part: the group numbering, the deadline
+on a call's receives, and the exit barrier. `transfer_server` and `ppermute`
+add how a group's bytes travel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import sys
+import threading
+from typing import Callable, Protocol, Sequence
+
+import jax
+
+from .._env import TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
+from ..errors import DistributedError, PeerLostError, TransferTimeoutError
+from .exchange import Exchange
+from .local import transfer
+
+RENDEZVOUS_TIMEOUT = 300.0  # seconds a first build or the exit waits for the other processes
+
+
+class Transport(Protocol):
+    """How a plan's steps move buffers between pipeline ranks.
+
+    Steps are callables: a copy or a send takes the arrays it moves as positional
+    arguments (a send returns `()`), a receive takes none and returns the arrays
+    that arrive; `sources` are the senders' shardings and `specs` the arriving
+    arrays' `jax.ShapeDtypeStruct`s with the receiving rank's sharding.
+    """
+
+    def local_step(self, sources: Sequence, targets: Sequence) -> Callable:
+        """A step copying buffers laid out as `sources` to `targets`, both on this process."""
+
+    def new_group(self, what: str, sender: int) -> int:
+        """The id of the next cross-process transfer group; `what` names it in errors."""
+
+    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """A step sending transfer group `group` to process `peer`."""
+
+    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """A step receiving transfer group `group` from process `peer`."""
+
+    def begin(self) -> None:
+        """Start a call of the plan (before its first step)."""
+
+    def end(self) -> None:
+        """Finish a call: wait, up to the timeout, for its receives; raise naming one missing."""
+
+
+class _Waiter:
+    """A daemon thread that blocks on a call's pulls, one group at a time, so the caller can wait
+    for them with a deadline (a pull cannot be given a working timeout itself)."""
+
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        self.current = None
+        threading.Thread(target=self._loop, name="spectrax-mpmd-transfers", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            pending, done = self.jobs.get()
+            error = None
+            for group, arrays in pending:
+                self.current = group
+                try:
+                    jax.block_until_ready(arrays)
+                except Exception as err:  # noqa: BLE001 - handed to the caller with its group
+                    error = (group, err)
+                    break
+            self.current = None
+            done.put(error)
+
+    def wait(self, pending: list, timeout: float):
+        """None when every group arrived; `(group, error)` when one failed; raises `queue.Empty`
+        (with `self.current` the group still awaited) when `timeout` passes first."""
+        done: queue.Queue = queue.Queue()
+        self.jobs.put((pending, done))
+        return done.get(timeout=timeout)
+
+
+def _exit_without_shutdown_barrier() -> None:
+    """After a lost transfer the job cannot go on: at exit, skip JAX's shutdown barrier (which
+    would wait for the lost peer, then abort) and end this process with code 1 at once, so the
+    error raised here is what the job reports. Registered after JAX's own exit handler, so it
+    runs first."""
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    atexit.register(leave)
+
+
+class CrossProcess:
+    """What the cross-process transports share: transfer groups, the deadline on a call's
+    receives, and the exit barrier.
+
+    Made once per compiler (every process makes it at the same point of the same script,
+    so the k-th transport of every process is the same exchange). Every process checks
+    that the job agrees on the transport.
+    """
+
+    name = ""
+    local_step = staticmethod(transfer)
+
+    def __init__(self, timeout: float | None = None):
+        self.timeout = configured_timeout() if timeout is None else float(timeout)
+        self.process = jax.process_index()
+        # processes reach their first build and their exit at their own pace (tracing, compiling,
+        # loading data): these rendezvous wait longer than a transfer; a lost process still ends
+        # the job through JAX's heartbeat (twice the timeout, see `initialize`)
+        self._exchange = Exchange("transfer", max(self.timeout, RENDEZVOUS_TIMEOUT))
+        chosen = self._exchange.allgather(self.name)
+        if len(set(chosen)) > 1:
+            raise DistributedError(
+                f"the processes chose different transports ({', '.join(f'process {p}: {n}' for p, n in enumerate(chosen))}); "
+                f"set {TRANSPORT_ENV} the same on every process."
+            )
+        self.call = 0
+        self.pending: list = []
+        self.describe: dict[int, tuple[str, int]] = {}  # group -> (what it carries, sender), for errors
+        self._waiter: _Waiter | None = None
+        atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
+
+    def _drain_at_exit(self) -> None:
+        """At exit JAX tears down this process's client (and a transfer server with it) while a
+        peer may still be receiving this process's last sends (a process that receives nothing
+        does not wait for them). Wait until every process has finished its steps: then every
+        transfer has arrived."""
+        try:
+            self._exchange.allgather("exit")
+        except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
+            logging.getLogger("spectrax_mpmd").error("%s", err)
+
+    def new_group(self, what: str, sender: int) -> int:
+        """A transfer-group id for a plan being built (the same on every process: plans are built in
+        the same order everywhere), remembered with what it carries for error messages."""
+        group = len(self.describe)
+        self.describe[group] = (what, sender)
+        return group
+
+    def begin(self) -> None:
+        """Start a call: its transfers get uuids of their own."""
+        self.call += 1
+        self.pending = []
+
+    def end(self) -> None:
+        """Wait, up to the timeout, for every receive of this call; raise naming the one missing."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        if self._waiter is None:
+            self._waiter = _Waiter()
+        try:
+            failed = self._waiter.wait(pending, self.timeout)
+        except queue.Empty:
+            group = self._waiter.current
+            _exit_without_shutdown_barrier()
+            raise TransferTimeoutError(
+                f"process {self.process}: {self._what(group)} did not arrive within {self.timeout:g} s "
+                f"(process {self._sender(group)} may have died or stalled). Raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) if a step is that slow."
+            ) from None
+        if failed is not None:
+            group, err = failed
+            _exit_without_shutdown_barrier()
+            raise PeerLostError(
+                f"process {self.process}: {self._what(group)} failed: the sending process "
+                f"{self._sender(group)} is gone ({str(err).splitlines()[0]})."
+            ) from err
+
+    def _what(self, group) -> str:
+        return self.describe.get(group, (f"transfer group {group}", None))[0]
+
+    def _sender(self, group) -> str:
+        return str(self.describe.get(group, ("", "?"))[1])

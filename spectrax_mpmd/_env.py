@@ -1,0 +1,64 @@
+"""The environment settings of `spectrax_mpmd`: names, defaults and parsing, in one place.
+
+`SPECTRAX_MPMD_*` are this package's own; `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` describe the `jax.distributed` job (the
+launcher sets them, `initialize` reads them). A leaf module: it imports nothing
+of the package but its errors, so every layer can read its settings here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import DistributedError
+
+TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"  # seconds a cross-process transfer may take
+TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"  # the cross-process transport, one of TRANSPORTS
+HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process's transfer server at
+ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+
+DEFAULT_TIMEOUT = 30.0
+TRANSPORTS = ("transfer", "ppermute")
+
+
+def configured_timeout() -> float:
+    """The transfer timeout in seconds: `$SPECTRAX_MPMD_TIMEOUT`, default 30."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise DistributedError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
+    return value
+
+
+def configured_transport() -> str:
+    """The cross-process transport: `$SPECTRAX_MPMD_TRANSPORT`, `"transfer"` (default) or `"ppermute"`."""
+    name = os.environ.get(TRANSPORT_ENV, "transfer")
+    if name not in TRANSPORTS:
+        raise DistributedError(f"{TRANSPORT_ENV}={name!r}: expected one of {', '.join(TRANSPORTS)}.")
+    return name
+
+
+def transfer_host() -> str | None:
+    """`$SPECTRAX_MPMD_TRANSFER_HOST`, or None when unset (the transport then picks the address)."""
+    return os.environ.get(HOST_ENV) or None
+
+
+def coordinator_from_env() -> str | None:
+    """`$JAX_COORDINATOR_ADDRESS`, or None when unset."""
+    return os.environ.get(ADDRESS_ENV) or None
+
+
+def int_env(name: str) -> int | None:
+    """The integer in environment variable `name`, None when unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
