@@ -14,15 +14,17 @@ plan needs only its in-process copies (`local.transfer`), a multi-process plan
   the timeout, for the call's receives, raising `TransferTimeoutError` or
   `PeerLostError` naming the transfer that is missing.
 
-`CrossProcess` implements the shared part: the group numbering, the deadline
-on a call's receives, and the exit barrier. `transfer_server` and `ppermute`
-add how a group's bytes travel.
+`CrossProcess` implements the shared part: the group numbering, zero-size
+arrays (never sent: the receiver makes them), the deadline on a call's
+receives, and the exit barrier. `transfer_server` and `ppermute` add how a
+group's bytes travel (`_send_step`, `_recv_step`).
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import queue
 import sys
@@ -30,6 +32,7 @@ import threading
 from typing import Callable, Protocol, Sequence
 
 import jax
+import numpy as np
 
 from .._env import TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
 from ..errors import DistributedError, PeerLostError, TransferTimeoutError
@@ -112,9 +115,50 @@ def _exit_without_shutdown_barrier() -> None:
     atexit.register(leave)
 
 
+def _holding(specs: Sequence) -> list[int]:
+    """The positions of the arrays that hold elements."""
+    return [k for k, spec in enumerate(specs) if math.prod(spec.shape)]
+
+
+def _pick(keep: list[int], *lists: Sequence) -> tuple[list, ...]:
+    return tuple([items[k] for k in keep] for items in lists)
+
+
+class _SendSome:
+    """Plan step: send only the arrays at `keep` (the others are empty); returns nothing."""
+
+    __slots__ = ("send", "keep")
+
+    def __init__(self, send, keep: list[int]):
+        self.send, self.keep = send, keep
+
+    def __call__(self, *arrays):
+        if self.send is not None:
+            self.send(*[arrays[k] for k in self.keep])
+        return ()
+
+
+class _RecvSome:
+    """Plan step: receive the arrays at `keep` and make the empty others on their shardings."""
+
+    __slots__ = ("recv", "keep", "specs")
+
+    def __init__(self, recv, keep: list[int], specs: list):
+        self.recv, self.keep, self.specs = recv, set(keep), specs
+
+    def __call__(self):
+        arrived = iter(self.recv() if self.recv is not None else ())
+        return [
+            next(arrived)
+            if k in self.keep
+            else jax.device_put(np.zeros(spec.shape, spec.dtype), spec.sharding)
+            for k, spec in enumerate(self.specs)
+        ]
+
+
 class CrossProcess:
-    """What the cross-process transports share: transfer groups, the deadline on a call's
-    receives, and the exit barrier.
+    """What the cross-process transports share: transfer groups, zero-size arrays, the
+    deadline on a call's receives, and the exit barrier.
 
     Made once per compiler (every process makes it at the same point of the same script,
     so the k-th transport of every process is the same exchange). Every process checks
@@ -159,6 +203,31 @@ class CrossProcess:
         group = len(self.describe)
         self.describe[group] = (what, sender)
         return group
+
+    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """Send the group's arrays that hold elements (a zero-size array needs no bytes: its
+        receiver makes it)."""
+        keep = _holding(specs)
+        if len(keep) == len(specs):
+            return self._send_step(group, peer, sources, specs)
+        send = self._send_step(group, peer, *_pick(keep, sources, specs)) if keep else None
+        return _SendSome(send, keep)
+
+    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """Receive the group's arrays that hold elements; make its zero-size ones here."""
+        keep = _holding(specs)
+        if len(keep) == len(specs):
+            return self._recv_step(group, peer, sources, specs)
+        recv = self._recv_step(group, peer, *_pick(keep, sources, specs)) if keep else None
+        return _RecvSome(recv, keep, list(specs))
+
+    def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """The transport's send of arrays that all hold elements."""
+        raise NotImplementedError
+
+    def _recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """The transport's receive of arrays that all hold elements."""
+        raise NotImplementedError
 
     def begin(self) -> None:
         """Start a call: its transfers get uuids of their own."""

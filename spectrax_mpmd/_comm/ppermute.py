@@ -159,8 +159,8 @@ class PairTransport(CrossProcess):
             programs.append((self._compiled[key], idx))
         return programs
 
-    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
+    def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
         return _PairSend(self._programs(sources, specs))
 
-    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
+    def _recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
         return _PairRecv(self, group, self._programs(sources, specs), [s.sharding for s in specs])

@@ -105,8 +105,8 @@ class TransferServerTransport(CrossProcess):
             conn = self.connections[peer] = self.server.connect(self.addresses[peer])
         return conn
 
-    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Send:
+    def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Send:
         return _Send(self, group, peer)
 
-    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Recv:
+    def _recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Recv:
         return _Recv(self, group, peer, list(specs))

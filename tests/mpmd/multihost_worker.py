@@ -19,6 +19,8 @@ MODE:
   a rank, whose errors each process records.
 * `hang`: process 0 stops answering after the first step; the others must time out.
 * `die`: process 1 kills itself in the middle of the second step.
+* `empty` (2 x 1): a step whose edge, cotangent and tied gradient hold zero-size
+  arrays, through each transport.
 
 `hang` and `die` use the launcher's `--transport`.
 """
@@ -166,6 +168,24 @@ def eager_run():
     )
 
 
+def empty_loss(params, x, y):
+    """A zero-size array crosses the stage boundary next to a full one (and so do their
+    cotangents), and the zero-size parameter `z`, read by both stages, sends only its zero-size
+    gradient to its owner."""
+    h = jax.numpy.tanh(x @ params["w0"])
+    e = x[:, :0] * jax.numpy.sum(params["z"])
+    h, e = mp.sxstage_iter((h, e))
+    out = jax.numpy.tanh(h @ params["w1"]) + jax.numpy.sum(e) + jax.numpy.sum(params["z"])
+    return jax.numpy.mean((out - y) ** 2)
+
+
+def empty_case() -> tuple:
+    """`(params, x, y)` of `empty_loss`."""
+    rng = np.random.default_rng(8)
+    w0, w1, x, y = ((rng.standard_normal((8, 8)) * 0.4).astype(np.float32) for _ in range(4))
+    return {"w0": w0, "w1": w1, "z": np.zeros((0,), np.float32)}, x, y
+
+
 def adamw_losses(step, params, batch) -> np.ndarray:
     """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -263,6 +283,11 @@ def run(mode: str) -> dict:
                 print("killing myself mid-step", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # the step's cells are issued, its transfers pending
             float(loss)
+    elif mode == "empty":
+        for transport in TRANSPORTS:
+            os.environ[TRANSPORT_ENV] = transport
+            step = mp.sxvalue_and_grad(empty_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+            results[f"empty-{transport}"] = _owned(*step(*empty_case()))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return results

@@ -272,3 +272,15 @@ def test_initialize_checks_arguments_before_joining():
         mp.initialize("nowhere", 2, 1)
     with pytest.raises(mp.DistributedError, match="timeout must be a positive"):
         mp.initialize("127.0.0.1:1", 2, 1, timeout=0)
+
+
+def test_zero_size_arrays_cross_processes(tmp_path):
+    """An edge holding a zero-size array next to a full one, its cotangent, and a zero-size
+    tied parameter's gradient (a transfer of nothing but empty arrays) cross processes through
+    each transport; loss and gradients equal the unsplit reference."""
+    job = _launch(2, 1, "empty", tmp_path, limit=150, timeout=10)
+    ref = jax.value_and_grad(worker.empty_loss)(*worker.empty_case())
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    for transport in TRANSPORTS:
+        _check(_merged(tmp_path, f"empty-{transport}", 2), *ref)
