@@ -12,6 +12,7 @@ import numpy as np
 
 from spectrax_core import sharding as core_sharding
 
+from ._agree import InputsCheck
 from ._args import Signature, as_tuple, classify, signature, traced_avals
 from ._compile import Compiler
 from ._context import check_no_trace
@@ -150,6 +151,7 @@ def _cached_entry(owner, args) -> tuple[_Entry, list]:
     check_no_trace(owner.name)
     sig = signature(owner.name, owner.fn, args, owner.static_argnums)
     entry = owner.cache.get(sig.key)
+    owner.inputs_check(sig, first=entry is None)
     if entry is None:
         stats = owner.compiler.stats
         stats.reset()
@@ -227,6 +229,7 @@ class _StepFunction:
         self.value, self.reduce = value, reduce
         self.compiler = Compiler()
         self.placer = _Placer()
+        self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         self.cache: dict = {}
         functools.update_wrapper(self, fn)
 
@@ -486,6 +489,7 @@ class _JitFunction:
         self.static_argnums = as_tuple(static_argnums)
         self.donate_argnums = as_tuple(donate_argnums)
         self.compiler, self.placer, self.cache = Compiler(), _Placer(), {}
+        self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         functools.update_wrapper(self, fn)
 
     def _build(self, sig: Signature) -> _Entry:

@@ -15,10 +15,12 @@ from .errors import DistributedError
 TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"  # seconds a cross-process transfer may take
 TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"  # the cross-process transport, one of TRANSPORTS
 HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process's transfer server at
+CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their arguments, one of INPUT_CHECKS
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 
 DEFAULT_TIMEOUT = 30.0
 TRANSPORTS = ("transfer", "ppermute")
+INPUT_CHECKS = ("first", "always", "off")
 
 
 def configured_timeout() -> float:
@@ -40,6 +42,15 @@ def configured_transport() -> str:
     name = os.environ.get(TRANSPORT_ENV, "transfer")
     if name not in TRANSPORTS:
         raise DistributedError(f"{TRANSPORT_ENV}={name!r}: expected one of {', '.join(TRANSPORTS)}.")
+    return name
+
+
+def configured_input_check() -> str:
+    """When the processes of a job compare their arguments: `$SPECTRAX_MPMD_CHECK_INPUTS`,
+    `"first"` (default: each signature's first call), `"always"` (every call) or `"off"`."""
+    name = os.environ.get(CHECK_INPUTS_ENV, "first")
+    if name not in INPUT_CHECKS:
+        raise DistributedError(f"{CHECK_INPUTS_ENV}={name!r}: expected one of {', '.join(INPUT_CHECKS)}.")
     return name
 
 

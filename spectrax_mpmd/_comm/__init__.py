@@ -14,7 +14,7 @@ both, the two transports import `base`.
 from __future__ import annotations
 
 from .._env import configured_transport
-from .base import CrossProcess, Transport
+from .base import RENDEZVOUS_TIMEOUT, CrossProcess, Transport
 from .distributed import claim_path, initialize
 from .exchange import Exchange
 from .local import fast_path_available, is_transfer, same_layout, transfer
@@ -23,6 +23,7 @@ from .transfer_server import TransferServerTransport
 
 __all__ = [
     "CrossProcess",
+    "RENDEZVOUS_TIMEOUT",
     "Exchange",
     "PairTransport",
     "TransferServerTransport",

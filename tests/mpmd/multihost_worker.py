@@ -21,6 +21,10 @@ MODE:
 * `die`: process 1 kills itself in the middle of the second step.
 * `empty` (2 x 1): a step whose edge, cotangent and tied gradient hold zero-size
   arrays, through each transport.
+* `inputs` (2 x 1): through each transport, calls where process 1 passes other
+  values, shapes, parameters or argument structure than process 0 (each refused
+  on every process), then the same arguments; an `sxjit` call and a check on
+  every call (`SPECTRAX_MPMD_CHECK_INPUTS=always`).
 
 `hang` and `die` use the launcher's `--transport`.
 """
@@ -186,6 +190,46 @@ def empty_case() -> tuple:
     return {"w0": w0, "w1": w1, "z": np.zeros((0,), np.float32)}, x, y
 
 
+def _refused(call) -> dict:
+    """`{"error": message}` of the `DistributedError` that `call()` raises, `"none"` if it returns."""
+    try:
+        call()
+    except mp.DistributedError as err:
+        return {"error": np.asarray(str(err))}
+    return {"error": np.asarray("none")}
+
+
+def _inputs() -> dict:
+    """The `inputs` mode's cases (see the module docstring)."""
+    from mpmd_cases import hetero_loss
+
+    from spectrax_mpmd._env import CHECK_INPUTS_ENV, TRANSPORT_ENV, TRANSPORTS
+
+    params, batch = model(2)
+    tokens, labels = batch
+    alone = jax.process_index() == 0
+    other = {  # what process 1 passes instead of `(params, batch)`
+        "values": (params, ((tokens + 1) % 11, labels)),
+        "shapes": (params, (tokens[:8], labels[:8])),
+        "params": ({**params, "head": params["head"] * 2}, batch),
+        "tree": (params, [tokens, labels]),
+    }
+    results = {}
+    for transport in TRANSPORTS:
+        os.environ[TRANSPORT_ENV] = transport
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        for case, args in other.items():
+            results[f"{case}-{transport}"] = _refused(lambda: step(*((params, batch) if alone else args)))
+        results[f"same-{transport}"] = _owned(*step(params, batch))  # refused calls leave the job usable
+    forward = mp.sxjit(_forward, mesh=_mesh(2), schedule=S.GPipe(microbatches=2), batch_argnums=1)
+    results["sxjit"] = _refused(lambda: forward(params, tokens if alone else tokens[::-1]))
+    os.environ[CHECK_INPUTS_ENV] = "always"
+    step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+    float(step(params, batch)[0])
+    results["always"] = _refused(lambda: step(params, batch if alone else (tokens, (labels + 1) % 5)))
+    return results
+
+
 def adamw_losses(step, params, batch) -> np.ndarray:
     """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -288,6 +332,8 @@ def run(mode: str) -> dict:
             os.environ[TRANSPORT_ENV] = transport
             step = mp.sxvalue_and_grad(empty_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
             results[f"empty-{transport}"] = _owned(*step(*empty_case()))
+    elif mode == "inputs":
+        results = _inputs()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return results

@@ -284,3 +284,35 @@ def test_zero_size_arrays_cross_processes(tmp_path):
     assert code == 0, out[-4000:]
     for transport in TRANSPORTS:
         _check(_merged(tmp_path, f"empty-{transport}", 2), *ref)
+
+
+def test_processes_must_pass_the_same_arguments(tmp_path):
+    """Every process refuses a call where process 1 passed other values, shapes, parameters or
+    argument structure than process 0 (through each transport, before any transfer), naming the
+    argument; the same arguments then run. An `sxjit` forward is checked too, and with
+    SPECTRAX_MPMD_CHECK_INPUTS=always a later call of a signature that already ran."""
+    job = _launch(2, 1, "inputs", tmp_path, limit=200, timeout=10)
+    same = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(2))
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    refused = "sxvalue_and_grad: the processes of the job passed different arguments: "
+    expected = {
+        "values": "argument 1 ('batch')[0] (int32[16, 3]) has different values (process 0 vs process 1)",
+        "shapes": "the shape or dtype of argument 1 ('batch')[0] differs (process 0: int32[16, 3], "
+        "process 1: int32[8, 3])",
+        "params": "argument 0 ('params')['head'] (float32[8, 5]) has different values "
+        "(process 0 vs process 1)",
+        "tree": "the structure of argument 1 ('batch') differs (process 0: PyTreeDef((*, *)), "
+        "process 1: PyTreeDef([*, *]))",
+    }
+    for transport in TRANSPORTS:
+        for case, difference in expected.items():
+            error = str(_merged(tmp_path, f"{case}-{transport}", 2)["error"])  # the same on every process
+            assert error.startswith(refused + difference + ". Every process must pass the same arguments")
+        _check(_merged(tmp_path, f"same-{transport}", 2), *same)
+    error = str(_merged(tmp_path, "sxjit", 2)["error"])
+    assert error.startswith(
+        "sxjit: the processes of the job passed different arguments: argument 1 ('tokens') "
+    )
+    error = str(_merged(tmp_path, "always", 2)["error"])
+    assert error.startswith(refused + "argument 1 ('batch')[1] (int32[16]) has different values")
