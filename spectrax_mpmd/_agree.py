@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from ._args import Signature, describe_argument
-from ._comm import RENDEZVOUS_TIMEOUT, Exchange
+from ._comm import RENDEZVOUS_TIMEOUT, Exchange, check_joined
 from ._context import config_key
 from ._env import CHECK_INPUTS_ENV, configured_input_check, configured_timeout
 from .errors import DistributedError
@@ -123,6 +123,7 @@ class InputsCheck:
         """Check `sig` against every other process's call (at its first call, or every call with
         `always`); a no-op when the mesh lies in this process."""
         if self.mode is None:
+            check_joined(self.name)
             me = jax.process_index()
             spans = any(d.process_index != me for d in self.mesh.devices.flat)
             self.mode = configured_input_check() if spans else "off"

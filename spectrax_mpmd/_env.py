@@ -73,3 +73,14 @@ def int_env(name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
+
+
+def job_size_from_env() -> int | None:
+    """The number of processes `$JAX_NUM_PROCESSES` gives this process's job when
+    `$JAX_PROCESS_ID` is set too (as the launcher and the documented host commands set
+    them); None otherwise, or when either is not an integer (`initialize` reports that)."""
+    try:
+        world, pid = int(os.environ.get(WORLD_ENV, "")), int(os.environ.get(ID_ENV, ""))
+    except ValueError:
+        return None
+    return world if pid >= 0 else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .._env import configured_transport
 from .base import RENDEZVOUS_TIMEOUT, CrossProcess, Transport
-from .distributed import claim_path, initialize
+from .distributed import check_joined, claim_path, initialize
 from .exchange import Exchange
 from .local import fast_path_available, is_transfer, same_layout, transfer
 from .ppermute import PairTransport
@@ -28,6 +28,7 @@ __all__ = [
     "PairTransport",
     "TransferServerTransport",
     "Transport",
+    "check_joined",
     "claim_path",
     "fast_path_available",
     "initialize",

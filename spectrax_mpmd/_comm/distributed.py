@@ -36,6 +36,7 @@ from .._env import (
     configured_transport,
     coordinator_from_env,
     int_env,
+    job_size_from_env,
 )
 from ..errors import DistributedError
 
@@ -203,6 +204,19 @@ def initialize(
     else:
         _join(address, world, pid, local_device_ids, limit)
     return True
+
+
+def check_joined(where: str) -> None:
+    """Refuse to go on in a process that its environment places in a job of several processes
+    but that never joined it: it would run the whole job alone, next to its peers doing the same."""
+    world = job_size_from_env()
+    if world is not None and world > 1 and jax.process_count() == 1:
+        raise DistributedError(
+            f"{where}: ${WORLD_ENV}={world} and ${ID_ENV}={os.environ[ID_ENV]} make this process one "
+            f"of a job of {world} processes, but it has not joined it (jax.process_count() is 1). Call "
+            "spectrax_mpmd.initialize() at the start of the script, before anything touches a "
+            "device (jax.devices(), create_mesh, creating arrays)."
+        )
 
 
 def _join(address, world, pid, local_device_ids, limit: float) -> None:

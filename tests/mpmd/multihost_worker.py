@@ -25,6 +25,8 @@ MODE:
   values, shapes, parameters or argument structure than process 0 (each refused
   on every process), then the same arguments; an `sxjit` call and a check on
   every call (`SPECTRAX_MPMD_CHECK_INPUTS=always`).
+* `noinit` (2 x 2, `mp.initialize()` not called): `create_mesh` and the first
+  call of a function on a plain `jax.sharding.Mesh` refuse to run.
 
 `hang` and `die` use the launcher's `--transport`.
 """
@@ -230,6 +232,15 @@ def _inputs() -> dict:
     return results
 
 
+def _not_joined() -> dict:
+    """The `noinit` mode's cases: this process never joined the launcher's job."""
+    results = {"mesh": _refused(lambda: _mesh(2))}
+    plain = jax.sharding.Mesh(np.asarray(jax.devices()[:2]).reshape(2, 1), ("pp", "dp"))
+    double = mp.sxjit(lambda x: mp.sxstage_iter(x) * 2, mesh=plain)
+    results["build"] = _refused(lambda: double(np.ones(4, np.float32)))
+    return results
+
+
 def adamw_losses(step, params, batch) -> np.ndarray:
     """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -334,6 +345,8 @@ def run(mode: str) -> dict:
             results[f"empty-{transport}"] = _owned(*step(*empty_case()))
     elif mode == "inputs":
         results = _inputs()
+    elif mode == "noinit":
+        results = _not_joined()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return results
@@ -341,9 +354,11 @@ def run(mode: str) -> dict:
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
-    mp.initialize()
+    if mode != "noinit":
+        mp.initialize()
+    process = os.environ["JAX_PROCESS_ID"]  # the launcher's index, joined or not
     for case, arrays in run(mode).items():
-        np.savez(os.path.join(out, f"{case}_p{jax.process_index()}.npz"), **arrays)
+        np.savez(os.path.join(out, f"{case}_p{process}.npz"), **arrays)
     print(f"{mode}: done", flush=True)
 
 

@@ -316,3 +316,17 @@ def test_processes_must_pass_the_same_arguments(tmp_path):
     )
     error = str(_merged(tmp_path, "always", 2)["error"])
     assert error.startswith(refused + "argument 1 ('batch')[1] (int32[16]) has different values")
+
+
+def test_a_process_that_never_joined_the_job_is_refused(tmp_path):
+    """Under the launcher (which sets JAX_NUM_PROCESSES=2), a script that never calls
+    `mp.initialize()` is refused at `create_mesh` and at the first call of a function on a
+    plain `jax.sharding.Mesh`, instead of running the whole job alone in every process."""
+    code, out, _ = _launch(2, 2, "noinit", tmp_path, limit=120).wait()
+    assert code == 0, out[-3000:]
+    joined = "$JAX_NUM_PROCESSES=2 and $JAX_PROCESS_ID={} make this process one of a job of 2 processes"
+    for p in range(2):
+        for case, where in (("mesh", "create_mesh"), ("build", "sxjit")):
+            error = str(np.load(os.path.join(tmp_path, f"{case}_p{p}.npz"))["error"])
+            assert error.startswith(f"{where}: " + joined.format(p)), error
+            assert "Call spectrax_mpmd.initialize() at the start of the script" in error
