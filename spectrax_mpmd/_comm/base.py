@@ -15,9 +15,9 @@ plan needs only its in-process copies (`local.transfer`), a multi-process plan
   `PeerLostError` naming the transfer that is missing.
 
 `CrossProcess` implements the shared part: the group numbering, zero-size
-arrays (never sent: the receiver makes them), the deadline on a call's
-receives, and the exit barrier. `transfer_server` and `ppermute` add how a
-group's bytes travel (`_send_step`, `_recv_step`).
+arrays (never sent: the receiver makes them), the deadlines on a call's
+receives and on an issue that blocks, and the exit barrier. `transfer_server`
+and `ppermute` add how a group's bytes travel (`_send_step`, `_recv_step`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import queue
-import sys
-import threading
 from typing import Callable, Protocol, Sequence
 
 import jax
@@ -36,6 +33,7 @@ import numpy as np
 
 from .._env import TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
 from ..errors import DistributedError, PeerLostError, TransferTimeoutError
+from .deadline import Waiter, Watchdog, ending_by_error, exit_without_shutdown_barrier, leave
 from .exchange import Exchange
 from .local import transfer
 
@@ -68,51 +66,6 @@ class Transport(Protocol):
 
     def end(self) -> None:
         """Finish a call: wait, up to the timeout, for its receives; raise naming one missing."""
-
-
-class _Waiter:
-    """A daemon thread that blocks on a call's pulls, one group at a time, so the caller can wait
-    for them with a deadline (a pull cannot be given a working timeout itself)."""
-
-    def __init__(self):
-        self.jobs: queue.Queue = queue.Queue()
-        self.current = None
-        threading.Thread(target=self._loop, name="spectrax-mpmd-transfers", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            pending, done = self.jobs.get()
-            error = None
-            for group, arrays in pending:
-                self.current = group
-                try:
-                    jax.block_until_ready(arrays)
-                except Exception as err:  # noqa: BLE001 - handed to the caller with its group
-                    error = (group, err)
-                    break
-            self.current = None
-            done.put(error)
-
-    def wait(self, pending: list, timeout: float):
-        """None when every group arrived; `(group, error)` when one failed; raises `queue.Empty`
-        (with `self.current` the group still awaited) when `timeout` passes first."""
-        done: queue.Queue = queue.Queue()
-        self.jobs.put((pending, done))
-        return done.get(timeout=timeout)
-
-
-def _exit_without_shutdown_barrier() -> None:
-    """After a lost transfer the job cannot go on: at exit, skip JAX's shutdown barrier (which
-    would wait for the lost peer, then abort) and end this process with code 1 at once, so the
-    error raised here is what the job reports. Registered after JAX's own exit handler, so it
-    runs first."""
-
-    def leave() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-
-    atexit.register(leave)
 
 
 def _holding(specs: Sequence) -> list[int]:
@@ -158,7 +111,7 @@ class _RecvSome:
 
 class CrossProcess:
     """What the cross-process transports share: transfer groups, zero-size arrays, the
-    deadline on a call's receives, and the exit barrier.
+    deadlines on a call's receives and on a blocked issue, and the exit barrier.
 
     Made once per compiler (every process makes it at the same point of the same script,
     so the k-th transport of every process is the same exchange). Every process checks
@@ -184,14 +137,21 @@ class CrossProcess:
         self.call = 0
         self.pending: list = []
         self.describe: dict[int, tuple[str, int]] = {}  # group -> (what it carries, sender), for errors
-        self._waiter: _Waiter | None = None
+        self._waiter: Waiter | None = None
+        self._watchdog: Watchdog | None = None
+        self._fresh = False  # a plan was built since the last call: its first run waits longer
+        self.limit = self.timeout  # the current call's limit on a wait for another process
         atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
 
     def _drain_at_exit(self) -> None:
         """At exit JAX tears down this process's client (and a transfer server with it) while a
         peer may still be receiving this process's last sends (a process that receives nothing
         does not wait for them). Wait until every process has finished its steps: then every
-        transfer has arrived."""
+        transfer has arrived. A process ending by an uncaught error does not wait, neither here
+        nor at JAX's shutdown barrier: the job cannot finish, so it exits with code 1 at once
+        and its peers learn of it through their own deadlines (or the launcher stops them)."""
+        if ending_by_error():
+            leave(1)
         try:
             self._exchange.allgather("exit")
         except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
@@ -202,6 +162,7 @@ class CrossProcess:
         the same order everywhere), remembered with what it carries for error messages."""
         group = len(self.describe)
         self.describe[group] = (what, sender)
+        self._fresh = True
         return group
 
     def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
@@ -233,6 +194,29 @@ class CrossProcess:
         """Start a call: its transfers get uuids of their own."""
         self.call += 1
         self.pending = []
+        # the first run of a new plan waits like a rendezvous: processes compile their own ranks
+        self.limit = max(self.timeout, RENDEZVOUS_TIMEOUT) if self._fresh else self.timeout
+        self._fresh = False
+
+    def watch(self, group: int, peer: int) -> None:
+        """Called before issuing a step of `group` that blocks until process `peer` issues its
+        side; past the call's limit the process reports the transfer and ends (`Watchdog`)."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog()
+        self._watchdog.start(self.limit, lambda: self._blocked(group, peer))
+
+    def unwatch(self) -> None:
+        """Called after the step `watch` announced has been issued."""
+        self._watchdog.stop()
+
+    def _blocked(self, group: int, peer: int) -> str:
+        return (
+            f"process {self.process}: {self._what(group)} did not arrive within {self.limit:g} s: "
+            f"process {peer} did not issue its side of the transfer (it may have died or stalled, or "
+            "stopped issuing steps after an error or by making fewer calls); ending this process. "
+            f"Raise the limit with {TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) "
+            "if a step is that slow."
+        )
 
     def end(self) -> None:
         """Wait, up to the timeout, for every receive of this call; raise naming the one missing."""
@@ -240,20 +224,20 @@ class CrossProcess:
         if not pending:
             return
         if self._waiter is None:
-            self._waiter = _Waiter()
+            self._waiter = Waiter()
         try:
-            failed = self._waiter.wait(pending, self.timeout)
+            failed = self._waiter.wait(pending, self.limit)
         except queue.Empty:
             group = self._waiter.current
-            _exit_without_shutdown_barrier()
+            exit_without_shutdown_barrier()
             raise TransferTimeoutError(
-                f"process {self.process}: {self._what(group)} did not arrive within {self.timeout:g} s "
+                f"process {self.process}: {self._what(group)} did not arrive within {self.limit:g} s "
                 f"(process {self._sender(group)} may have died or stalled). Raise the limit with "
                 f"{TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) if a step is that slow."
             ) from None
         if failed is not None:
             group, err = failed
-            _exit_without_shutdown_barrier()
+            exit_without_shutdown_barrier()
             raise PeerLostError(
                 f"process {self.process}: {self._what(group)} failed: the sending process "
                 f"{self._sender(group)} is gone ({str(err).splitlines()[0]})."

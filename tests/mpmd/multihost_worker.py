@@ -19,6 +19,8 @@ MODE:
   a rank, whose errors each process records.
 * `hang`: process 0 stops answering after the first step; the others must time out.
 * `die`: process 1 kills itself in the middle of the second step.
+* `fewer`, `raise` (2 x 1): process 1 makes two calls where process 0 makes three,
+  or raises after two; the job must end within the timeout.
 * `empty` (2 x 1): a step whose edge, cotangent and tied gradient hold zero-size
   arrays, through each transport.
 * `inputs` (2 x 1): through each transport, calls where process 1 passes other
@@ -28,7 +30,7 @@ MODE:
 * `noinit` (2 x 2, `mp.initialize()` not called): `create_mesh` and the first
   call of a function on a plain `jax.sharding.Mesh` refuse to run.
 
-`hang` and `die` use the launcher's `--transport`.
+`hang`, `die`, `fewer` and `raise` use the launcher's `--transport`.
 """
 
 from __future__ import annotations
@@ -338,6 +340,15 @@ def run(mode: str) -> dict:
                 print("killing myself mid-step", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # the step's cells are issued, its transfers pending
             float(loss)
+    elif mode in ("fewer", "raise"):  # process 1 stops issuing steps between two calls
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        params, batch = model(2)
+        for k in range(3):
+            if k == 2 and jax.process_index() == 1:
+                if mode == "raise":
+                    raise ValueError("process 1 fails between steps")
+                break
+            float(step(params, batch)[0])
     elif mode == "empty":
         for transport in TRANSPORTS:
             os.environ[TRANSPORT_ENV] = transport

@@ -318,6 +318,30 @@ def test_processes_must_pass_the_same_arguments(tmp_path):
     assert error.startswith(refused + "argument 1 ('batch')[1] (int32[16]) has different values")
 
 
+def test_a_process_that_stops_issuing_steps_ends_the_job(tmp_path):
+    """Process 1 makes fewer calls than process 0, or raises between two calls: through each
+    transport process 0's next call ends within the timeout with `TransferTimeoutError` (with
+    `ppermute` its issue blocks until the peer issues its side; the limit still applies), and a
+    process ending by an uncaught error exits at once instead of waiting for its peers."""
+    jobs = {}
+    for mode in ("fewer", "raise"):
+        for transport in TRANSPORTS:
+            out = tmp_path / f"{mode}-{transport}"
+            out.mkdir()
+            jobs[mode, transport] = _launch(2, 1, mode, out, limit=150, timeout=3, transport=transport)
+    for (mode, transport), job in jobs.items():
+        code, out, seconds = job.wait()
+        assert code != 0, out[-3000:]
+        if mode == "fewer":
+            assert "TransferTimeoutError: process 0: the " in out, out[-3000:]
+            assert "microbatch 0 did not arrive within 3 s" in out, out[-3000:]
+            assert "spectrax_mpmd.launch: rank 0" in out and "exited with code 1" in out, out[-3000:]
+        else:
+            assert "ValueError: process 1 fails between steps" in out, out[-3000:]
+            assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out, out[-3000:]
+        assert seconds < 120, (mode, transport, seconds)
+
+
 def test_a_process_that_never_joined_the_job_is_refused(tmp_path):
     """Under the launcher (which sets JAX_NUM_PROCESSES=2), a script that never calls
     `mp.initialize()` is refused at `create_mesh` and at the first call of a function on a
