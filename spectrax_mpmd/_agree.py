@@ -106,8 +106,14 @@ def _difference(what: str, records: list[str], fn: Callable, sig: Signature) -> 
                 if value != "?"
             )
             return f"{name} ({types[0]}) has different values ({groups})"
-    listed = ", ".join(f"process {p}: {r}" for p, r in enumerate(show))
+    listed = ", ".join(f"process {p}: {_shorten(r)}" for p, r in enumerate(show))
     return f"{name} differs ({listed})"
+
+
+def _shorten(record: str, limit: int = 300) -> str:
+    """`record`, cut for an error message (a large model's tree structure runs long)."""
+    return record if len(record) <= limit else record[:limit] + " ..."
+
 
 
 class InputsCheck:

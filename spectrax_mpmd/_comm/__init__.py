@@ -5,10 +5,11 @@
     exchange         small all-gathers of strings through the `jax.distributed` key-value store
     transfer_server  cross-process moves as one-sided pulls (`jax.experimental.transfer`), the default
     ppermute         cross-process moves as two-sided `lax.ppermute` programs
-    distributed      joining a `jax.distributed` job (`initialize`)
+    deadline         bounded waits: a call's receives, an issue that blocks, leaving a failed job
+    distributed      joining a `jax.distributed` job (`initialize`, `check_joined`)
 
-Modules import one way: `local` and `exchange` import no sibling, `base` imports
-both, the two transports import `base`.
+Modules import one way: `local`, `exchange`, `deadline` and `distributed` import
+no sibling, `base` imports the first three, the two transports import `base`.
 """
 
 from __future__ import annotations
