@@ -58,7 +58,7 @@ def _barrier(world: int) -> None:
     """A barrier through the key-value store (a device collective here could deadlock with a
     transfer still being pulled; see docs/multihost.md)."""
     if world > 1:
-        from spectrax_mpmd._exchange import Exchange
+        from spectrax_mpmd._comm import Exchange
 
         _BARRIERS.setdefault("x", Exchange("benchmark-barrier")).allgather("")
 
@@ -113,12 +113,12 @@ def _step_figures(world: int, rounds: int, calls: int) -> dict:
 
 
 def _copy_per_mib(rounds: int, mib: int) -> float | None:
-    """In-process device-to-device copy (the runtime's `_transfer` path), seconds per MiB."""
+    """In-process device-to-device copy (the runtime's `_comm.local` path), seconds per MiB."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from spectrax_mpmd._transfer import transfer
+    from spectrax_mpmd._comm import transfer
 
     local = jax.local_devices()
     if len(local) < 2:
@@ -141,8 +141,7 @@ def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from spectrax_mpmd._pair import PairTransport
-    from spectrax_mpmd._transport import TransferServerTransport
+    from spectrax_mpmd._comm import PairTransport, TransferServerTransport
 
     transport = {"transfer": TransferServerTransport, "ppermute": PairTransport}[name]()
     me = jax.process_index()

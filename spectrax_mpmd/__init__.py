@@ -12,7 +12,7 @@ from ._checkpoint.manager import (
     restore_checkpoint,
     save_checkpoint,
 )
-from ._distributed import initialize
+from ._comm import initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.run import gather, run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss

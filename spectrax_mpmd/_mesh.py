@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from ._comm import check_joined
 from .errors import MeshError
 
 DEFAULT_AXIS_NAMES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
@@ -110,6 +111,7 @@ def create_mesh(
             f"create_mesh: axis_dims has {len(axis_dims)} entries but axis_names has "
             f"{len(axis_names)} ({axis_names}); give one size per axis name."
         )
+    check_joined("create_mesh")
     devices = list(jax.devices() if devices is None else devices)
     if sum(d == -1 for d in axis_dims) > 1 or any(d == 0 or d < -1 for d in axis_dims):
         raise MeshError(

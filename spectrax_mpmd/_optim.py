@@ -11,7 +11,7 @@ In a multi-process run each process updates only the groups it holds (a
 gradient leaf of another process's rank is a global array without local
 shards: its parameter and state are left as they are here), and the global
 norm adds the processes' partial sums, exchanged through the `jax.distributed`
-key-value store (`_exchange`).
+key-value store (`_comm.exchange`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class StagedOptimizer:
             home = partial[0].sharding
             return jnp.sqrt(sum(jax.device_put(partial, [home] * len(partial))))
         if self._exchange is None:  # other processes hold the other groups
-            from ._exchange import Exchange
+            from ._comm import Exchange
 
             self._exchange = Exchange("grad_norm")
         mine = sum(float(x) for x in partial)

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from ._transport import TRANSPORT_ENV, TRANSPORTS
+from ._env import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS
 
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 
@@ -44,7 +44,7 @@ def _child_env(args, rank: int, port: int) -> dict:
         PYTHONUNBUFFERED="1",
     )
     if args.timeout is not None:
-        env["SPECTRAX_MPMD_TIMEOUT"] = str(args.timeout)
+        env[TIMEOUT_ENV] = str(args.timeout)
     if args.transport is not None:
         env[TRANSPORT_ENV] = args.transport
     if args.devices_per_proc is not None:
@@ -152,7 +152,7 @@ def launch(argv: list[str] | None = None) -> int:
 def _remove_claims(port: int, nproc: int) -> None:
     """Remove the id lock files the job's processes left (a killed process skips its own cleanup);
     every process has ended, so none is held."""
-    from ._distributed import claim_path
+    from ._comm import claim_path
 
     for rank in range(nproc):
         try:

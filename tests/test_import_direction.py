@@ -142,3 +142,4 @@ def test_import_direction(package):
     n_files, found = violations(package)
     assert n_files > 0, f"no module files found under {ROOT / package}"
     assert not found, f"{package} must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(found)
+

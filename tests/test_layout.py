@@ -9,7 +9,6 @@ import ast
 from pathlib import Path
 
 import pytest
-
 from test_import_direction import ROOT, _package_of, _resolve_relative, imported_modules
 
 PACKAGES = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
@@ -18,10 +17,10 @@ PACKAGES = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
 MPMD_ORDER = (
     "errors",
     "_env",
-    "_mesh",
     "_trace",
     "_compile",
     "_comm",
+    "_mesh",
     "_runtime",
     "_plan",
     "_stages",
@@ -130,7 +129,7 @@ def _plant(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def test_a_planted_cycle_and_an_upward_import_are_found(tmp_path, monkeypatch):
+def test_a_planted_cycle_a_function_local_import_and_an_upward_import_are_found(tmp_path, monkeypatch):
     _plant(
         tmp_path,
         {

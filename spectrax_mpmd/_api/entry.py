@@ -88,6 +88,7 @@ def cached_entry(owner, args) -> tuple[Entry, list]:
     check_no_trace(owner.name)
     sig = signature(owner.name, owner.fn, args, owner.static_argnums)
     entry = owner.cache.get(sig.key)
+    owner.inputs_check(sig, first=entry is None)
     if entry is None:
         stats = owner.compiler.stats
         stats.reset()

@@ -26,6 +26,7 @@ from .._runtime import (
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.split import split, trace
 from ..errors import MpmdError
+from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 
@@ -68,6 +69,7 @@ class _StepFunction:
         self.value, self.reduce = value, reduce
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
+        self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         self.cache: dict = {}
         functools.update_wrapper(self, fn)
 

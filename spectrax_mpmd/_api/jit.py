@@ -13,6 +13,7 @@ from .._runtime import HostProfile
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.split import split, trace
 from ..errors import MpmdError
+from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 
@@ -34,6 +35,7 @@ class _JitFunction:
         self.static_argnums = as_tuple(static_argnums)
         self.donate_argnums = as_tuple(donate_argnums)
         self.compiler, self.placer, self.cache = Compiler(), Placer(), {}
+        self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         functools.update_wrapper(self, fn)
 
     def _build(self, sig: Signature) -> Entry:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._comm import transfer
 from .._runtime.slots import (
     Activation,
     Cotangent,
@@ -21,7 +22,6 @@ from .._runtime.slots import (
     StageOutput,
     Stash,
 )
-from .._transfer import transfer
 from .draft import Draft
 from .layout import Layout
 from .programs import StageProgram

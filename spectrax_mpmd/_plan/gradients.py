@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .._comm import transfer
 from .._compile.compiler import CellSpec, _sds
 from .._runtime.slots import GradAccumulator, LossAccumulator, Result, ZeroGrad
-from .._transfer import transfer
 from .draft import Draft
 from .layout import Layout, PlanArgs
 from .programs import StageProgram

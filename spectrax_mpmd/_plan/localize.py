@@ -25,11 +25,10 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._comm import is_transfer, make_transport
 from .._compile.compiler import CellSpec
 from .._runtime.plan import Step
 from .._runtime.slots import Activation, Cotangent, GradAccumulator
-from .._transfer import is_transfer
-from .._transport import make_transport
 from ..errors import DistributedError
 from .draft import Draft
 from .layout import Layout

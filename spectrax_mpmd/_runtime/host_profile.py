@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import jax
 
-from .._transfer import is_transfer
+from .._comm import is_transfer
 from .replay import replay
 
 

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
-from .._transfer import is_transfer
+from .._comm import is_transfer
 from ..errors import MpmdError
 
 

@@ -19,8 +19,18 @@ MODE:
   a rank, whose errors each process records.
 * `hang`: process 0 stops answering after the first step; the others must time out.
 * `die`: process 1 kills itself in the middle of the second step.
+* `fewer`, `raise` (2 x 1): process 1 makes two calls where process 0 makes three,
+  or raises after two; the job must end within the timeout.
+* `empty` (2 x 1): a step whose edge, cotangent and tied gradient hold zero-size
+  arrays, through each transport.
+* `inputs` (2 x 1): through each transport, calls where process 1 passes other
+  values, shapes, parameters or argument structure than process 0 (each refused
+  on every process), then the same arguments; an `sxjit` call and a check on
+  every call (`SPECTRAX_MPMD_CHECK_INPUTS=always`).
+* `noinit` (2 x 2, `mp.initialize()` not called): `create_mesh` and the first
+  call of a function on a plain `jax.sharding.Mesh` refuse to run.
 
-`hang` and `die` use the launcher's `--transport`.
+`hang`, `die`, `fewer` and `raise` use the launcher's `--transport`.
 """
 
 from __future__ import annotations
@@ -166,6 +176,73 @@ def eager_run():
     )
 
 
+def empty_loss(params, x, y):
+    """A zero-size array crosses the stage boundary next to a full one (and so do their
+    cotangents), and the zero-size parameter `z`, read by both stages, sends only its zero-size
+    gradient to its owner."""
+    h = jax.numpy.tanh(x @ params["w0"])
+    e = x[:, :0] * jax.numpy.sum(params["z"])
+    h, e = mp.sxstage_iter((h, e))
+    out = jax.numpy.tanh(h @ params["w1"]) + jax.numpy.sum(e) + jax.numpy.sum(params["z"])
+    return jax.numpy.mean((out - y) ** 2)
+
+
+def empty_case() -> tuple:
+    """`(params, x, y)` of `empty_loss`."""
+    rng = np.random.default_rng(8)
+    w0, w1, x, y = ((rng.standard_normal((8, 8)) * 0.4).astype(np.float32) for _ in range(4))
+    return {"w0": w0, "w1": w1, "z": np.zeros((0,), np.float32)}, x, y
+
+
+def _refused(call) -> dict:
+    """`{"error": message}` of the `DistributedError` that `call()` raises, `"none"` if it returns."""
+    try:
+        call()
+    except mp.DistributedError as err:
+        return {"error": np.asarray(str(err))}
+    return {"error": np.asarray("none")}
+
+
+def _inputs() -> dict:
+    """The `inputs` mode's cases (see the module docstring)."""
+    from mpmd_cases import hetero_loss
+
+    from spectrax_mpmd._env import CHECK_INPUTS_ENV, TRANSPORT_ENV, TRANSPORTS
+
+    params, batch = model(2)
+    tokens, labels = batch
+    alone = jax.process_index() == 0
+    other = {  # what process 1 passes instead of `(params, batch)`
+        "values": (params, ((tokens + 1) % 11, labels)),
+        "shapes": (params, (tokens[:8], labels[:8])),
+        "params": ({**params, "head": params["head"] * 2}, batch),
+        "tree": (params, [tokens, labels]),
+    }
+    results = {}
+    for transport in TRANSPORTS:
+        os.environ[TRANSPORT_ENV] = transport
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        for case, args in other.items():
+            results[f"{case}-{transport}"] = _refused(lambda: step(*((params, batch) if alone else args)))
+        results[f"same-{transport}"] = _owned(*step(params, batch))  # refused calls leave the job usable
+    forward = mp.sxjit(_forward, mesh=_mesh(2), schedule=S.GPipe(microbatches=2), batch_argnums=1)
+    results["sxjit"] = _refused(lambda: forward(params, tokens if alone else tokens[::-1]))
+    os.environ[CHECK_INPUTS_ENV] = "always"
+    step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+    float(step(params, batch)[0])
+    results["always"] = _refused(lambda: step(params, batch if alone else (tokens, (labels + 1) % 5)))
+    return results
+
+
+def _not_joined() -> dict:
+    """The `noinit` mode's cases: this process never joined the launcher's job."""
+    results = {"mesh": _refused(lambda: _mesh(2))}
+    plain = jax.sharding.Mesh(np.asarray(jax.devices()[:2]).reshape(2, 1), ("pp", "dp"))
+    double = mp.sxjit(lambda x: mp.sxstage_iter(x) * 2, mesh=plain)
+    results["build"] = _refused(lambda: double(np.ones(4, np.float32)))
+    return results
+
+
 def adamw_losses(step, params, batch) -> np.ndarray:
     """The losses of 10 AdamW steps with global-norm clipping (across processes when staged so)."""
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
@@ -211,7 +288,8 @@ def run(mode: str) -> dict:
     # imported here: mpmd_cases touches devices at import, which must follow mp.initialize()
     from mpmd_cases import hetero_loss
 
-    from spectrax_mpmd._transport import TRANSPORT_ENV, TRANSPORTS, make_transport
+    from spectrax_mpmd._comm import make_transport
+    from spectrax_mpmd._env import TRANSPORT_ENV, TRANSPORTS
 
     results = {}
     if mode in ("schedules", "adamw"):
@@ -229,7 +307,7 @@ def run(mode: str) -> dict:
     elif mode == "adamw":
         # the runtime's exchange through the coordination service, and its public fallback (a
         # device collective), with no transfer in flight: the same values in the same order
-        from spectrax_mpmd._exchange import Exchange, _collective_allgather
+        from spectrax_mpmd._comm.exchange import Exchange, _collective_allgather
 
         mine = f"process {jax.process_index()}"
         results["exchange"] = {
@@ -262,6 +340,24 @@ def run(mode: str) -> dict:
                 print("killing myself mid-step", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # the step's cells are issued, its transfers pending
             float(loss)
+    elif mode in ("fewer", "raise"):  # process 1 stops issuing steps between two calls
+        step = mp.sxvalue_and_grad(hetero_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+        params, batch = model(2)
+        for k in range(3):
+            if k == 2 and jax.process_index() == 1:
+                if mode == "raise":
+                    raise ValueError("process 1 fails between steps")
+                break
+            float(step(params, batch)[0])
+    elif mode == "empty":
+        for transport in TRANSPORTS:
+            os.environ[TRANSPORT_ENV] = transport
+            step = mp.sxvalue_and_grad(empty_loss, mesh=_mesh(2), schedule=S.GPipe(microbatches=2))
+            results[f"empty-{transport}"] = _owned(*step(*empty_case()))
+    elif mode == "inputs":
+        results = _inputs()
+    elif mode == "noinit":
+        results = _not_joined()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return results
@@ -269,9 +365,11 @@ def run(mode: str) -> dict:
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
-    mp.initialize()
+    if mode != "noinit":
+        mp.initialize()
+    process = os.environ["JAX_PROCESS_ID"]  # the launcher's index, joined or not
     for case, arrays in run(mode).items():
-        np.savez(os.path.join(out, f"{case}_p{jax.process_index()}.npz"), **arrays)
+        np.savez(os.path.join(out, f"{case}_p{process}.npz"), **arrays)
     print(f"{mode}: done", flush=True)
 
 

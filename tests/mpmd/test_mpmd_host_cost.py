@@ -10,9 +10,9 @@ from jax.sharding import PartitionSpec as P
 from mpmd_cases import make_schedule
 
 import spectrax_mpmd as mp
+from spectrax_mpmd._comm.local import _Copy, fast_path_available, is_transfer, same_layout
 from spectrax_mpmd._compile.compiler import Compiler
 from spectrax_mpmd._compile.relocate import relocation_available
-from spectrax_mpmd._transfer import _Copy, fast_path_available, is_transfer, same_layout
 
 D, B, LAYERS = 16, 16, 4
 

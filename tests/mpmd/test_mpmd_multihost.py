@@ -215,7 +215,7 @@ def test_setup_errors_are_clear_and_fast(monkeypatch):
     """A second process 0, a second process 1 on the same host and an unreachable coordinator
     are clear errors within seconds, raised before JAX's own initialisation (which would abort
     the job or wait out its registration timeout)."""
-    from spectrax_mpmd._distributed import claim_path
+    from spectrax_mpmd._comm.distributed import claim_path
 
     monkeypatch.delenv("SPECTRAX_MPMD_TIMEOUT", raising=False)
     port, dead_port = _free_port(), _free_port()
@@ -272,3 +272,85 @@ def test_initialize_checks_arguments_before_joining():
         mp.initialize("nowhere", 2, 1)
     with pytest.raises(mp.DistributedError, match="timeout must be a positive"):
         mp.initialize("127.0.0.1:1", 2, 1, timeout=0)
+
+
+def test_zero_size_arrays_cross_processes(tmp_path):
+    """An edge holding a zero-size array next to a full one, its cotangent, and a zero-size
+    tied parameter's gradient (a transfer of nothing but empty arrays) cross processes through
+    each transport; loss and gradients equal the unsplit reference."""
+    job = _launch(2, 1, "empty", tmp_path, limit=150, timeout=10)
+    ref = jax.value_and_grad(worker.empty_loss)(*worker.empty_case())
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    for transport in TRANSPORTS:
+        _check(_merged(tmp_path, f"empty-{transport}", 2), *ref)
+
+
+def test_processes_must_pass_the_same_arguments(tmp_path):
+    """Every process refuses a call where process 1 passed other values, shapes, parameters or
+    argument structure than process 0 (through each transport, before any transfer), naming the
+    argument; the same arguments then run. An `sxjit` forward is checked too, and with
+    SPECTRAX_MPMD_CHECK_INPUTS=always a later call of a signature that already ran."""
+    job = _launch(2, 1, "inputs", tmp_path, limit=200, timeout=10)
+    same = jax.jit(jax.value_and_grad(hetero_loss))(*worker.model(2))
+    code, out, _ = job.wait()
+    assert code == 0, out[-4000:]
+    refused = "sxvalue_and_grad: the processes of the job passed different arguments: "
+    expected = {
+        "values": "argument 1 ('batch')[0] (int32[16, 3]) has different values (process 0 vs process 1)",
+        "shapes": "the shape or dtype of argument 1 ('batch')[0] differs (process 0: int32[16, 3], "
+        "process 1: int32[8, 3])",
+        "params": "argument 0 ('params')['head'] (float32[8, 5]) has different values "
+        "(process 0 vs process 1)",
+        "tree": "the structure of argument 1 ('batch') differs (process 0: PyTreeDef((*, *)), "
+        "process 1: PyTreeDef([*, *]))",
+    }
+    for transport in TRANSPORTS:
+        for case, difference in expected.items():
+            error = str(_merged(tmp_path, f"{case}-{transport}", 2)["error"])  # the same on every process
+            assert error.startswith(refused + difference + ". Every process must pass the same arguments")
+        _check(_merged(tmp_path, f"same-{transport}", 2), *same)
+    error = str(_merged(tmp_path, "sxjit", 2)["error"])
+    assert error.startswith(
+        "sxjit: the processes of the job passed different arguments: argument 1 ('tokens') "
+    )
+    error = str(_merged(tmp_path, "always", 2)["error"])
+    assert error.startswith(refused + "argument 1 ('batch')[1] (int32[16]) has different values")
+
+
+def test_a_process_that_stops_issuing_steps_ends_the_job(tmp_path):
+    """Process 1 makes fewer calls than process 0, or raises between two calls: through each
+    transport process 0's next call ends within the timeout with `TransferTimeoutError` (with
+    `ppermute` its issue blocks until the peer issues its side; the limit still applies), and a
+    process ending by an uncaught error exits at once instead of waiting for its peers."""
+    jobs = {}
+    for mode in ("fewer", "raise"):
+        for transport in TRANSPORTS:
+            out = tmp_path / f"{mode}-{transport}"
+            out.mkdir()
+            jobs[mode, transport] = _launch(2, 1, mode, out, limit=150, timeout=3, transport=transport)
+    for (mode, transport), job in jobs.items():
+        code, out, seconds = job.wait()
+        assert code != 0, out[-3000:]
+        if mode == "fewer":
+            assert "TransferTimeoutError: process 0: the " in out, out[-3000:]
+            assert "microbatch 0 did not arrive within 3 s" in out, out[-3000:]
+            assert "spectrax_mpmd.launch: rank 0" in out and "exited with code 1" in out, out[-3000:]
+        else:
+            assert "ValueError: process 1 fails between steps" in out, out[-3000:]
+            assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out, out[-3000:]
+        assert seconds < 120, (mode, transport, seconds)
+
+
+def test_a_process_that_never_joined_the_job_is_refused(tmp_path):
+    """Under the launcher (which sets JAX_NUM_PROCESSES=2), a script that never calls
+    `mp.initialize()` is refused at `create_mesh` and at the first call of a function on a
+    plain `jax.sharding.Mesh`, instead of running the whole job alone in every process."""
+    code, out, _ = _launch(2, 2, "noinit", tmp_path, limit=120).wait()
+    assert code == 0, out[-3000:]
+    joined = "$JAX_NUM_PROCESSES=2 and $JAX_PROCESS_ID={} make this process one of a job of 2 processes"
+    for p in range(2):
+        for case, where in (("mesh", "create_mesh"), ("build", "sxjit")):
+            error = str(np.load(os.path.join(tmp_path, f"{case}_p{p}.npz"))["error"])
+            assert error.startswith(f"{where}: " + joined.format(p)), error
+            assert "Call spectrax_mpmd.initialize() at the start of the script" in error

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from spectrax_mpmd._compile import relocate
+from spectrax_mpmd._compile import relocate as _relocate
 
 ON_THEN_OFF = """
 import json, os, sys

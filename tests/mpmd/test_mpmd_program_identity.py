@@ -270,7 +270,7 @@ def test_a_collected_host_function_never_lends_its_executable():
 def test_host_state_read_from_jax_and_its_fallback_give_equal_results(monkeypatch):
     """Without JAX's compile arguments every program gets a token of its own: nothing is shared,
     and the results are those of the path that reads the callbacks."""
-    from spectrax_mpmd._compile import compiler
+    from spectrax_mpmd._compile import compiler as _compile
 
     readable = _compile._compile_args(jax.jit(lambda a: a).lower(1.0)) is not None
     p, x = host_case()
@@ -337,7 +337,7 @@ def test_copy_moves_typed_keys_as_the_public_path_does():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from spectrax_mpmd._transfer import _Copy, fast_path_available
+    from spectrax_mpmd._comm.local import _Copy, fast_path_available
 
     if not fast_path_available():
         pytest.skip("this JAX has no C++ batched copy")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from ._transport import CrossProcess
+from .base import CrossProcess
 
 
 def _first_device(sharding):
@@ -107,30 +107,35 @@ def _laid_out(x, sharding):
 class _PairSend:
     """Plan step: issue the sending side of a group's programs; returns nothing."""
 
-    __slots__ = ("programs",)
+    __slots__ = ("transport", "group", "peer", "programs")
 
-    def __init__(self, programs):
-        self.programs = programs
+    def __init__(self, transport, group: int, peer: int, programs):
+        self.transport, self.group, self.peer, self.programs = transport, group, peer, programs
 
     def __call__(self, *arrays):
+        self.transport.watch(self.group, self.peer)  # the issue blocks until the peer issues its side
         for program, idx in self.programs:
             program.send([arrays[k] for k in idx])
+        self.transport.unwatch()
         return ()
 
 
 class _PairRecv:
     """Plan step: issue the receiving side of a group's programs; returns the arrived arrays."""
 
-    __slots__ = ("transport", "group", "programs", "shardings")
+    __slots__ = ("transport", "group", "peer", "programs", "shardings")
 
-    def __init__(self, transport, group: int, programs, shardings: list):
-        self.transport, self.group, self.programs, self.shardings = transport, group, programs, shardings
+    def __init__(self, transport, group: int, peer: int, programs, shardings: list):
+        self.transport, self.group, self.peer = transport, group, peer
+        self.programs, self.shardings = programs, shardings
 
     def __call__(self):
         out: list = [None] * len(self.shardings)
+        self.transport.watch(self.group, self.peer)
         for program, idx in self.programs:
             for k, x in zip(idx, program.receive()):
                 out[k] = _laid_out(x, self.shardings[k])
+        self.transport.unwatch()
         self.transport.pending.append((self.group, out))
         return out
 
@@ -159,8 +164,8 @@ class PairTransport(CrossProcess):
             programs.append((self._compiled[key], idx))
         return programs
 
-    def send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
-        return _PairSend(self._programs(sources, specs))
+    def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairSend:
+        return _PairSend(self, group, peer, self._programs(sources, specs))
 
-    def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
-        return _PairRecv(self, group, self._programs(sources, specs), [s.sharding for s in specs])
+    def _recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
+        return _PairRecv(self, group, peer, self._programs(sources, specs), [s.sharding for s in specs])

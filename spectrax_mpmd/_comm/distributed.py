@@ -25,20 +25,20 @@ import time
 
 import jax
 
-from ._transport import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS, configured_timeout, configured_transport
-from .errors import DistributedError
-
-ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
-
-
-def _int_env(name: str):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
+from .._env import (
+    ADDRESS_ENV,
+    ID_ENV,
+    TIMEOUT_ENV,
+    TRANSPORT_ENV,
+    TRANSPORTS,
+    WORLD_ENV,
+    configured_timeout,
+    configured_transport,
+    coordinator_from_env,
+    int_env,
+    job_size_from_env,
+)
+from ..errors import DistributedError
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -162,9 +162,9 @@ def initialize(
     (SLURM, Open MPI, ...) supplies them; without a cluster either, nothing happens and
     the script runs as one process. Returns whether this process joined a job.
     """
-    address = coordinator_address or os.environ.get(ADDRESS_ENV) or None
-    world = num_processes if num_processes is not None else _int_env(WORLD_ENV)
-    pid = process_id if process_id is not None else _int_env(ID_ENV)
+    address = coordinator_address or coordinator_from_env()
+    world = num_processes if num_processes is not None else int_env(WORLD_ENV)
+    pid = process_id if process_id is not None else int_env(ID_ENV)
     if timeout is not None:
         if not timeout > 0:
             raise DistributedError(
@@ -204,6 +204,19 @@ def initialize(
     else:
         _join(address, world, pid, local_device_ids, limit)
     return True
+
+
+def check_joined(where: str) -> None:
+    """Refuse to go on in a process that its environment places in a job of several processes
+    but that never joined it: it would run the whole job alone, next to its peers doing the same."""
+    world = job_size_from_env()
+    if world is not None and world > 1 and jax.process_count() == 1:
+        raise DistributedError(
+            f"{where}: ${WORLD_ENV}={world} and ${ID_ENV}={os.environ[ID_ENV]} make this process one "
+            f"of a job of {world} processes, but it has not joined it (jax.process_count() is 1). Call "
+            "spectrax_mpmd.initialize() at the start of the script, before anything touches a "
+            "device (jax.devices(), create_mesh, creating arrays)."
+        )
 
 
 def _join(address, world, pid, local_device_ids, limit: float) -> None:

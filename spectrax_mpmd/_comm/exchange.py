@@ -1,7 +1,8 @@
 """Small all-gathers among the processes of a job, through JAX's coordination service.
 
-The runtime exchanges a few short strings between processes: transfer-server
-addresses, and per-process partial sums for a global gradient norm. Device
+The runtime exchanges a few strings between processes: transfer-server
+addresses, per-process partial sums for a global gradient norm, and
+fingerprints of each process's arguments. Device
 collectives (`multihost_utils.process_allgather`) can do that, but on CPU a
 collective that blocks one process while a peer still pulls a transfer from it
 can deadlock the two (measured here with two devices per process), so the
@@ -13,9 +14,10 @@ missing, the public collective is the fallback.
 from __future__ import annotations
 
 import jax
+import numpy as np
 
-from ._transport import configured_timeout
-from .errors import DistributedError
+from .._env import configured_timeout
+from ..errors import DistributedError
 
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 
@@ -72,14 +74,13 @@ class Exchange:
 
 
 def _collective_allgather(value: str) -> list[str]:
-    """The public fallback: one `process_allgather` of the encoded strings."""
-    import numpy as np
-    from jax.experimental import multihost_utils
+    """The public fallback: two `process_allgather`s, of the encoded strings' lengths, then of the
+    strings padded to the longest."""
+    from jax.experimental import multihost_utils  # the fallback only: JAX's multi-host helpers
 
-    raw = np.zeros(256, np.uint8)
-    encoded = value.encode()
-    if len(encoded) > raw.size:
-        raise DistributedError(f"an exchanged value is longer than {raw.size} bytes: {value[:40]!r}...")
-    raw[: len(encoded)] = np.frombuffer(encoded, np.uint8)
-    table = np.asarray(multihost_utils.process_allgather(raw))
-    return [bytes(row).rstrip(b"\0").decode() for row in table.reshape(-1, raw.size)]
+    encoded = np.frombuffer(value.encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(encoded.size))).reshape(-1)
+    raw = np.zeros(max(1, int(sizes.max())), np.uint8)
+    raw[: encoded.size] = encoded
+    table = np.asarray(multihost_utils.process_allgather(raw)).reshape(sizes.size, raw.size)
+    return [bytes(row[:n]).decode() for row, n in zip(table, sizes)]

@@ -1,0 +1,167 @@
+"""Every process of a multi-process job must pass the same arguments: checked, not assumed.
+
+Each process places only the argument leaves its own ranks read. Processes that
+passed different values (a data loader seeded with the process index) would
+train on a mixture of them (the first stage on one process's inputs, the last
+on another's targets), and processes that passed different shapes (one host's
+last partial batch) would build different plans whose transfers cannot pair up.
+
+So at the first call of each signature, before anything is built, every
+process sends a fingerprint of its call through the `jax.distributed` key-value
+store: the number of arguments, static values, each argument's tree structure,
+each leaf's shape, dtype and weak type, a CRC-32 of each leaf's bytes, and
+JAX's trace configuration. Equal fingerprints cost one exchange of a short digest;
+different ones raise `DistributedError` on every process, naming the first
+argument that differs. A leaf this process cannot read (a global array held by
+another process, such as a parameter updated by `StagedOptimizer` on its
+owner) is compared by shape and dtype only.
+
+`$SPECTRAX_MPMD_CHECK_INPUTS` chooses when: `first` (default: each signature's
+first call), `always` (every call: the values are read to the host each time),
+or `off`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from typing import Callable
+
+import jax
+import numpy as np
+
+from .._comm import RENDEZVOUS_TIMEOUT, Exchange, check_joined
+from .._env import CHECK_INPUTS_ENV, configured_input_check, configured_timeout
+from .._trace.args import Signature, describe_argument
+from .._trace.context import config_key
+from ..errors import DistributedError
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses differ between processes
+
+
+def _stable_repr(value) -> str:
+    return _ADDRESS.sub("", repr(value))
+
+
+def _value_digest(leaf) -> str:
+    """A CRC-32 of the leaf's bytes (a checksum, not a cryptographic hash: it tells accidental
+    differences apart at several GB/s), or `"?"` when this process cannot read the leaf."""
+    if isinstance(leaf, jax.Array):
+        if not leaf.is_fully_addressable:
+            return "?"
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+    data = np.ascontiguousarray(np.asarray(leaf)).reshape(-1).view(np.uint8)
+    return f"{zlib.crc32(data):08x}"
+
+
+def fingerprint(sig: Signature) -> list[tuple[str, str]]:
+    """The call as `(what, record)` rows that every process must agree on; `what` names the row
+    for `_difference` (a leaf is described only when it differs: describing one is costly)."""
+    rows = [("count", str(len(sig.positions) + len(sig.statics)))]
+    rows += [(f"static {k}", _stable_repr((type(v), v))) for k, v in sig.statics]
+    rows += [(f"tree {k}", _stable_repr(t)) for k, t in zip(sig.positions, sig.in_tree.children())]
+    rows += [
+        (f"leaf {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}|{_value_digest(leaf)}")
+        for a, (leaf, (shape, dtype, weak)) in enumerate(zip(sig.leaves, sig.types))
+    ]
+    rows.append(("config", _stable_repr(config_key())))
+    return rows
+
+
+def _agree(what: str, records: list[str]) -> bool:
+    """Whether the processes' records of `what` are equal (a leaf's `?` value matches any value)."""
+    if not what.startswith("leaf "):
+        return len(set(records)) == 1
+    types = {r.rpartition("|")[0] for r in records}
+    values = {r.rpartition("|")[2] for r in records} - {"?"}
+    return len(types) == 1 and len(values) <= 1
+
+
+def _difference(what: str, records: list[str], fn: Callable, sig: Signature) -> str:
+    """The sentence naming what differs among the processes' `records` of `what`."""
+    kind, _, index = what.partition(" ")
+    if kind == "count":
+        name, show = "the number of positional arguments", records
+    elif kind == "static":
+        name, show = f"the static {describe_argument(fn, int(index))}", records
+    elif kind == "tree":
+        name, show = f"the structure of {describe_argument(fn, int(index))}", records
+    elif kind == "config":
+        name, show = "JAX's configuration (jax.config flags that change tracing)", records
+    else:
+        name = sig.describe(fn, int(index))
+        types = [r.rpartition("|")[0] for r in records]
+        if len(set(types)) > 1:
+            name, show = f"the shape or dtype of {name}", types
+        else:
+            holders: dict = {}
+            for p, r in enumerate(records):
+                holders.setdefault(r.rpartition("|")[2], []).append(str(p))
+            groups = " vs ".join(
+                f"process{'es' if len(ps) > 1 else ''} {', '.join(ps)}"
+                for value, ps in holders.items()
+                if value != "?"
+            )
+            return f"{name} ({types[0]}) has different values ({groups})"
+    listed = ", ".join(f"process {p}: {_shorten(r)}" for p, r in enumerate(show))
+    return f"{name} differs ({listed})"
+
+
+def _shorten(record: str, limit: int = 300) -> str:
+    """`record`, cut for an error message (a large model's tree structure runs long)."""
+    return record if len(record) <= limit else record[:limit] + " ..."
+
+
+
+class InputsCheck:
+    """The check for one pipelined function (`sxjit`, `sxvalue_and_grad`, ...): call it with
+    every call's signature before the call is built or run."""
+
+    def __init__(self, name: str, fn: Callable, mesh):
+        self.name, self.fn, self.mesh = name, fn, mesh
+        self.mode: str | None = None  # decided at the first call
+        self.exchange: Exchange | None = None
+
+    def __call__(self, sig: Signature, first: bool) -> None:
+        """Check `sig` against every other process's call (at its first call, or every call with
+        `always`); a no-op when the mesh lies in this process."""
+        if self.mode is None:
+            check_joined(self.name)
+            me = jax.process_index()
+            spans = any(d.process_index != me for d in self.mesh.devices.flat)
+            self.mode = configured_input_check() if spans else "off"
+        if self.mode == "off" or (self.mode == "first" and not first):
+            return
+        if self.exchange is None:
+            self.exchange = Exchange("inputs", max(configured_timeout(), RENDEZVOUS_TIMEOUT))
+        rows = fingerprint(sig)
+        digest = hashlib.blake2b("\n".join(r for _, r in rows).encode(), digest_size=16).hexdigest()
+        if len(set(self._allgather(digest))) == 1:
+            return
+        tables = [json.loads(t) for t in self._allgather(json.dumps([r for _, r in rows]))]
+        if len({len(t) for t in tables}) > 1:  # different structures: the first row that differs says which
+            width = min(len(t) for t in tables)
+            tables = [t[:width] for t in tables]
+        for k, (what, _) in enumerate(rows[: len(tables[0])]):
+            records = [t[k] for t in tables]
+            if not _agree(what, records):
+                raise DistributedError(
+                    f"{self.name}: the processes of the job passed different arguments: "
+                    f"{_difference(what, records, self.fn, sig)}. Every process must pass the same "
+                    "arguments (the whole batch, not a per-process shard): each feeds only its own "
+                    "ranks, so different inputs would be mixed. Drop or pad a last partial batch "
+                    f"alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
+                )
+
+    def _allgather(self, value: str) -> list[str]:
+        try:
+            return self.exchange.allgather(value)
+        except DistributedError as err:
+            raise DistributedError(
+                f"{self.name}: checking that every process passed the same arguments: {err} A process "
+                "that calls with arguments whose signature it has already run checks them only with "
+                f"{CHECK_INPUTS_ENV}=always; pass the same shapes on every process."
+            ) from err

@@ -1,0 +1,47 @@
+"""How pipeline ranks talk.
+
+    base             the `Transport` contract; `CrossProcess`, what the cross-process transports share
+    local            copies between ranks of one process (JAX's C++ batched copy or `jax.device_put`)
+    exchange         small all-gathers of strings through the `jax.distributed` key-value store
+    transfer_server  cross-process moves as one-sided pulls (`jax.experimental.transfer`), the default
+    ppermute         cross-process moves as two-sided `lax.ppermute` programs
+    deadline         bounded waits: a call's receives, an issue that blocks, leaving a failed job
+    distributed      joining a `jax.distributed` job (`initialize`, `check_joined`)
+
+Modules import one way: `local`, `exchange`, `deadline` and `distributed` import
+no sibling, `base` imports the first three, the two transports import `base`.
+"""
+
+from __future__ import annotations
+
+from .._env import configured_transport
+from .base import RENDEZVOUS_TIMEOUT, CrossProcess, Transport
+from .distributed import check_joined, claim_path, initialize
+from .exchange import Exchange
+from .local import fast_path_available, is_transfer, same_layout, transfer
+from .ppermute import PairTransport
+from .transfer_server import TransferServerTransport
+
+__all__ = [
+    "CrossProcess",
+    "RENDEZVOUS_TIMEOUT",
+    "Exchange",
+    "PairTransport",
+    "TransferServerTransport",
+    "Transport",
+    "check_joined",
+    "claim_path",
+    "fast_path_available",
+    "initialize",
+    "is_transfer",
+    "make_transport",
+    "same_layout",
+    "transfer",
+]
+
+
+def make_transport() -> CrossProcess:
+    """The cross-process transport `$SPECTRAX_MPMD_TRANSPORT` names (the transfer server by default)."""
+    if configured_transport() == "ppermute":
+        return PairTransport()
+    return TransferServerTransport()

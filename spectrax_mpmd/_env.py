@@ -1,0 +1,86 @@
+"""The environment settings of `spectrax_mpmd`: names, defaults and parsing, in one place.
+
+`SPECTRAX_MPMD_*` are this package's own; `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` describe the `jax.distributed` job (the
+launcher sets them, `initialize` reads them). A leaf module: it imports nothing
+of the package but its errors, so every layer can read its settings here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import DistributedError
+
+TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"  # seconds a cross-process transfer may take
+TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"  # the cross-process transport, one of TRANSPORTS
+HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process's transfer server at
+CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their arguments, one of INPUT_CHECKS
+ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+
+DEFAULT_TIMEOUT = 30.0
+TRANSPORTS = ("transfer", "ppermute")
+INPUT_CHECKS = ("first", "always", "off")
+
+
+def configured_timeout() -> float:
+    """The transfer timeout in seconds: `$SPECTRAX_MPMD_TIMEOUT`, default 30."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise DistributedError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
+    return value
+
+
+def configured_transport() -> str:
+    """The cross-process transport: `$SPECTRAX_MPMD_TRANSPORT`, `"transfer"` (default) or `"ppermute"`."""
+    name = os.environ.get(TRANSPORT_ENV, "transfer")
+    if name not in TRANSPORTS:
+        raise DistributedError(f"{TRANSPORT_ENV}={name!r}: expected one of {', '.join(TRANSPORTS)}.")
+    return name
+
+
+def configured_input_check() -> str:
+    """When the processes of a job compare their arguments: `$SPECTRAX_MPMD_CHECK_INPUTS`,
+    `"first"` (default: each signature's first call), `"always"` (every call) or `"off"`."""
+    name = os.environ.get(CHECK_INPUTS_ENV, "first")
+    if name not in INPUT_CHECKS:
+        raise DistributedError(f"{CHECK_INPUTS_ENV}={name!r}: expected one of {', '.join(INPUT_CHECKS)}.")
+    return name
+
+
+def transfer_host() -> str | None:
+    """`$SPECTRAX_MPMD_TRANSFER_HOST`, or None when unset (the transport then picks the address)."""
+    return os.environ.get(HOST_ENV) or None
+
+
+def coordinator_from_env() -> str | None:
+    """`$JAX_COORDINATOR_ADDRESS`, or None when unset."""
+    return os.environ.get(ADDRESS_ENV) or None
+
+
+def int_env(name: str) -> int | None:
+    """The integer in environment variable `name`, None when unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"${name}={raw!r}: expected an integer.") from None
+
+
+def job_size_from_env() -> int | None:
+    """The number of processes `$JAX_NUM_PROCESSES` gives this process's job when
+    `$JAX_PROCESS_ID` is set too (as the launcher and the documented host commands set
+    them); None otherwise, or when either is not an integer (`initialize` reports that)."""
+    try:
+        world, pid = int(os.environ.get(WORLD_ENV, "")), int(os.environ.get(ID_ENV, ""))
+    except ValueError:
+        return None
+    return world if pid >= 0 else None
