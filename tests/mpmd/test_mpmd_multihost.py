@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -318,6 +319,9 @@ def test_processes_must_pass_the_same_arguments(tmp_path):
     assert error.startswith(refused + "argument 1 ('batch')[1] (int32[16]) has different values")
 
 
+EXITED = r"spectrax_mpmd\.launch: .*rank {rank} \(pid \d+\) exited with code 1"
+
+
 def test_a_process_that_stops_issuing_steps_ends_the_job(tmp_path):
     """Process 1 makes fewer calls than process 0, or raises between two calls: through each
     transport process 0's next call ends within the timeout with `TransferTimeoutError` (with
@@ -335,10 +339,11 @@ def test_a_process_that_stops_issuing_steps_ends_the_job(tmp_path):
         if mode == "fewer":
             assert "TransferTimeoutError: process 0: the " in out, out[-3000:]
             assert "microbatch 0 did not arrive within 3 s" in out, out[-3000:]
-            assert "spectrax_mpmd.launch: rank 0" in out and "exited with code 1" in out, out[-3000:]
+            assert re.search(EXITED.format(rank=0), out), out[-3000:]
         else:
             assert "ValueError: process 1 fails between steps" in out, out[-3000:]
-            assert "spectrax_mpmd.launch: rank 1" in out and "exited with code 1" in out, out[-3000:]
+            # the peer may notice the loss and exit in the same moment: both are then named
+            assert re.search(EXITED.format(rank=1), out), out[-3000:]
         assert seconds < 120, (mode, transport, seconds)
 
 
