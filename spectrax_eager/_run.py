@@ -8,20 +8,65 @@ same computation is one SPMD `jax.jit`.
 
 from __future__ import annotations
 
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from spectrax_core.schedules import GPipe
 
 from ._module import Module, build, plan_of
+from ._run_key import Uncacheable, function_key, mesh_key
 from ._stage import StagePlan, call, run_marked, stage_plan
 from ._state import State, trainable
 from .nn._containers import ModuleList, PipelineSequential
 
-# Compiled runs per loss function (weakly held, as jax.jit holds functions), then per configuration.
-_runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_no_loss: dict = {}
+MAX_RUNNERS = 32  # compiled configurations kept; the least recently used is dropped first
+
+
+class RunKey(NamedTuple):
+    """Everything that changes a run's programs, by value (see `_run_key`)."""
+
+    graphdef: Any
+    selected: tuple[bool, ...]
+    mesh: tuple
+    mode: str
+    microbatches: int
+    schedule: Any
+    has_aux: bool
+    stage_sizes: Any
+    loss: Any
+
+
+class _CurrentLoss:
+    """The loss function of the latest call with this key: a retrace (a new input signature) of a
+    cached runner calls it, not the function of the call that compiled the runner."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+_runners: OrderedDict[RunKey, tuple[Any, _CurrentLoss | None]] = OrderedDict()
+
+
+def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn):
+    """The run's `RunKey`, or None when a value it depends on has no key by content."""
+    try:
+        return RunKey(
+            plan.graphdef, selected, mesh_key(mesh), mode, microbatches, schedule, has_aux, stage_sizes,
+            function_key(loss_fn),
+        )
+    except Uncacheable:
+        return None
+
+
+def _remember(key: RunKey | None, runner: Any, loss: _CurrentLoss | None) -> None:
+    if key is not None:
+        _runners[key] = (runner, loss)
+        while len(_runners) > MAX_RUNNERS:
+            _runners.popitem(last=False)
 
 
 def _forward(graphdef, selected: tuple[bool, ...], plan: StagePlan | None) -> Callable:
@@ -98,6 +143,11 @@ def run(
     PRNG key among them reaches microbatch `i` as `jax.random.fold_in(key, i)`.
     `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
     `spectrax_mpmd.balance`), once per configuration.
+
+    Compiled runs are cached by value (model structure, configuration, the mesh's
+    devices and axes, and the loss function's code with the values it reads; see
+    `_run_key`), so an inline `loss_fn=lambda ...` compiles once; the 32 most
+    recently used are kept.
     """
     import spectrax_mpmd as mp
 
@@ -107,9 +157,9 @@ def run(
     if isinstance(stage_sizes, str) and stage_sizes != "auto":
         raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
     sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
-    key = (plan.graphdef, selected, mesh, mode, microbatches, schedule, has_aux, sizes or stage_sizes)
-    cache = _runners.setdefault(loss_fn, {}) if loss_fn is not None else _no_loss
-    runner = cache.get(key)
+    config = (mode, microbatches, schedule, has_aux, sizes or stage_sizes)
+    key = _cache_key(plan, selected, mesh, *config, loss_fn)
+    runner, loss = _runners.get(key, (None, None)) if key is not None else (None, None)
     diff = [v for v, s in zip(values, selected) if s]
     rest = [v for v, s in zip(values, selected) if not s]
     if runner is None:
@@ -119,16 +169,22 @@ def run(
             sizes = _balanced_sizes(
                 model, plan, selected, args, mesh=mesh, schedule=schedule, loss_fn=loss_fn, has_aux=has_aux
             )
-        runner = cache[key] = mp.Runner(
+        loss = _CurrentLoss(loss_fn) if loss_fn is not None else None
+        runner = mp.Runner(
             _forward(plan.graphdef, selected, _plan_stages(model, mesh, schedule, sizes, inputs)),
             mesh=mesh,
             mode=mode,
-            loss_fn=loss_fn,
+            loss_fn=loss,
             microbatches=microbatches,
             schedule=schedule,
             has_aux=has_aux,
             name="spx.run",
         )
+        _remember(key, runner, loss)
+    elif loss is not None:
+        loss.fn = loss_fn
+    if key is not None:
+        _runners.move_to_end(key)
     result = runner(diff, rest, inputs, targets)
     if mode == "forward":
         return result
