@@ -9,7 +9,13 @@ from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
 from ._control import cond, eval_shape, fori_loop, remat, remat_scan, scan, switch, vmap, while_loop
-from ._errors import CyclicGraphError, IllegalMutationError, SelectorError, StructureChangeError
+from ._errors import (
+    CyclicGraphError,
+    IllegalMutationError,
+    SelectorError,
+    StaticEditError,
+    StructureChangeError,
+)
 from ._graph import GraphDef
 from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
@@ -69,6 +75,7 @@ __all__ = [
     "MultiOptimizer",
     "Nothing",
     "SelectorError",
+    "StaticEditError",
     "all_of",
     "any_of",
     "current_rngs",

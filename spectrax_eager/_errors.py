@@ -17,3 +17,10 @@ class CyclicGraphError(ValueError):
 
 class SelectorError(TypeError):
     """A value given where a selector is expected is not one (see `spx.as_selector`)."""
+
+
+class StaticEditError(TypeError):
+    """An in-place edit of a module's static list, dict or set (or a Variable's metadata container).
+
+    They are stored immutable; assign a new value to the attribute instead.
+    """

@@ -17,6 +17,7 @@ from . import _graph
 from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
 from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
+from ._static import immutable
 from ._variable import Variable, _new_like
 
 _PRIVATE = "_spx_"
@@ -188,6 +189,9 @@ class Module:
 
     def __setattr__(self, name: str, value: Any) -> None:
         _check_attr(self, name, value)
+        if not isinstance(value, Module | Variable):
+            fix = f"assign it to the attribute (`module.{name} = new`)"
+            value = immutable(value, f"{type(self).__name__}.{name}", fix)
         object.__setattr__(self, name, value)
         _graph.bump()
 

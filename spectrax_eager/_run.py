@@ -8,28 +8,93 @@ same computation is one SPMD `jax.jit`.
 
 from __future__ import annotations
 
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from spectrax_core.schedules import GPipe
 
 from ._module import Module, build, plan_of
+from ._run_key import Uncacheable, function_key, mesh_key
+from ._run_rngs import (
+    counter_positions,
+    counting_loss,
+    first_microbatch,
+    per_microbatch,
+    split_counters,
+    write_counters,
+)
 from ._stage import StagePlan, call, run_marked, stage_plan
 from ._state import State, trainable
 from .nn._containers import ModuleList, PipelineSequential
 
-# Compiled runs per loss function (weakly held, as jax.jit holds functions), then per configuration.
-_runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_no_loss: dict = {}
+MAX_RUNNERS = 32  # compiled configurations kept; the least recently used is dropped first
 
 
-def _forward(graphdef, selected: tuple[bool, ...], plan: StagePlan | None) -> Callable:
+class RunKey(NamedTuple):
+    """Everything that changes a run's programs, by value (see `_run_key`)."""
+
+    graphdef: Any
+    selected: tuple[bool, ...]
+    mesh: tuple
+    mode: str
+    microbatches: int
+    schedule: Any
+    has_aux: bool
+    stage_sizes: Any
+    loss: Any
+
+
+class _CurrentLoss:
+    """The loss function of the latest call with this key: a retrace (a new input signature) of a
+    cached runner calls it, not the function of the call that compiled the runner."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+_runners: OrderedDict[RunKey, tuple[Any, _CurrentLoss | None]] = OrderedDict()
+
+
+def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn):
+    """The run's `RunKey`, or None when a value it depends on has no key by content."""
+    try:
+        return RunKey(
+            plan.graphdef, selected, mesh_key(mesh), mode, microbatches, schedule, has_aux, stage_sizes,
+            function_key(loss_fn),
+        )
+    except Uncacheable:
+        return None
+
+
+def _remember(key: RunKey | None, runner: Any, loss: _CurrentLoss | None) -> None:
+    if key is not None:
+        _runners[key] = (runner, loss)
+        while len(_runners) > MAX_RUNNERS:
+            _runners.popitem(last=False)
+
+
+def _forward(
+    graphdef,
+    selected: tuple[bool, ...],
+    plan: StagePlan | None,
+    counters: tuple[int, ...] = (),
+    mode: str = "train",
+) -> Callable:
+    """The run's forward over (trainable values, other values, inputs); with `counters`, it also
+    returns the new values of the variables at those plan positions (see `_run_rngs`)."""
+
     def forward(diff_values: list, rest_values: list, inputs: Any) -> Any:
         diff, rest = iter(diff_values), iter(rest_values)
         values = [next(diff) if s else next(rest) for s in selected]
-        model = build(graphdef, values)[0][0]
-        return call(model, inputs) if plan is None else run_marked(model, plan, inputs)
+        roots, variables = build(graphdef, values)
+        out = call(roots[0], inputs) if plan is None else run_marked(roots[0], plan, inputs)
+        if not counters:
+            return out
+        return out, per_microbatch(tuple(variables[j].value for j in counters), mode)
 
     return forward
 
@@ -72,6 +137,35 @@ def _balanced_sizes(
     return chosen.sizes
 
 
+def _new_runner(
+    model, plan, selected, args, counters, *, mesh, mode, loss_fn, microbatches, schedule, has_aux, sizes,
+    stage_sizes,
+) -> tuple[Any, _CurrentLoss | None]:
+    """A runner for this configuration (its stage split chosen now for `stage_sizes="auto"`) and
+    the holder of its current loss function."""
+    import spectrax_mpmd as mp
+
+    if stage_sizes == "auto":
+        schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
+        sizes = _balanced_sizes(
+            model, plan, selected, args, mesh=mesh, schedule=schedule, loss_fn=loss_fn, has_aux=has_aux
+        )
+    loss = _CurrentLoss(loss_fn) if loss_fn is not None else None
+    counting = bool(counters) and mode == "train" and loss is not None
+    stages = _plan_stages(model, mesh, schedule, sizes, args[2])
+    runner = mp.Runner(
+        _forward(plan.graphdef, selected, stages, counters, mode),
+        mesh=mesh,
+        mode=mode,
+        loss_fn=counting_loss(loss, has_aux) if counting else loss,
+        microbatches=microbatches,
+        schedule=schedule,
+        has_aux=has_aux or counting,
+        name="spx.run",
+    )
+    return runner, loss
+
+
 def run(
     model: Module,
     *,
@@ -94,10 +188,17 @@ def run(
     (what `spx.grad` returns and `spx.Optimizer.update` takes). Forward mode
     returns the outputs in batch order. On a mesh without a pipeline axis the
     same computation is one `jax.jit` over the mesh; the numbers agree.
-    Buffers and other non-parameter variables are read, not written back; a
-    PRNG key among them reaches microbatch `i` as `jax.random.fold_in(key, i)`.
+    The counters of the model's `Rngs` streams advance as in an eager call, so
+    each call draws fresh dropout masks; a stream's key (any PRNG key among the
+    variables) reaches microbatch `i` as `jax.random.fold_in(key, i)`. Buffers
+    and other non-parameter variables are read, not written back.
     `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
     `spectrax_mpmd.balance`), once per configuration.
+
+    Compiled runs are cached by value (model structure, configuration, the mesh's
+    devices and axes, and the loss function's code with the values it reads; see
+    `_run_key`), so an inline `loss_fn=lambda ...` compiles once; the 32 most
+    recently used are kept.
     """
     import spectrax_mpmd as mp
 
@@ -107,29 +208,27 @@ def run(
     if isinstance(stage_sizes, str) and stage_sizes != "auto":
         raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
     sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
-    key = (plan.graphdef, selected, mesh, mode, microbatches, schedule, has_aux, sizes or stage_sizes)
-    cache = _runners.setdefault(loss_fn, {}) if loss_fn is not None else _no_loss
-    runner = cache.get(key)
+    config = (mode, microbatches, schedule, has_aux, sizes or stage_sizes)
+    key = _cache_key(plan, selected, mesh, *config, loss_fn)
+    runner, loss = _runners.get(key, (None, None)) if key is not None else (None, None)
     diff = [v for v, s in zip(values, selected) if s]
     rest = [v for v, s in zip(values, selected) if not s]
+    counters = counter_positions(plan)
     if runner is None:
-        if stage_sizes == "auto":
-            schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
-            args = (diff, rest, inputs, targets)
-            sizes = _balanced_sizes(
-                model, plan, selected, args, mesh=mesh, schedule=schedule, loss_fn=loss_fn, has_aux=has_aux
-            )
-        runner = cache[key] = mp.Runner(
-            _forward(plan.graphdef, selected, _plan_stages(model, mesh, schedule, sizes, inputs)),
-            mesh=mesh,
-            mode=mode,
-            loss_fn=loss_fn,
-            microbatches=microbatches,
-            schedule=schedule,
-            has_aux=has_aux,
-            name="spx.run",
+        runner, loss = _new_runner(
+            model, plan, selected, (diff, rest, inputs, targets), counters, mesh=mesh, mode=mode,
+            loss_fn=loss_fn, microbatches=microbatches, schedule=schedule, has_aux=has_aux, sizes=sizes,
+            stage_sizes=stage_sizes,
         )
+        _remember(key, runner, loss)
+    elif loss is not None:
+        loss.fn = loss_fn
+    if key is not None:
+        _runners.move_to_end(key)
     result = runner(diff, rest, inputs, targets)
+    if counters:
+        result, stacked = split_counters(result, mode, has_aux)
+        write_counters(plan, counters, first_microbatch(stacked, mesh))
     if mode == "forward":
         return result
     value, grads = result

@@ -15,6 +15,7 @@ import jax
 
 from . import _graph
 from ._assign import stamp
+from ._static import immutable
 
 
 def _new_like(cls: type, value: Any, kind: str, metadata: dict) -> Variable:
@@ -32,7 +33,15 @@ def _flatten_variable(var: Variable):
 
 def _unflatten_variable(aux, children):
     cls, kind, meta = aux
-    return _new_like(cls, children[0], kind, dict(meta))
+    return _new_like(cls, children[0], kind, {k: _graph.thaw(v) for k, v in meta})
+
+
+def _immutable_metadata(owner: type, metadata: dict) -> dict:
+    """`metadata` with its list, dict and set values stored immutable (see `_static`)."""
+    return {
+        k: immutable(v, f"{owner.__name__} metadata {k!r}", f"set it with `variable.set_metadata({k}=new)`")
+        for k, v in metadata.items()
+    }
 
 
 def register_variable_class(cls: type) -> None:
@@ -62,7 +71,7 @@ class Variable:
             value = value.value
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "kind", kind if kind is not None else type(self).default_kind)
-        object.__setattr__(self, "metadata", stamp(dict(metadata)))
+        object.__setattr__(self, "metadata", stamp(_immutable_metadata(type(self), metadata)))
         if not isinstance(self.kind, str):
             raise TypeError(f"{type(self).__name__}: kind must be a str, received {self.kind!r}.")
 
@@ -77,7 +86,7 @@ class Variable:
 
     def set_metadata(self, **metadata: Any) -> None:
         """Add or replace metadata entries (a structural change: jitted callers retrace)."""
-        self.metadata.update(metadata)
+        self.metadata.update(_immutable_metadata(type(self), metadata))
         _graph.bump()
 
     def __setattr__(self, name: str, value: Any) -> None:

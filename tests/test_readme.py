@@ -23,3 +23,17 @@ def test_readme_block_runs(index, tmp_path):
     script.write_text(BLOCKS[index])
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_quick_start_installs_what_each_command_uses():
+    """The main job's command installs the `examples` extra (progress bar, plots); the test
+    command is the one CI runs."""
+    import tomllib
+
+    text = README.read_text()
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert 'pip install -e ".[examples]" && python examples/train_lm.py' in text
+    assert {"tqdm", "matplotlib"} <= {re.split(r"[<>=]", dep)[0] for dep in extras["examples"]}
+    command = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q'
+    assert command in text
+    assert 'pip install -q -e ".[test]" && python -m pytest -q' in (README.parent / ".ci" / "run").read_text()

@@ -14,6 +14,7 @@ import spectrax_eager as spx
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_eager import _run
+from spectrax_eager._run_key import function_key, mesh_key
 
 X = jax.random.normal(jax.random.key(1), (16, 8))
 Y = jax.random.normal(jax.random.key(2), (16, 3))
@@ -80,7 +81,8 @@ def test_stamped_model_trains_through_its_own_forward():
     assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    runner = next(r for key, r in _run._runners[mse].items() if key[2] is mesh2())
+    wanted = (mesh_key(mesh2()), function_key(mse))
+    runner = next(r for key, (r, _) in _run._runners.items() if (key.mesh, key.loss) == wanted)
     graph = runner.step.last_graph
     assert len(graph.stages) == 2
     # stage 0 reads embed and mid (4 leaves) and x; stage 1 reads out and head (4 leaves) and y
