@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from spectrax_mpmd._comm import Exchange
+
 from ._rngs import RngCount
 
 _exchange: list = []  # the exchange of counters among the processes of a job, made on first use
@@ -63,8 +65,6 @@ def first_microbatch(counters: tuple, mesh: Any) -> tuple:
     if all(d.process_index == jax.process_index() for d in devices):
         return tuple(c[0] for c in counters)
     if not _exchange:
-        from spectrax_mpmd._exchange import Exchange
-
         _exchange.append(Exchange("spx.run rng counters"))
     mine = [_local_value(c) for c in counters]
     held = [ast.literal_eval(v) for v in _exchange[0].allgather(repr(mine))]
