@@ -115,7 +115,6 @@ def _shorten(record: str, limit: int = 300) -> str:
     return record if len(record) <= limit else record[:limit] + " ..."
 
 
-
 class InputsCheck:
     """The check for one pipelined function (`sxjit`, `sxvalue_and_grad`, ...): call it with
     every call's signature before the call is built or run."""

@@ -40,7 +40,8 @@ from .relocate import persistent_cache_active, relocate, relocation_available, s
 from .stats import BuildStats
 
 
-def _sds(aval, sharding):
+def shape_spec(aval, sharding):
+    """`aval` (shape, dtype, weak type) as a `jax.ShapeDtypeStruct` on `sharding`."""
     return jax.ShapeDtypeStruct(
         aval.shape, aval.dtype, sharding=sharding, weak_type=getattr(aval, "weak_type", False)
     )

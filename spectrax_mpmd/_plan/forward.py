@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .._compile.compiler import CellSpec, Compiler, _sds
+from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._runtime.plan import Plan
 from .._trace.split import StageGraph
 from ..errors import StageSplitError
@@ -81,7 +81,7 @@ def _batch_order(draft: Draft, layout: Layout, j: int, slots: list[int]) -> int:
         )
     sh = layout.named(layout.graph.result_stage[j], None)
     out = draft.new()
-    draft.add(CellSpec(_concat, (_sds(aval, sh),) * layout.m, (sh,)), slots, [out])
+    draft.add(CellSpec(_concat, (shape_spec(aval, sh),) * layout.m, (sh,)), slots, [out])
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .._comm import transfer
-from .._compile.compiler import CellSpec, _sds
+from .._compile.compiler import CellSpec, shape_spec
 from .._runtime.slots import GradAccumulator, LossAccumulator, Result, ZeroGrad
 from .draft import Draft
 from .layout import Layout, PlanArgs
@@ -65,7 +65,7 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
                 source, moved = moved, draft.new()
                 draft.add(transfer([layout.param(a, s)], [sh]), [source], [moved])
             total = draft.new()
-            add = CellSpec(_add, (_sds(layout.accumulator_aval(a), sh),) * 2, (sh,), (0,))
+            add = CellSpec(_add, (shape_spec(layout.accumulator_aval(a), sh),) * 2, (sh,), (0,))
             draft.add(add, [slot, moved], [total])
             slot = total
         grads[a] = _cast_back(draft, slot, layout.accumulator_aval(a), layout.graph.in_avals[a], sh)
@@ -79,7 +79,7 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
     aux = {}
     for j in range(1, len(layout.graph.out_avals)):
         sh = layout.named(layout.graph.result_stage[j], None)
-        stack = CellSpec(_stack, (_sds(layout.graph.out_avals[j], sh),) * layout.m, (sh,))
+        stack = CellSpec(_stack, (shape_spec(layout.graph.out_avals[j], sh),) * layout.m, (sh,))
         aux[j] = draft.new()
         draft.add(stack, [draft.slot(Result(j, i)) for i in range(layout.m)], [aux[j]])
     return {"loss": loss, "grads": grads, "aux": aux}
@@ -90,7 +90,7 @@ def _cast_back(draft: Draft, slot: int, acc, aval, sharding) -> int:
     if acc.dtype == aval.dtype:
         return slot
     out = draft.new()
-    draft.add(CellSpec(_caster(aval.dtype), (_sds(acc, sharding),), (sharding,)), [slot], [out])
+    draft.add(CellSpec(_caster(aval.dtype), (shape_spec(acc, sharding),), (sharding,)), [slot], [out])
     return out
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from .._compile.compiler import CellSpec, Compiler, _sds
+from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._trace.cells import StageCells, StageIO
 from .._trace.split import StageGraph
 from .layout import Layout, PlanArgs
@@ -48,11 +48,11 @@ def input_specs(layout: Layout, io: StageIO, s: int, args: PlanArgs) -> list:
     """Stage `s`'s cell inputs in order: parameters, broadcast and batch leaves, the microbatch
     index, and the edges it receives."""
     avals = layout.graph.in_avals
-    specs = [_sds(avals[a], layout.param(a, s)) for a in io.params]
-    specs += [_sds(avals[a], layout.named(s, None)) for a in io.fixed]
-    specs += [_sds(args.batch_avals[a], layout.named(s, None)) for a in io.batch]
+    specs = [shape_spec(avals[a], layout.param(a, s)) for a in io.params]
+    specs += [shape_spec(avals[a], layout.named(s, None)) for a in io.fixed]
+    specs += [shape_spec(args.batch_avals[a], layout.named(s, None)) for a in io.batch]
     specs.append(jax.ShapeDtypeStruct((), jnp.int32, sharding=layout.named(s, None)))
-    specs += [_sds(e.aval, layout.edge(e)) for e in io.stage.edge_inputs]
+    specs += [shape_spec(e.aval, layout.edge(e)) for e in io.stage.edge_inputs]
     return specs
 
 
@@ -82,10 +82,10 @@ def loss_spec(layout: Layout, p: StageProgram) -> CellSpec:
     """The last stage's fused value-and-grad cell."""
     s, io = layout.last, p.io
     acc_sh = [layout.param(a, s) for a in io.params]
-    acc_specs = [_sds(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
+    acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
     ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
     results_sh = [layout.named(s, None)] * (len(io.stage.results) - 1)
-    loss = _sds(layout.accumulator_aval("loss"), layout.named(s, None))
+    loss = shape_spec(layout.accumulator_aval("loss"), layout.named(s, None))
     n_in = len(p.in_specs)
     return CellSpec(
         p.cells.loss_step,
@@ -99,7 +99,7 @@ def _made(compiler: Compiler, spec: CellSpec, skip: int, free, avals) -> list:
     """Specs of `spec`'s outputs from position `skip` on: on `free` when known before compiling,
     else as the compiled program makes them."""
     if free is not None:
-        return [_sds(a, free) for a in avals]
+        return [shape_spec(a, free) for a in avals]
     return [
         jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding)
         for o in compiler.compile_spec(spec).out_info[skip:]
@@ -110,7 +110,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     """Stage `s`'s forward and backward specs (and I/W halves when the schedule splits)."""
     io, cells = p.io, p.cells
     acc_sh = [layout.param(a, s) for a in io.params]
-    acc_specs = [_sds(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
+    acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
     ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
     forward = p.specs["F"] = forward_spec(layout, p, s, residuals=not cells.remat)
     if cells.remat or not cells.produced_residual_avals:
@@ -122,7 +122,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
-        _sds(io.stage.edge_outputs[j].aval, layout.output(io.stage.edge_outputs[j], s))
+        shape_spec(io.stage.edge_outputs[j].aval, layout.output(io.stage.edge_outputs[j], s))
         for j, consumers in zip(io.diff_out, io.ct_edges)
         for _ in consumers
     ]
