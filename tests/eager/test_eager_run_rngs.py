@@ -11,24 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_rngs_worker import Net  # the model the two-process job trains too
 
 import spectrax_eager as spx
 
 M = 2  # microbatches
 X = jax.random.normal(jax.random.key(1), (8, 8))
 Y = jax.random.normal(jax.random.key(2), (8, 8))
-
-
-class Net(spx.Module):
-    def __init__(self):
-        rngs = spx.Rngs(0, dropout=1)
-        self.drop = spx.nn.Dropout(0.5, rngs=rngs)
-        self.blocks = spx.nn.ModuleList([spx.nn.Linear(8, 8, rngs=rngs) for _ in range(2)])
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = self.drop(jnp.tanh(block(x)))
-        return x
 
 
 @functools.cache
