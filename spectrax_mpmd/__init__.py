@@ -3,7 +3,7 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
-from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
+from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from ._checkpoint.layout import CheckpointError
 from ._checkpoint.manager import (
     CheckpointManager,
@@ -56,6 +56,7 @@ __all__ = [
     "sxjit",
     "sxvalue_and_grad",
     "sxgrad",
+    "sxvalue_and_grad_and_apply",
     "StagedOptimizer",
     "StagedOptState",
     "HostProfile",

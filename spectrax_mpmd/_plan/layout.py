@@ -28,7 +28,8 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, and how microbatch losses are reduced."""
+    leaves, parameter PartitionSpecs, how microbatch losses are reduced, and the program run on
+    the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
 
     params: tuple = ()
     batch: tuple = ()
@@ -38,6 +39,7 @@ class PlanArgs:
     param_specs: dict = field(default_factory=dict)
     reduce: str = "mean"
     remat: bool = False
+    epilogue: object = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,7 +89,11 @@ class Layout:
 
     def named(self, s: int, spec) -> NamedSharding:
         """A sharding on stage `s`'s submesh (`None`: replicated)."""
-        return NamedSharding(self.submesh(s), spec if spec is not None else REPLICATED)
+        return self.on_rank(self.ranks[s], spec)
+
+    def on_rank(self, rank: int, spec) -> NamedSharding:
+        """A sharding on pipeline rank `rank`'s submesh (`None`: replicated)."""
+        return NamedSharding(self.mesh.submesh(rank), spec if spec is not None else REPLICATED)
 
     def param(self, a: int, s: int) -> NamedSharding:
         """Parameter leaf `a` as stage `s` reads it."""

@@ -41,10 +41,7 @@ def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata)
         if isinstance(key, Input) and (local is None or key.rank in local)
     ]
     input_shardings = [
-        NamedSharding(
-            layout.mesh.submesh(key.rank),
-            (layout.param_specs.get(key.leaf) if key.kind == "param" else None) or REPLICATED,
-        )
+        NamedSharding(layout.mesh.submesh(key.rank), _input_spec(draft, layout, key) or REPLICATED)
         for _, key in input_keys
     ]
     compiler.prefetch([st.fn for st in draft.steps if isinstance(st.fn, CellSpec)])
@@ -75,6 +72,12 @@ def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata)
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
+
+
+def _input_spec(draft: Draft, layout: Layout, key: Input):
+    if key.kind == "param":
+        return layout.param_specs.get(key.leaf)
+    return draft.input_specs.get(key)
 
 
 def _slots(value) -> list[int]:

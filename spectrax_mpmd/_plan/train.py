@@ -8,6 +8,7 @@ from .._trace.split import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_action
+from .epilogue import emit_epilogue
 from .gradients import accumulator_cells, reduce_gradients
 from .layout import Layout, PlanArgs
 from .order import order_actions
@@ -17,7 +18,7 @@ from .seal import describe_training, seal
 
 def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler: Compiler) -> Plan:
     """Layout -> stage programs -> each action's steps in issue order -> gradient reduction ->
-    localize and seal."""
+    the epilogue on the gradients, if any -> localize and seal."""
     _check_loss_stage(graph)
     layout = Layout.of(graph, schedule, mesh, args, schedule.microbatches)
     draft = Draft()
@@ -29,6 +30,8 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     for rank, action in order_actions(schedule, layout.n, graph):
         emit_action(draft, layout, programs, rank, action)
     draft.outputs = reduce_gradients(draft, layout, programs, args)
+    if args.epilogue is not None:
+        draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
     return seal(draft, layout, compiler, schedule, **describe_training(draft, layout, programs))
 
 
