@@ -24,11 +24,13 @@ from .._runtime import (
     stage_profile,
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.pipelined import inside_train_step
 from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .train_step import bind_pipeline
 
 
 class Pipeline(NamedTuple):
@@ -218,6 +220,8 @@ class _StepFunction:
         return self._entry(args)[0].plan
 
     def __call__(self, *args):
+        if inside_train_step() and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            return bind_pipeline(self, args)
         entry, leaves = self._entry(args)
         buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan

@@ -11,11 +11,13 @@ from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
 from .._runtime import HostProfile
 from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .train_step import build_train_step
 
 
 class _JitFunction:
@@ -46,24 +48,31 @@ class _JitFunction:
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
-        with self.compiler.stats.timed("trace"):
+        with self.compiler.stats.timed("trace"), tracing_train_step():
             closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+        donated = self._donated(sig)
+        found = find_pipeline_call(closed, self.name)
+        if found is not None:
+            return build_train_step(self, sig, found, out_tree, donated)
         pipeline_schedule(self, None, regions)
         with self.compiler.stats.timed("split"):
             graph = split(closed, self.mesh.mpmd_dim * self.v)
         schedule = pipeline_schedule(self, graph, regions)
+        args = PlanArgs(donated=donated, **split_batch)
+        self.last_graph = graph
+        plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
+        return Entry(plan, out_tree, donated=donated)
+
+    def _donated(self, sig: Signature) -> frozenset:
+        """The flat leaves of the `donate_argnums` arguments."""
         n_args = len(sig.positions) + len(sig.statics)
         donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
-        donated = frozenset(
+        return frozenset(
             a
             for position, leaf_range in zip(sig.positions, sig.ranges())
             if position in donate
             for a in leaf_range
         )
-        args = PlanArgs(donated=donated, **split_batch)
-        self.last_graph = graph
-        plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
-        return Entry(plan, out_tree, donated=donated)
 
     def __call__(self, *args):
         entry, leaves = cached_entry(self, args)

@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Literal
+from jax.extend.core import Literal
 
 from .._comm import transfer
 from .._compile.compiler import CellSpec, shape_spec
 from .._runtime.slots import Input
-from .._trace.ownership import Partition, partition
+from .._trace.ownership import Partition, Program, partition
 from .draft import Draft
 from .layout import Layout
 
@@ -29,9 +29,9 @@ from .layout import Layout
 class Epilogue:
     """A traced program and what each of its inputs is: `("param", leaf)`, `("grad", leaf)`,
     `("loss",)`, `("aux", output)` or `("input", leaf)` (an argument leaf owned by nobody, e.g.
-    an optimizer state's); `donated` holds the leaves the call may consume."""
+    an optimizer state's); `donated` holds the roles of the inputs the call may consume."""
 
-    closed: ClosedJaxpr
+    program: Program
     roles: tuple
     donated: frozenset = frozenset()
 
@@ -70,7 +70,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     `{"loss": slot, "results": [slot per epilogue output]}`."""
     owners, specs, where, inputs = [], {}, {}, {}
     grads = outputs["grads"]
-    for v, role in zip(epilogue.closed.jaxpr.invars, epilogue.roles):
+    for v, role in zip(epilogue.program.invars, epilogue.roles):
         kind = role[0]
         if kind == "input":
             owners.append(None)
@@ -88,7 +88,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         owners.append(rank)
         where[(v, rank)] = (slot, layout.on_rank(rank, specs.get(v)))
     default = layout.ranks[0]
-    part = partition(epilogue.closed, owners, default)
+    part = partition(epilogue.program, owners, default)
     for v, u in part.like.items():
         if u in specs:
             specs[v] = specs[u]
@@ -102,13 +102,8 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         pending.append((len(draft.steps), piece, located, outs))
         draft.add(None, [s for s, _ in located], outs)  # the cell, made once donations are known
     results = [_output(em, v, default) for v in part.outvars]
-    donatable = {where[(v, r)][0] for (v, r) in where if v in inputs and inputs[v] in epilogue.donated}
-    donatable |= {
-        where[(v, r)][0]
-        for v, role in zip(epilogue.closed.jaxpr.invars, epilogue.roles)
-        if role[0] == "param" and role[1] in epilogue.donated
-        for r in [part.home[v]]
-    }
+    donated = {v for v, role in zip(epilogue.program.invars, epilogue.roles) if role in epilogue.donated}
+    donatable = {slot for (v, _), (slot, _) in where.items() if v in donated}
     last_read = {}
     for k, step in enumerate(draft.steps):
         for i in step.ins:

@@ -192,17 +192,32 @@ def _like(ops, invars: Sequence, owners: Sequence) -> dict:
     return {v: roots[find(v)] for v in seen if find(v) in roots}
 
 
-def partition(closed: ClosedJaxpr, owners: Sequence[int | None], default_rank: int) -> Partition:
-    """Cut `closed` into pieces by ownership. `owners[k]` is the rank holding input `k` (None: owned
-    by nobody); outputs owned by nobody are made on `default_rank`."""
-    jaxpr = closed.jaxpr
-    eqns, mapping, inner_consts, _ = inline_calls(jaxpr, lambda e: e.primitive.name in CALL_PRIMITIVES)
-    consts = dict(zip(jaxpr.constvars, closed.consts)) | inner_consts
-    outvars = tuple(resolve(v, mapping) for v in jaxpr.outvars)
-    home: dict = {v: r for v, r in zip(jaxpr.invars, owners)}
+@dataclass(frozen=True)
+class Program:
+    """A flat program: equations (calls inlined) over `invars`, with `outvars` and constants."""
+
+    eqns: tuple
+    invars: tuple
+    outvars: tuple
+    consts: dict
+
+    @classmethod
+    def of(cls, closed: ClosedJaxpr) -> "Program":
+        jaxpr = closed.jaxpr
+        eqns, mapping, inner, _ = inline_calls(jaxpr, lambda e: e.primitive.name in CALL_PRIMITIVES)
+        consts = dict(zip(jaxpr.constvars, closed.consts)) | inner
+        return cls(
+            tuple(eqns), tuple(jaxpr.invars), tuple(resolve(v, mapping) for v in jaxpr.outvars), consts
+        )
+
+
+def partition(program: Program, owners: Sequence[int | None], default_rank: int) -> Partition:
+    """Cut `program` into pieces by ownership. `owners[k]` is the rank holding input `k` (None:
+    owned by nobody); outputs owned by nobody are made on `default_rank`."""
+    home: dict = {v: r for v, r in zip(program.invars, owners)}
     phase: dict = {}
     ops: list = []  # (op, rank or None, phase)
-    for eqn in eqns:
+    for eqn in program.eqns:
         ranks = {home[v] for v in _vars(eqn.invars) if home.get(v) is not None}
         if len(ranks) > 1 and eqn.primitive.name == "cond":
             split = _split_cond(eqn, home)
@@ -217,12 +232,13 @@ def partition(closed: ClosedJaxpr, owners: Sequence[int | None], default_rank: i
                     weight[home[v]] = weight.get(home[v], 0) + _bytes(v)
             ranks = {max(sorted(weight), key=lambda r: weight[r])}
         _place(eqn, next(iter(ranks)) if ranks else None, home, phase, ops)
-    for v in _vars(outvars):
-        if home.get(v) is None and v not in set(jaxpr.invars):
+    inputs = set(program.invars)
+    for v in _vars(program.outvars):
+        if home.get(v) is None and v not in inputs:
             home[v] = default_rank  # an unowned output: made by default_rank's first piece
-    pieces = _pieces(ops, outvars, home, default_rank)
-    like = _like([op for op, _, _ in ops], jaxpr.invars, owners)
-    return Partition(tuple(pieces), tuple(jaxpr.invars), outvars, consts, home, like)
+    pieces = _pieces(ops, program.outvars, home, default_rank)
+    like = _like([op for op, _, _ in ops], program.invars, owners)
+    return Partition(tuple(pieces), program.invars, program.outvars, program.consts, home, like)
 
 
 def _place(op, rank, home: dict, phase: dict, ops: list) -> None:

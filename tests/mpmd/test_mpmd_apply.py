@@ -127,8 +127,8 @@ def test_only_scalars_cross_ranks_in_a_clipped_update():
     step, _, _ = run_schedule("Std1F1B", 0.5 * gradient_norm(4))
     entry = step.last_entry
     params = hetero_params(jax.random.key(4), 4)
-    leaves = [*jax.tree.leaves(params), *batches(1)[0], *jax.tree.leaves(clipped_adam(1.0).init(params))]
-    placed = entry.place(step.pipe.placer, leaves)
+    leaves = jax.tree.leaves((params, clipped_adam(1.0).init(params), batches(1)[0]))
+    placed = entry.place(step.placer, leaves)
     moved = _epilogue_moves(entry.plan, placed)
     assert moved and all(shape == () for shape in moved), moved
 
@@ -189,8 +189,8 @@ def test_a_per_matrix_update_runs_whole_on_each_owner():
     )
     assert_same_run(pipelined(step, tx, params, batches()), reference(hetero_loss, tx, params, batches()))
     entry = step.last_entry
-    leaves = [*jax.tree.leaves(params), *batches(1)[0], *jax.tree.leaves(tx.init(params))]
-    assert _epilogue_moves(entry.plan, entry.place(step.pipe.placer, leaves)) == []
+    leaves = jax.tree.leaves((params, tx.init(params), batches(1)[0]))
+    assert _epilogue_moves(entry.plan, entry.place(step.placer, leaves)) == []
 
 
 def test_tied_and_sharded_parameters_keep_their_layout():
