@@ -3,7 +3,19 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
-from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
+from ._api import (
+    Add,
+    Concat,
+    Max,
+    Mean,
+    Reduction,
+    profile_stages,
+    sxgrad,
+    sxjit,
+    sxvalue_and_grad,
+    sxvalue_and_grad_and_apply,
+    treduce,
+)
 from ._checkpoint.layout import CheckpointError
 from ._checkpoint.manager import (
     CheckpointManager,
@@ -57,6 +69,12 @@ __all__ = [
     "sxvalue_and_grad",
     "sxgrad",
     "sxvalue_and_grad_and_apply",
+    "treduce",
+    "Reduction",
+    "Add",
+    "Mean",
+    "Max",
+    "Concat",
     "StagedOptimizer",
     "StagedOptState",
     "HostProfile",

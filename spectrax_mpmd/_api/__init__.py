@@ -5,8 +5,15 @@ from .checks import check_mesh, check_schedule
 from .grad import profile_stages, step_function, sxgrad, sxvalue_and_grad
 from .jit import sxjit
 from .train_step import sxvalue_and_grad_and_apply
+from .treduce import Add, Concat, Max, Mean, Reduction, treduce
 
 __all__ = [
+    "Add",
+    "Concat",
+    "Max",
+    "Mean",
+    "Reduction",
+    "treduce",
     "check_mesh",
     "check_schedule",
     "profile_stages",

@@ -48,7 +48,7 @@ class _JitFunction:
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
-        with self.compiler.stats.timed("trace"), tracing_train_step():
+        with self.compiler.stats.timed("trace"), tracing_train_step(self):
             closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
         donated = self._donated(sig)
         found = find_pipeline_call(closed, self.name)

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal, Var
 
-from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
+from .jaxpr import EVERY_CALL, eval_eqns, inline_calls, needed_eqns, read, resolve
 
 # primitives whose output keeps an operand's shape without keeping its layout
 _RELAYOUT = frozenset({"dot_general", "transpose", "rev", "gather", "dynamic_slice", "conv_general_dilated"})
@@ -204,7 +204,7 @@ class Program:
     @classmethod
     def of(cls, closed: ClosedJaxpr) -> "Program":
         jaxpr = closed.jaxpr
-        eqns, mapping, inner, _ = inline_calls(jaxpr, lambda e: e.primitive.name in CALL_PRIMITIVES)
+        eqns, mapping, inner, _ = inline_calls(jaxpr, lambda e: e.primitive.name in EVERY_CALL)
         consts = dict(zip(jaxpr.constvars, closed.consts)) | inner
         return cls(
             tuple(eqns), tuple(jaxpr.invars), tuple(resolve(v, mapping) for v in jaxpr.outvars), consts

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from jax.extend.core import ClosedJaxpr, Literal, Primitive
 
 from ..errors import MpmdError, TraceContextError
-from .jaxpr import CALL_PRIMITIVES, contains_primitive, inline_calls, sub_jaxprs
+from .jaxpr import EVERY_CALL, contains_primitive, inline_calls, sub_jaxprs
 
-_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("spectrax_train_step", default=False)
+_tracing: contextvars.ContextVar[object] = contextvars.ContextVar("spectrax_train_step", default=None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,9 +57,9 @@ sxpipeline_p.def_impl(_impl)
 
 
 @contextlib.contextmanager
-def tracing_train_step() -> Iterator[None]:
-    """While `sxjit` traces: pipelined steps called on traced values bind `sxpipeline_p`."""
-    token = _tracing.set(True)
+def tracing_train_step(owner) -> Iterator[None]:
+    """While `sxjit` (`owner`) traces: pipelined steps called on traced values bind `sxpipeline_p`."""
+    token = _tracing.set(owner)
     try:
         yield
     finally:
@@ -67,6 +67,11 @@ def tracing_train_step() -> Iterator[None]:
 
 
 def inside_train_step() -> bool:
+    return _tracing.get() is not None
+
+
+def train_step_owner():
+    """The `sxjit` function being traced (its mesh and compiler), or None."""
     return _tracing.get()
 
 
@@ -90,7 +95,7 @@ def find_pipeline_call(closed: ClosedJaxpr, name: str) -> FoundCall | None:
     several, one sits inside control flow, or one reads a computed value."""
     if not contains_primitive(closed.jaxpr, sxpipeline_p.name):
         return None
-    eqns, mapping, consts, _ = inline_calls(closed.jaxpr, lambda e: e.primitive.name in CALL_PRIMITIVES)
+    eqns, mapping, consts, _ = inline_calls(closed.jaxpr, lambda e: e.primitive.name in EVERY_CALL)
     found = [k for k, e in enumerate(eqns) if e.primitive is sxpipeline_p]
     nested = [
         e
