@@ -153,6 +153,11 @@ def check_table(schedule, n: int, table) -> None:
                     raise ScheduleError(
                         f"{where} is out of range: stages are 0..{n_stages - 1}, microbatches 0..{m - 1}."
                     )
+                runs = schedule.microbatches_of(a.stage, n)
+                if a.microbatch not in runs:
+                    raise ScheduleError(
+                        f"{where}: stage {a.stage} runs microbatches {runs.start}..{runs.stop - 1} only."
+                    )
                 if schedule.rank_of(a.stage, n) != rank:
                     raise ScheduleError(
                         f"{where}: stage {a.stage} lives on rank "
@@ -163,7 +168,7 @@ def check_table(schedule, n: int, table) -> None:
                     raise ScheduleError(f"{where} appears twice (first at {position[key]}).")
                 position[key] = (rank, index)
     for s in range(n_stages):
-        for mb in range(m):
+        for mb in schedule.microbatches_of(s, n):
             _check_pair(name, position, s, mb)
 
 
