@@ -183,9 +183,16 @@ def _check_pair(name, position, s, mb) -> None:
     f_at = position[("F", s, mb)]
     first_bwd = position[("B", s, mb)] if has["B"] else position[("I", s, mb)]
     if f_at >= first_bwd:
-        raise ScheduleError(f"{what}: its F must come before its B/I in the rank's order.")
+        raise ScheduleError(
+            f"{what}: its F must come before its B/I in the rank's order (F at rank {f_at[0]} cell "
+            f"{f_at[1]}, B/I at cell {first_bwd[1]})."
+        )
     if has["I"] and position[("I", s, mb)] >= position[("W", s, mb)]:
-        raise ScheduleError(f"{what}: its I must come before its W in the rank's order.")
+        i_at, w_at = position[("I", s, mb)], position[("W", s, mb)]
+        raise ScheduleError(
+            f"{what}: its I must come before its W in the rank's order (I at rank {i_at[0]} cell "
+            f"{i_at[1]}, W at cell {w_at[1]})."
+        )
 
 
 def _check_layout(schedule, n: int) -> None:
