@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._actions import Action, ScheduleError
 from ._flow import Flow
@@ -45,15 +46,26 @@ class Policy:
     reserve_route: bool = True
 
 
+class Built(NamedTuple):
+    """A built table: one row per rank, its makespan and each rank's peak live activations on
+    the cost model it was built for (what `simulate` reports for it)."""
+
+    rows: list[list[Action]]
+    makespan: float
+    peaks: tuple[int, ...]
+
+
 def list_schedule(
     owner: tuple[int, ...], m: int, cost: Cost | StageCost, policy: Policy, owner_name: str = "schedule"
-) -> tuple[list[list[Action]], float]:
+) -> Built:
     """One row of actions per rank for a chain of `len(owner)` stages, stage s on rank
     `owner[s]`, `m` microbatches, timed on `cost` (see the module docstring); and the
     makespan, which `simulate` of the table on `cost` reproduces."""
     n = len(policy.caps)
     if any(c is not None and c < 1 for c in policy.caps):
-        raise ScheduleError(f"{owner_name}: memory caps must be at least 1 activation, received {policy.caps}.")
+        raise ScheduleError(
+            f"{owner_name}: memory caps must be at least 1 activation, received {policy.caps}."
+        )
     stages = len(owner)
     flow = Flow.chain(stages)
     comm = float(cost.comm)
@@ -63,7 +75,7 @@ def list_schedule(
     back = "I" if policy.split else "B"
     next_f, next_b = [0] * stages, [0] * stages
     held: list[deque] = [deque() for _ in range(n)]
-    live, reserved = [0] * n, [0] * n
+    live, reserved, peaks = [0] * n, [0] * n, [0] * n
     finished: dict[tuple, float] = {}
     rows: list[list[Action]] = [[] for _ in range(n)]
     left = [sum(m * (3 if policy.split else 2) for _ in held_stages[r]) for r in range(n)]
@@ -112,7 +124,9 @@ def list_schedule(
                 elif at is not None:
                     waits.append(at)
             if ready:
-                chosen = min(ready, key=lambda a: (a.microbatch, -a.stage)) if policy.oldest_first else ready[0]
+                chosen = (
+                    min(ready, key=lambda a: (a.microbatch, -a.stage)) if policy.oldest_first else ready[0]
+                )
                 break
         if chosen is None:
             stalls += 1
@@ -133,6 +147,7 @@ def list_schedule(
         if chosen.kind == "F":
             next_f[s] += 1
             live[r] += 1
+            peaks[r] = max(peaks[r], live[r])
             reserved[r] += later_here[s] if earlier_here[s] == 0 else -1
             finished[("F", s, mb)] = end
         elif chosen.kind == "W":
@@ -150,4 +165,4 @@ def list_schedule(
         if left[r]:
             order += 1
             heapq.heappush(queue, (end, order, r))
-    return rows, max(finished.values(), default=0.0)
+    return Built(rows, max(finished.values(), default=0.0), tuple(peaks))

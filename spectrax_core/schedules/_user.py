@@ -35,7 +35,9 @@ class UserSchedule(Schedule):
         object.__setattr__(self, "rows", rows)
         parts = [a for row in rows for cell in row for a in cell.parts]
         if not parts:
-            raise ScheduleError(f"{type(self).__name__}: the table holds no actions; give one row of cells per rank.")
+            raise ScheduleError(
+                f"{type(self).__name__}: the table holds no actions; give one row of cells per rank."
+            )
         object.__setattr__(self, "microbatches", 1 + max(a.microbatch for a in parts))
         holders: dict[int, set] = {}
         for rank, row in enumerate(rows):
@@ -87,7 +89,9 @@ class UserSchedule(Schedule):
 
     def _check_n(self, n):
         if n != len(self.rows):
-            raise ScheduleError(f"{type(self).__name__}: the table has {len(self.rows)} rows (ranks), not n={n}.")
+            raise ScheduleError(
+                f"{type(self).__name__}: the table has {len(self.rows)} rows (ranks), not n={n}."
+            )
 
     def _rows(self, n):
         return [list(row) for row in self.rows]
@@ -97,7 +101,9 @@ class UserSchedule(Schedule):
 
     def rank_of(self, stage, n):
         if not 0 <= stage < len(self._owner):
-            raise ScheduleError(f"{type(self).__name__}: stage must be in 0..{len(self._owner) - 1}, received {stage}.")
+            raise ScheduleError(
+                f"{type(self).__name__}: stage must be in 0..{len(self._owner) - 1}, received {stage}."
+            )
         return self._owner[stage]
 
     def stages_of(self, rank, n):
@@ -106,13 +112,17 @@ class UserSchedule(Schedule):
     def stage_of(self, rank, v, n):
         stages = self.stages_of(rank, n)
         if not 0 <= v < len(stages):
-            raise ScheduleError(f"{type(self).__name__}: rank {rank} holds {len(stages)} stage(s), received v={v}.")
+            raise ScheduleError(
+                f"{type(self).__name__}: rank {rank} holds {len(stages)} stage(s), received v={v}."
+            )
         return stages[v]
 
 
 def _cells(owner: str, rows) -> tuple:
     if isinstance(rows, str) or not hasattr(rows, "__iter__"):
-        raise TypeError(f"{owner}: rows must be one sequence of cells per rank, received {type(rows).__name__}.")
+        raise TypeError(
+            f"{owner}: rows must be one sequence of cells per rank, received {type(rows).__name__}."
+        )
     out = []
     for rank, row in enumerate(rows):
         if isinstance(row, str):
@@ -127,7 +137,9 @@ def _cells(owner: str, rows) -> tuple:
                 except ScheduleError as err:
                     raise ScheduleError(f"{owner}: rank {rank} cell {index}: {err}") from None
             if not isinstance(cell, (Action, FusedAction)):
-                raise ScheduleError(f"{owner}: rank {rank} cell {index} is {cell!r}, not an Action or FusedAction.")
+                raise ScheduleError(
+                    f"{owner}: rank {rank} cell {index} is {cell!r}, not an Action or FusedAction."
+                )
             cells.append(cell)
         out.append(tuple(cells))
     return tuple(out)

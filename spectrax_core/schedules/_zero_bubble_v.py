@@ -48,7 +48,7 @@ class _V(Schedule):
         for order, reserve in _ORDERS:
             policy = Policy((self.limit(n),) * n, split=True, order=order, reserve_route=reserve)
             try:
-                rows, span = list_schedule(owner, self.microbatches, Cost(), policy, type(self).__name__)
+                rows, span, _ = list_schedule(owner, self.microbatches, Cost(), policy, type(self).__name__)
             except ScheduleError:
                 continue
             if best_span is None or span < best_span:
