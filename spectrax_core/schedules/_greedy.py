@@ -61,73 +61,17 @@ def list_schedule(
     """One row of actions per rank for a chain of `len(owner)` stages, stage s on rank
     `owner[s]`, `m` microbatches, timed on `cost` (see the module docstring); and the
     makespan, which `simulate` of the table on `cost` reproduces."""
-    n = len(policy.caps)
     if any(c is not None and c < 1 for c in policy.caps):
         raise ScheduleError(
             f"{owner_name}: memory caps must be at least 1 activation, received {policy.caps}."
         )
-    stages = len(owner)
-    flow = Flow.chain(stages)
-    comm = float(cost.comm)
-    held_stages = [sorted((s for s in range(stages) if owner[s] == r), reverse=True) for r in range(n)]
-    later_here = [sum(1 for t in range(s + 1, stages) if owner[t] == owner[s]) for s in range(stages)]
-    earlier_here = [sum(1 for t in range(s) if owner[t] == owner[s]) for s in range(stages)]
-    back = "I" if policy.split else "B"
-    next_f, next_b = [0] * stages, [0] * stages
-    held: list[deque] = [deque() for _ in range(n)]
-    live, reserved, peaks = [0] * n, [0] * n, [0] * n
-    finished: dict[tuple, float] = {}
-    rows: list[list[Action]] = [[] for _ in range(n)]
-    left = [sum(m * (3 if policy.split else 2) for _ in held_stages[r]) for r in range(n)]
-    queue = [(0.0, 0, r) for r in range(n) if left[r]]
+    state = _Ranks(owner, m, cost, policy)
+    queue = [(0.0, r, r) for r in range(state.n) if state.left[r]]
     heapq.heapify(queue)
-    order, stalls = n, 0
-
-    def arrival(action: Action, r: int) -> float | None:
-        at = 0.0
-        for dep in flow._needs(action):
-            if dep not in finished:
-                return None
-            at = max(at, finished[dep] + (comm if owner[dep[1]] != r else 0.0))
-        return at
-
-    def room(r: int, s: int) -> bool:
-        """Whether the forward of stage s fits rank r's cap (a microbatch new to the rank needs
-        room for its later stages here too; one already admitted uses its reservation)."""
-        cap = policy.caps[r]
-        if cap is None:
-            return True
-        if not policy.reserve_route:  # keep one slot free for the later stages' forwards
-            return live[r] < cap if earlier_here[s] else live[r] + 1 + (later_here[s] > 0) <= cap
-        return earlier_here[s] > 0 or live[r] + reserved[r] + 1 + later_here[s] <= cap
-
+    order, stalls = state.n, 0
     while queue:
         t, _, r = heapq.heappop(queue)
-        waits: list[float] = []
-        chosen = None
-        for kind in policy.order:
-            if kind == "W":
-                if held[r]:
-                    chosen = held[r].popleft()
-                    break
-                continue
-            kind = back if kind == "B" else kind
-            ready = []
-            for s in held_stages[r]:
-                mb = next_f[s] if kind == "F" else next_b[s]
-                if mb >= m or (kind == "F" and not room(r, s)):
-                    continue
-                action = Action(kind, s, mb)
-                at = arrival(action, r)
-                if at is not None and at <= t:
-                    ready.append(action)
-                elif at is not None:
-                    waits.append(at)
-            if ready:
-                chosen = (
-                    min(ready, key=lambda a: (a.microbatch, -a.stage)) if policy.oldest_first else ready[0]
-                )
-                break
+        chosen, waits = state.pick(r, t)
         if chosen is None:
             stalls += 1
             others = [q[0] for q in queue]
@@ -137,32 +81,102 @@ def list_schedule(
                     f"t={t}; raise the cap (each rank needs at least its stage count + 1)."
                 )
             later = [x for x in waits + others if x > t]
-            wake = min(later) if later else t
             order += 1
-            heapq.heappush(queue, (wake, order, r))
+            heapq.heappush(queue, (min(later) if later else t, order, r))
             continue
         stalls = 0
-        end = t + cost.of(chosen)
-        s, mb = chosen.stage, chosen.microbatch
-        if chosen.kind == "F":
-            next_f[s] += 1
-            live[r] += 1
-            peaks[r] = max(peaks[r], live[r])
-            reserved[r] += later_here[s] if earlier_here[s] == 0 else -1
-            finished[("F", s, mb)] = end
-        elif chosen.kind == "W":
-            live[r] -= 1
-            finished[("W", s, mb)] = end
-        else:
-            next_b[s] += 1
-            finished[("G", s, mb)] = end
-            if chosen.kind == "I":
-                held[r].append(Action("W", s, mb))
-            else:
-                live[r] -= 1
-        rows[r].append(chosen)
-        left[r] -= 1
-        if left[r]:
+        end = state.run(r, chosen, t)
+        if state.left[r]:
             order += 1
             heapq.heappush(queue, (end, order, r))
-    return Built(rows, max(finished.values(), default=0.0), tuple(peaks))
+    return Built(state.rows, max(state.finished.values(), default=0.0), tuple(state.peaks))
+
+
+class _Ranks:
+    """The state of a list-scheduling run: what each rank has run, holds and may run next."""
+
+    def __init__(self, owner: tuple[int, ...], m: int, cost, policy: Policy):
+        n, stages = len(policy.caps), len(owner)
+        self.n, self.m, self.owner, self.cost, self.policy = n, m, owner, cost, policy
+        self.flow, self.comm = Flow.chain(stages), float(cost.comm)
+        self.held_stages = [
+            sorted((s for s in range(stages) if owner[s] == r), reverse=True) for r in range(n)
+        ]
+        self.later_here = [
+            sum(1 for t in range(s + 1, stages) if owner[t] == owner[s]) for s in range(stages)
+        ]
+        self.earlier_here = [sum(1 for t in range(s) if owner[t] == owner[s]) for s in range(stages)]
+        self.back = "I" if policy.split else "B"
+        self.next_f, self.next_b = [0] * stages, [0] * stages
+        self.held: list[deque] = [deque() for _ in range(n)]
+        self.live, self.reserved, self.peaks = [0] * n, [0] * n, [0] * n
+        self.finished: dict[tuple, float] = {}
+        self.rows: list[list[Action]] = [[] for _ in range(n)]
+        self.left = [m * (3 if policy.split else 2) * len(self.held_stages[r]) for r in range(n)]
+
+    def arrival(self, action: Action, r: int) -> float | None:
+        """When everything `action` waits for is on rank r (None: not all of it is scheduled)."""
+        at = 0.0
+        for dep in self.flow._needs(action):
+            if dep not in self.finished:
+                return None
+            at = max(at, self.finished[dep] + (self.comm if self.owner[dep[1]] != r else 0.0))
+        return at
+
+    def room(self, r: int, s: int) -> bool:
+        """Whether the forward of stage s fits rank r's cap (a microbatch new to the rank needs
+        room for its later stages here too; one already admitted uses its reservation)."""
+        cap, live = self.policy.caps[r], self.live[r]
+        if cap is None:
+            return True
+        if not self.policy.reserve_route:  # keep one slot free for the later stages' forwards
+            return live < cap if self.earlier_here[s] else live + 1 + (self.later_here[s] > 0) <= cap
+        return self.earlier_here[s] > 0 or live + self.reserved[r] + 1 + self.later_here[s] <= cap
+
+    def pick(self, r: int, t: float) -> tuple[Action | None, list[float]]:
+        """The cell rank r runs at time t (None: none is ready), and when waiting cells get ready."""
+        waits: list[float] = []
+        for kind in self.policy.order:
+            if kind == "W":
+                if self.held[r]:
+                    return self.held[r][0], waits
+                continue
+            kind = self.back if kind == "B" else kind
+            ready = []
+            for s in self.held_stages[r]:
+                mb = self.next_f[s] if kind == "F" else self.next_b[s]
+                if mb >= self.m or (kind == "F" and not self.room(r, s)):
+                    continue
+                action = Action(kind, s, mb)
+                at = self.arrival(action, r)
+                if at is not None and at <= t:
+                    ready.append(action)
+                elif at is not None:
+                    waits.append(at)
+            if ready:
+                oldest = min(ready, key=lambda a: (a.microbatch, -a.stage))
+                return (oldest if self.policy.oldest_first else ready[0]), waits
+        return None, waits
+
+    def run(self, r: int, action: Action, t: float) -> float:
+        """Record `action` on rank r from time t; returns its end."""
+        end = t + self.cost.of(action)
+        s, mb = action.stage, action.microbatch
+        if action.kind == "F":
+            self.next_f[s] += 1
+            self.live[r] += 1
+            self.peaks[r] = max(self.peaks[r], self.live[r])
+            self.reserved[r] += self.later_here[s] if self.earlier_here[s] == 0 else -1
+        elif action.kind == "W":
+            self.held[r].popleft()
+            self.live[r] -= 1
+        else:
+            self.next_b[s] += 1
+            if action.kind == "I":
+                self.held[r].append(Action("W", s, mb))
+            else:
+                self.live[r] -= 1
+        self.finished[Flow.makes(action)] = end
+        self.rows[r].append(action)
+        self.left[r] -= 1
+        return end
