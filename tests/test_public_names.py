@@ -30,6 +30,8 @@ SCHEDULES = {
 }  # fmt: skip
 SCHEDULES_ADDED = {
     "Flow", "Dependency", "Stuck", "DeadlockError", "issue_order", "parse_cell", "parse_table", "format_table",
+    "ZeroBubbleH2", "ZBV", "VHalf", "VMin", "DualPipe", "MORE_SCHEDULES", "UserSchedule", "SearchedSchedule",
+    "search",
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
 from .._trace.split import StageGraph
+from ..errors import StageSplitError
 
 REPLICATED = PartitionSpec()
 
@@ -22,6 +23,21 @@ class StageOrder:
 
     def rank_of(self, stage: int, n: int) -> int:
         return stage
+
+
+def _check_one_copy(schedule, n: int, stages: int, m: int) -> None:
+    """Raise unless every logical stage of the schedule runs its own model stage on every
+    microbatch (the runtime places each stage's parameters once)."""
+    if not hasattr(schedule, "model_stage"):
+        return
+    if any(
+        schedule.model_stage(s, n) != s or schedule.microbatches_of(s, n) != range(m) for s in range(stages)
+    ):
+        raise StageSplitError(
+            f"schedule {type(schedule).__name__} runs two copies of each model stage, each on half the "
+            "microbatches; the MPMD runtime places each stage's parameters on one rank. Simulate it with "
+            "spectrax_core.schedules, and run DualPipeV (the same order on n/2 ranks, one copy) instead."
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class Layout:
     @classmethod
     def of(cls, graph: StageGraph, schedule, mesh: MpmdMesh, args: PlanArgs, microbatches: int) -> "Layout":
         n = mesh.mpmd_dim
+        _check_one_copy(schedule, n, len(graph.stages), microbatches)
         unsharded = not any(spec is not None for spec in args.param_specs.values()) and all(
             e.spec is None for e in graph.edges
         )
