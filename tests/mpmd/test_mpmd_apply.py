@@ -262,3 +262,133 @@ def test_bad_input_gets_a_clear_error():
     )
     with pytest.raises(mp.MpmdError, match="floating-point scalar"):
         vector(params, optax.adam(1e-2).init(params), batches(1)[0])
+
+
+# --- the train step written by hand inside sxjit ----------------------------------------------
+
+
+def test_a_hand_written_train_step_with_metrics_traced_once():
+    """`sxvalue_and_grad` called inside `sxjit`, then optax, clipping and metrics: one plan."""
+    tx = clipped_adam(0.05)
+    mesh, schedule = pipeline_mesh(4), make_schedule("ZeroBubbleH1", 4)
+    grad_step = mp.sxvalue_and_grad(hetero_loss, mesh=mesh, schedule=schedule)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = grad_step(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "head_max": jnp.max(grads["head"])}
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    def reference_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(hetero_loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "head_max": jnp.max(grads["head"])}
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    step = mp.sxjit(train_step, mesh=mesh, donate_argnums=(0, 1))
+    params = hetero_params(jax.random.key(4), 4)
+    p, s = jax.tree.map(jnp.copy, params), tx.init(params)
+    rp, rs = params, tx.init(params)
+    for batch in batches(3):
+        p, s, metrics = step(p, s, batch)
+        rp, rs, ref_metrics = jax.jit(reference_step)(rp, rs, batch)
+        assert_close(metrics, ref_metrics)
+    assert_close((p, s), (rp, rs))
+    assert len(step.cache) == 1
+
+
+def test_treduce_inside_sxjit_is_the_pipeline():
+    tx = optax.adam(1e-2)
+    schedule = make_schedule("Std1F1B", 4)
+
+    def train_step(params, opt_state, xs):
+        def loss_of(p):
+            def body(mb):
+                return hetero_loss(p, mb), jnp.argmax(p["embed"]["table"][mb[0]].sum(-1), -1)
+
+            return mp.treduce(body, xs, schedule, operation=(mp.Mean, mp.Concat))
+
+        (loss, picks), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, picks, optax.apply_updates(params, updates), opt_state
+
+    params = hetero_params(jax.random.key(4), 4)
+    tokens, labels = batches(1)[0]
+    xs = (tokens.reshape(4, 4, *tokens.shape[1:]), labels.reshape(4, 4))
+    step = mp.sxjit(train_step, mesh=pipeline_mesh(4))
+    got = step(params, tx.init(params), xs)
+    want = jax.jit(train_step)(params, tx.init(params), xs)  # outside sxjit: a plain loop
+    assert got[1].shape == (16,)
+    assert_close(got, want)
+    loss, grads = jax.value_and_grad(hetero_loss)(params, (tokens, labels))
+    assert_close(got[0], loss)
+
+
+def test_treduce_reductions_without_differentiation():
+    schedule = make_schedule("GPipe", 4)
+
+    def evaluate(params, xs):
+        def body(mb):
+            value = hetero_loss(params, mb)
+            return value, {"max": value, "each": value[None]}
+
+        return mp.treduce(body, xs, schedule, operation=(mp.Add, {"max": mp.Max, "each": mp.Concat}))
+
+    params = hetero_params(jax.random.key(4), 4)
+    tokens, labels = batches(1)[0]
+    xs = (tokens.reshape(4, 4, *tokens.shape[1:]), labels.reshape(4, 4))
+    got = mp.sxjit(evaluate, mesh=pipeline_mesh(4))(params, xs)
+    each = jnp.stack(
+        [hetero_loss(params, (tokens[4 * i : 4 * i + 4], labels[4 * i : 4 * i + 4])) for i in range(4)]
+    )
+    assert_close(got, (jnp.sum(each), {"max": jnp.max(each), "each": each}))
+
+
+def test_train_step_errors_name_the_rule():
+    mesh, schedule = pipeline_mesh(4), make_schedule("Std1F1B", 4)
+    grad_step = mp.sxvalue_and_grad(hetero_loss, mesh=mesh, schedule=schedule)
+    params = hetero_params(jax.random.key(4), 4)
+    batch = batches(1)[0]
+
+    def twice(params, batch):
+        return grad_step(params, batch)[0] + grad_step(params, batch)[0]
+
+    with pytest.raises(mp.MpmdError, match="calls a pipelined step 2 time"):
+        mp.sxjit(twice, mesh=mesh)(params, batch)
+
+    def computed(params, batch):
+        return grad_step(jax.tree.map(lambda x: 2 * x, params), batch)[0]
+
+    with pytest.raises(mp.MpmdError, match="reads a value computed inside the function"):
+        mp.sxjit(computed, mesh=mesh)(params, batch)
+    xs = jax.tree.map(lambda x: x.reshape(8, 2, *x.shape[1:]), batch)
+    with pytest.raises(mp.MpmdError, match="8 microbatches on axis 0 but schedule.microbatches=4"):
+        mp.sxjit(lambda p, xs: mp.treduce(lambda mb: hetero_loss(p, mb), xs, schedule), mesh=mesh)(params, xs)
+    with pytest.raises(mp.TraceContextError):
+        jax.jit(lambda p, b: grad_step(p, b)[0])(params, batch)
+
+
+def test_a_two_region_model():
+    from test_mpmd_regions import VISION, batch, mesh, tower_params, towers_loss
+
+    from spectrax_core import schedules as S
+
+    text = ("text", S.Std1F1B(4), 2)
+    loss = towers_loss((VISION,), text)
+    params = tower_params(jax.random.PRNGKey(0), (VISION,), 2)
+    data = [batch((VISION,), jax.random.PRNGKey(k)) for k in range(3)]
+    tx = clipped_adam(0.1)
+    step = mp.sxvalue_and_grad_and_apply(loss, tx, mesh=mesh(4), schedule=S.Std1F1B(4))
+
+    def unsplit(p, s, args):
+        value, g = jax.value_and_grad(loss)(p, *args)
+        updates, s = tx.update(g, s, p)
+        return value, optax.apply_updates(p, updates), s
+
+    p, s = jax.tree.map(jnp.copy, params), tx.init(params)
+    rp, rs = params, tx.init(params)
+    for args in data:
+        value, p, s = step(p, s, *args)
+        ref, rp, rs = jax.jit(unsplit)(rp, rs, args)
+        assert_close(value, ref)
+    assert_close((p, s), (rp, rs))
