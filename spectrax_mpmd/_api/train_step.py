@@ -23,6 +23,7 @@ from .._trace.ownership import Program
 from .._trace.pipelined import FoundCall, PipelineCall, sxpipeline_p
 from ..errors import MpmdError
 from .entry import Entry, build_plan
+from .validation import VALIDATIONS, guarded_update
 
 
 def bind_pipeline(step, args: Sequence):
@@ -99,6 +100,9 @@ def sxvalue_and_grad_and_apply(
     reduce: str = "mean",
     region_ranks: dict | None = None,
     donate: bool = True,
+    max_grad_norm: float | None = None,
+    skip_nonfinite: bool = False,
+    validation: str = "sync",
 ) -> Callable:
     """One pipelined training step: `step(params, opt_state, *args) -> (loss, params, opt_state)`.
 
@@ -114,6 +118,14 @@ def sxvalue_and_grad_and_apply(
     With `has_aux=True` the first result is `(loss, aux)`, aux stacked over
     microbatches. It is `sxjit` of the train step one would write by hand
     around `sxvalue_and_grad` (see `docs/mpmd.md`).
+
+    `max_grad_norm` clips the gradients to that global norm (as
+    `optax.clip_by_global_norm` before `tx`) and `skip_nonfinite=True` drops a
+    step whose gradients are not finite (parameters and state unchanged).
+    `validation="sync"` waits for the global norm before any rank updates;
+    `"post"` updates each rank as soon as its backward ends and recomputes
+    only when clipping triggers or a value is not finite: the same numbers,
+    without the wait (see `spectrax_mpmd._api.validation`).
     """
     from .grad import sxvalue_and_grad
     from .jit import sxjit
@@ -135,6 +147,8 @@ def sxvalue_and_grad_and_apply(
         reduce=reduce,
         region_ranks=region_ranks,
     )
+    if validation not in VALIDATIONS:
+        raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {validation!r}.")
     grad_step.name = name
 
     def train_step(*call_args):
@@ -143,8 +157,16 @@ def sxvalue_and_grad_and_apply(
         params, opt_state, *args = call_args
         check_state(name, tx, params, opt_state)
         value, grads = grad_step(params, *args)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return value, optax.apply_updates(params, updates), opt_state
+        params, opt_state = guarded_update(
+            tx,
+            params,
+            opt_state,
+            grads,
+            max_grad_norm=max_grad_norm,
+            skip_nonfinite=skip_nonfinite,
+            validation=validation,
+        )
+        return value, params, opt_state
 
     shifted = tuple(k + 1 if k > 0 else k for k in as_tuple(static_argnums))
     return sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())

@@ -17,8 +17,9 @@ program to a rank and cuts it into pieces, one per `(rank, phase)`:
   needs nothing from any other rank.
 
 A `cond` whose operands span ranks is split into one `cond` per rank when each
-of its outputs depends on one rank's operands (besides the predicate and unowned
-values), so a per-leaf update gated by a global flag stays on each leaf's rank.
+of its outputs depends on one rank's arrays (besides scalars, which cross, and
+unowned values), so a per-leaf update gated by a global flag stays on each
+leaf's rank.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def _split_cond(eqn, home: dict) -> list[tuple[int | None, SplitCond]] | None:
         for k, d in enumerate(_dependencies(b)):
             deps[k] |= d
     groups: dict = {}
-    for k, d in enumerate(deps):
-        ranks = {home.get(ops[p]) for p in d if isinstance(ops[p], Var)} - {None}
+    for k, d in enumerate(deps):  # a scalar operand crosses to the share that reads it
+        ranks = {home.get(ops[p]) for p in d if isinstance(ops[p], Var) and ops[p].aval.shape} - {None}
         if len(ranks) > 1:
             return None
         groups.setdefault(next(iter(ranks)) if ranks else None, []).append(k)

@@ -392,3 +392,58 @@ def test_a_two_region_model():
         ref, rp, rs = jax.jit(unsplit)(rp, rs, args)
         assert_close(value, ref)
     assert_close((p, s), (rp, rs))
+
+
+# --- clipping and non-finite skips: synchronous and validated after the fact ------------------
+
+
+def _scaled_loss(params, batch, factor):
+    return hetero_loss(params, batch) * factor
+
+
+FACTORS = [jnp.float32(f) for f in (1.0, 4.0, 1.0, jnp.inf, 0.5)]
+
+
+def _guarded_reference(tx, max_norm, params):
+    """Unsplit steps through `optax.clip_by_global_norm` then `tx`, a non-finite step dropped."""
+    chain = optax.chain(optax.clip_by_global_norm(max_norm), tx)
+
+    @jax.jit
+    def step(p, s, batch, factor):
+        loss, g = jax.value_and_grad(_scaled_loss)(p, batch, factor)
+        finite = jnp.isfinite(optax.tree.norm(g))
+        updates, new_s = chain.update(g, s, p)
+        new = (optax.apply_updates(p, updates), new_s)
+        return loss, *jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (p, s))
+
+    p, s, losses = params, chain.init(params), []
+    for batch, factor in zip(batches(), FACTORS):
+        loss, p, s = step(p, s, batch, factor)
+        losses.append(loss)
+    return losses, p, s[1]
+
+
+@pytest.mark.parametrize("validation", ["sync", "post"])
+def test_clipping_and_skips_match_the_unsplit_update(validation):
+    tx = optax.adam(1e-2)
+    params = hetero_params(jax.random.key(4), 4)
+    max_norm = 1.5 * gradient_norm(4)  # triggers at the step scaled by 4 only
+    step = mp.sxvalue_and_grad_and_apply(
+        _scaled_loss,
+        tx,
+        mesh=pipeline_mesh(4),
+        schedule=make_schedule("ZeroBubbleH1", 4),
+        batch_argnums=1,
+        max_grad_norm=max_norm,
+        skip_nonfinite=True,
+        validation=validation,
+    )
+    got = pipelined(step, tx, params, batches(), FACTORS)
+    want = _guarded_reference(tx, max_norm, params)
+    for a, b in zip(got[0], want[0]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)
+    assert_close(got[1], want[1])
+    assert_close(got[2], want[2])
+    entry = step.last_entry
+    leaves = jax.tree.leaves((params, tx.init(params), batches(1)[0], FACTORS[0]))
+    assert all(shape == () for shape in _epilogue_moves(entry.plan, entry.place(step.placer, leaves)))
