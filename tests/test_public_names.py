@@ -31,7 +31,7 @@ SCHEDULES = {
 SCHEDULES_ADDED = {
     "Flow", "Dependency", "Stuck", "DeadlockError", "issue_order", "parse_cell", "parse_table", "format_table",
     "ZeroBubbleH2", "ZBV", "VHalf", "VMin", "DualPipe", "MORE_SCHEDULES", "UserSchedule", "SearchedSchedule",
-    "search",
+    "search", "UpdatedStep", "with_update",
 }  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from ._search import SearchedSchedule, search
 from ._simulate import simulate, validate
 from ._text import format_table, parse_cell, parse_table
 from ._timeline import Cost, Event, StageCost, Timeline
+from ._update import UpdatedStep, with_update
 from ._user import UserSchedule
 from ._zb_h2 import ZeroBubbleH2
 from ._zero_bubble_v import ZBV, VHalf, VMin
@@ -46,6 +47,8 @@ ALL_SCHEDULES = (
 MORE_SCHEDULES = (ZeroBubbleH2, ZBV, VHalf, VMin, DualPipe)
 
 __all__ = [
+    "UpdatedStep",
+    "with_update",
     "GPipe",
     "Std1F1B",
     "Eager1F1B",
