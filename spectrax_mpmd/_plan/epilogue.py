@@ -48,21 +48,26 @@ class _Emitter:
     def sharding(self, v, rank: int):
         return self.layout.on_rank(rank, self.specs.get(v))
 
-    def locate(self, v, rank: int) -> tuple[int, object]:
-        """The slot holding `v` on `rank`: placed there (an unowned input), or sent from its home."""
-        if (v, rank) in self.where:
-            return self.where[(v, rank)]
-        sh = self.sharding(v, rank)
-        if v in self.inputs:
-            key = Input("input", self.inputs[v], rank)
-            self.draft.input_specs[key] = self.specs.get(v)
-            self.where[(v, rank)] = (self.draft.slot(key), sh)
-        else:
-            src, src_sh = self.where[(v, self.part.home[v])]
-            dst = self.draft.new()
-            self.draft.add(transfer([src_sh], [sh]), [src], [dst])
-            self.where[(v, rank)] = (dst, sh)
-        return self.where[(v, rank)]
+    def locate(self, names, rank: int) -> list[tuple[int, object]]:
+        """The slots holding `names` on `rank`: placed there (unowned inputs), or sent from their
+        homes, every value from another rank in one transfer step."""
+        moves = []
+        for v in names:
+            if (v, rank) in self.where:
+                continue
+            sh = self.sharding(v, rank)
+            if v in self.inputs:
+                key = Input("input", self.inputs[v], rank)
+                self.draft.input_specs[key] = self.specs.get(v)
+                self.where[(v, rank)] = (self.draft.slot(key), sh)
+            else:
+                src, src_sh = self.where[(v, self.part.home[v])]
+                self.where[(v, rank)] = (self.draft.new(), sh)
+                moves.append((src, src_sh, self.where[(v, rank)][0], sh))
+        if moves:
+            src, src_sh, dst, sh = zip(*moves)
+            self.draft.add(transfer(list(src_sh), list(sh)), src, dst)
+        return [self.where[(v, rank)] for v in names]
 
 
 def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dict) -> dict:
@@ -95,7 +100,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     em = _Emitter(draft, layout, part, specs, where, inputs)
     pending = []
     for piece in part.pieces:
-        located = [em.locate(v, piece.rank) for v in piece.ins]
+        located = em.locate(piece.ins, piece.rank)
         outs = [draft.new() for _ in piece.outs]
         for v, slot in zip(piece.outs, outs):
             where[(v, piece.rank)] = (slot, em.sharding(v, piece.rank))
@@ -135,7 +140,7 @@ def _output(em: _Emitter, v, default: int) -> int:
         em.draft.constants[slot] = (np.asarray(v.val), em.layout.on_rank(default, None))
         return slot
     home = em.part.home.get(v)
-    return em.locate(v, default if home is None else home)[0]
+    return em.locate([v], default if home is None else home)[0][0]
 
 
 def _donations(piece, located, k: int, last_read: dict, donatable: set) -> tuple[int, ...]:
