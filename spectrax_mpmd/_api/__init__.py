@@ -1,10 +1,10 @@
 """The public entry points: `sxjit`, `sxvalue_and_grad`, `sxgrad`, `sxvalue_and_grad_and_apply`,
 `profile_stages`."""
 
+from .apply import sxvalue_and_grad_and_apply
 from .checks import check_mesh, check_schedule
 from .grad import profile_stages, step_function, sxgrad, sxvalue_and_grad
 from .jit import sxjit
-from .train_step import sxvalue_and_grad_and_apply
 from .treduce import Add, Concat, Max, Mean, Reduction, treduce
 
 __all__ = [

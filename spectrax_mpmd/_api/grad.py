@@ -28,9 +28,9 @@ from .._trace.pipelined import inside_train_step
 from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
+from .bind import bind_pipeline
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
-from .train_step import bind_pipeline
 
 
 class Pipeline(NamedTuple):

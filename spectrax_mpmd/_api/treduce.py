@@ -24,6 +24,7 @@ import numpy as np
 
 from .._trace.pipelined import inside_train_step, train_step_owner
 from ..errors import MpmdError
+from .grad import step_function
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,6 @@ def treduce(fn: Callable, xs, schedule=None, *, axis: int = 0, operation=Add):
 
 
 def _pipelined(fn, xs, schedule, axis: int, operation, m: int):
-    from .grad import step_function
-
     if axis != 0:
         raise MpmdError(f"treduce: inside sxjit the microbatches lie on axis 0 of xs; got axis={axis}.")
     if m != schedule.microbatches:
