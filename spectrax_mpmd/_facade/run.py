@@ -91,15 +91,23 @@ def runner(
     rules=None,
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
+    tx=None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
     Use this in a training loop; `run` builds (and compiles) a new step on every call.
+    With an optax `tx`, `step.update(model, opt_state, inputs, targets)` is the whole
+    training step, `(loss, model, opt_state)`, the update inside the pipelined plan on
+    each parameter's rank (`opt_state = tx.init(model)`; both are consumed).
     With `stage_sizes="auto"` the first call profiles the model's blocks and picks
     the split (`step.balance` says which, with its predicted per-stage times).
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
     `sxvalue_and_grad`).
     """
+    if tx is not None and isinstance(stage_sizes, str):
+        raise MpmdError(
+            "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."
+        )
     if isinstance(stage_sizes, str):
         if stage_sizes != "auto":
             raise MpmdError(f"run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
@@ -127,13 +135,17 @@ def runner(
         has_aux=has_aux,
         rules=rules,
         region_ranks=region_ranks,
+        tx=tx,
     )
 
     @functools.wraps(inner.__call__)
     def step(model, inputs, targets=None):
         return inner(model, None, inputs, targets)
 
-    step.runner = inner
+    def update(model, opt_state, inputs, targets=None):
+        return inner.update(model, opt_state, None, inputs, targets)
+
+    step.runner, step.update = inner, update
     return step
 
 
