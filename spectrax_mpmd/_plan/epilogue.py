@@ -72,7 +72,9 @@ class _Emitter:
 
 def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dict) -> dict:
     """Append `epilogue`'s pieces after the pipeline's steps; returns the plan's outputs:
-    `{"loss": slot, "results": [slot per epilogue output]}`."""
+    `{"loss": slot, "results": [slot per epilogue output], "replicated": [slot]}`, the last the
+    outputs every process of a job returns (scalars, such as an optimizer's step count or a
+    metric, and what is owned by nobody), since a later call may read them on any rank."""
     owners, specs, where, inputs = [], {}, {}, {}
     grads = outputs["grads"]
     for v, role in zip(epilogue.program.invars, epilogue.roles):
@@ -107,6 +109,11 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         pending.append((len(draft.steps), piece, located, outs))
         draft.add(None, [s for s, _ in located], outs)  # the cell, made once donations are known
     results = [_output(em, v, default) for v in part.outvars]
+    everywhere = [  # what every process returns: small values a later call may read on any rank
+        slot
+        for v, slot in zip(part.outvars, results)
+        if isinstance(v, Literal) or v in part.unowned or v.aval.shape == ()
+    ]
     donated = {v for v, role in zip(epilogue.program.invars, epilogue.roles) if role in epilogue.donated}
     donatable = {slot for (v, _), (slot, _) in where.items() if v in donated}
     last_read = {}
@@ -122,7 +129,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
             donate,
         )
         draft.steps[k] = draft.steps[k]._replace(fn=spec)
-    return {"loss": outputs["loss"], "results": results}
+    return {"loss": outputs["loss"], "results": results, "replicated": everywhere}
 
 
 def _grad_rank(layout: Layout, a: int) -> int:
@@ -134,13 +141,23 @@ def _grad_rank(layout: Layout, a: int) -> int:
 
 
 def _output(em: _Emitter, v, default: int) -> int:
-    """The slot of output `v`: where it was made, or a constant for a literal."""
+    """The slot of output `v`: where it was made, a constant for a literal, or a copy on the first
+    rank of an unowned input passed through (every process returns it from there)."""
     if isinstance(v, Literal):
         slot = em.draft.new()
         em.draft.constants[slot] = (np.asarray(v.val), em.layout.on_rank(default, None))
         return slot
+    if v in em.inputs:
+        ((slot, sh),) = em.locate([v], default)
+        copy = em.draft.new()
+        em.draft.add(CellSpec(_identity, (shape_spec(v.aval, sh),), (sh,)), [slot], [copy])
+        return copy
     home = em.part.home.get(v)
     return em.locate([v], default if home is None else home)[0][0]
+
+
+def _identity(x):
+    return (x,)
 
 
 def _donations(piece, located, k: int, last_read: dict, donatable: set) -> tuple[int, ...]:

@@ -100,8 +100,9 @@ class Piece:
 class Partition:
     """A program cut into pieces. `home[v]` is the rank a value lives on (None: owned by nobody;
     an input owned by nobody is placed on each rank whose pieces read it). `outvars` are the
-    program's outputs after inlining (vars or literals); `like[v]` names the owned input whose
-    layout `v` shares (same shape, reached through elementwise equations), if any."""
+    program's outputs after inlining (vars or literals), `unowned` those owned by nobody (made
+    on the default rank, or an unowned input passed through); `like[v]` names the owned input
+    whose layout `v` shares (same shape, reached through elementwise equations), if any."""
 
     pieces: tuple
     invars: tuple
@@ -109,6 +110,7 @@ class Partition:
     consts: dict
     home: dict
     like: dict
+    unowned: frozenset
 
 
 def _bytes(v) -> int:
@@ -234,12 +236,12 @@ def partition(program: Program, owners: Sequence[int | None], default_rank: int)
             ranks = {max(sorted(weight), key=lambda r: weight[r])}
         _place(eqn, next(iter(ranks)) if ranks else None, home, phase, ops)
     inputs = set(program.invars)
-    for v in _vars(program.outvars):
-        if home.get(v) is None and v not in inputs:
-            home[v] = default_rank  # an unowned output: made by default_rank's first piece
+    unowned = frozenset(v for v in _vars(program.outvars) if home.get(v) is None)
+    for v in unowned - inputs:
+        home[v] = default_rank  # an unowned output: made by default_rank's first piece
     pieces = _pieces(ops, program.outvars, home, default_rank)
     like = _like([op for op, _, _ in ops], program.invars, owners)
-    return Partition(tuple(pieces), program.invars, program.outvars, program.consts, home, like)
+    return Partition(tuple(pieces), program.invars, program.outvars, program.consts, home, like, unowned)
 
 
 def _place(op, rank, home: dict, phase: dict, ops: list) -> None:
