@@ -10,6 +10,7 @@ from .draft import Draft
 from .emit import emit_action
 from .epilogue import emit_epilogue
 from .gradients import accumulator_cells, reduce_gradients
+from .hoist import hoist
 from .layout import Layout, PlanArgs
 from .order import order_actions
 from .programs import StageProgram, backward_specs, forward_spec, loss_spec, programs_of
@@ -18,7 +19,8 @@ from .seal import describe_training, seal
 
 def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler: Compiler) -> Plan:
     """Layout -> stage programs -> each action's steps in issue order -> gradient reduction ->
-    the epilogue on the gradients, if any -> localize and seal."""
+    the epilogue on the gradients, if any -> those issued as early as their inputs allow ->
+    localize and seal."""
     _check_loss_stage(graph)
     layout = Layout.of(graph, schedule, mesh, args, schedule.microbatches)
     draft = Draft()
@@ -29,9 +31,11 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
         draft.add(spec, (), outs)
     for rank, action in order_actions(schedule, layout.n, graph):
         emit_action(draft, layout, programs, rank, action)
+    tail = len(draft.steps)
     draft.outputs = reduce_gradients(draft, layout, programs, args)
     if args.epilogue is not None:
         draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
+    hoist(draft, tail)
     return seal(draft, layout, compiler, schedule, **describe_training(draft, layout, programs))
 
 

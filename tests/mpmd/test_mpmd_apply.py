@@ -447,3 +447,41 @@ def test_clipping_and_skips_match_the_unsplit_update(validation):
     entry = step.last_entry
     leaves = jax.tree.leaves((params, tx.init(params), batches(1)[0], FACTORS[0]))
     assert all(shape == () for shape in _epilogue_moves(entry.plan, entry.place(step.placer, leaves)))
+
+
+def _update_positions(plan) -> dict:
+    """Per rank, the positions of the plan's steps that belong to no schedule action and run a
+    compiled cell there (the gradient reduction's and the update's)."""
+    inside = {k for *_, first, end in plan.action_steps for k in range(first, end)}
+    start = min(first for *_, first, _ in plan.action_steps)  # before it: the accumulators' setup
+    out: dict = {}
+    for k, step in enumerate(plan.steps):
+        shardings = getattr(step.fn, "output_shardings", None)
+        if k < start or k in inside or not shardings:
+            continue
+        rank = plan.device_rank[next(iter(shardings[0].device_set))]
+        out.setdefault(rank, []).append(k)
+    return out
+
+
+def test_each_rank_updates_right_after_its_own_last_backward():
+    """Without a global condition, every rank's update is issued as soon as its last backward
+    action is: before the actions of other ranks that end later (1F1B: rank 0 ends last)."""
+    tx = optax.adam(1e-2)
+    params = hetero_params(jax.random.key(4), 4)
+    step = mp.sxvalue_and_grad_and_apply(
+        hetero_loss, tx, mesh=pipeline_mesh(4), schedule=make_schedule("Std1F1B", 4), donate=False
+    )
+    p, s = step(params, tx.init(params), batches(1)[0])[1:]
+    plan = step.last_entry.plan
+    # the last action issuing a step (the last stage's loss cell runs its backward in its F)
+    last_end = {
+        rank: max(end for r, _, first, end in plan.action_steps if r == rank and end > first)
+        for rank in range(4)
+    }
+    updates = _update_positions(plan)
+    assert sorted(updates) == [0, 1, 2, 3]
+    for rank, positions in updates.items():
+        assert min(positions) == last_end[rank], (rank, positions, last_end)
+    assert max(updates[3]) < last_end[0]
+    assert_close((p, s), reference(hetero_loss, tx, params, batches(1))[1:])
