@@ -88,11 +88,8 @@ class _StepFunction:
 
     @property
     def n_stages(self) -> int:
-        """How many stages the function is cut into: the schedule's model stages on the mesh's
-        ranks (ranks x virtual stages, unless its table says otherwise)."""
-        n = self.mesh.mpmd_dim
-        count = getattr(self.schedule, "num_model_stages", None)
-        return count(n) if count is not None else n * self.v
+        count = getattr(self.schedule, "num_model_stages", None)  # else ranks x virtual stages
+        return count(self.mesh.mpmd_dim) if count is not None else self.mesh.mpmd_dim * self.v
 
     def _traced_fn(self, fn):
         has_aux = self.has_aux
