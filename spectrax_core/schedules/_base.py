@@ -99,6 +99,11 @@ class Schedule(abc.ABC):
         """How many logical stages the table runs on `n` ranks (n · virtual_stages)."""
         return n * self.virtual_stages
 
+    def num_model_stages(self, n: int) -> int:
+        """How many model stages (the function's stage clusters) the table runs on `n` ranks:
+        `num_stages`, fewer where logical stages are copies of model stages."""
+        return len({self.model_stage(s, n) for s in range(self.num_stages(n))})
+
     def model_stage(self, stage: int, n: int) -> int:
         """The model stage (the function's stage cluster) that logical `stage` runs: itself,
         except where a schedule runs copies of the model's stages (DualPipe)."""

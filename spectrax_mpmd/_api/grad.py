@@ -88,7 +88,8 @@ class _StepFunction:
 
     @property
     def n_stages(self) -> int:
-        return self.mesh.mpmd_dim * self.v
+        count = getattr(self.schedule, "num_model_stages", None)  # else ranks x virtual stages
+        return count(self.mesh.mpmd_dim) if count is not None else self.mesh.mpmd_dim * self.v
 
     def _traced_fn(self, fn):
         has_aux = self.has_aux

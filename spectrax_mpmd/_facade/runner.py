@@ -49,10 +49,16 @@ def _is_mpmd(mesh) -> bool:
 
 
 def pipeline_stages(mesh, schedule=None) -> int:
-    """How many stages a run on `mesh` cuts the model into: ranks x virtual stages (1 without a pipeline axis)."""
+    """How many stages a run on `mesh` cuts the model into: the schedule's model stages, ranks x
+    virtual stages for the named schedules (n for DualPipe, which runs each twice; 1 without a
+    pipeline axis)."""
     if not _is_mpmd(mesh):
         return 1
-    return as_mpmd_mesh(mesh).mpmd_dim * (schedule.virtual_stages if schedule is not None else 1)
+    n = as_mpmd_mesh(mesh).mpmd_dim
+    if schedule is None:
+        return n
+    count = getattr(schedule, "num_model_stages", None)
+    return count(n) if count is not None else n * schedule.virtual_stages
 
 
 def fold_keys(extra: Any, i) -> Any:

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
 from .._trace.split import StageGraph
-from ..errors import StageSplitError
+from .copies import copy_stages
 
 REPLICATED = PartitionSpec()
 
@@ -23,21 +23,6 @@ class StageOrder:
 
     def rank_of(self, stage: int, n: int) -> int:
         return stage
-
-
-def _check_one_copy(schedule, n: int, stages: int, m: int) -> None:
-    """Raise unless every logical stage of the schedule runs its own model stage on every
-    microbatch (the runtime places each stage's parameters once)."""
-    if not hasattr(schedule, "model_stage"):
-        return
-    if any(
-        schedule.model_stage(s, n) != s or schedule.microbatches_of(s, n) != range(m) for s in range(stages)
-    ):
-        raise StageSplitError(
-            f"schedule {type(schedule).__name__} runs two copies of each model stage, each on half the "
-            "microbatches; the MPMD runtime places each stage's parameters on one rank. Simulate it with "
-            "spectrax_core.schedules, and run DualPipeV (the same order on n/2 ranks, one copy) instead."
-        )
 
 
 @dataclass(frozen=True)
@@ -60,7 +45,8 @@ class PlanArgs:
 
 @dataclass(frozen=True, eq=False)
 class Layout:
-    """Stage `s` runs on rank `ranks[s]`'s submesh of `mesh`; `m` microbatches."""
+    """Stage `s` runs on rank `ranks[s]`'s submesh of `mesh`; `m` microbatches. `graph` holds the
+    schedule's logical stages (`copy_stages`); logical stage `s` runs model stage `model[s]`."""
 
     graph: StageGraph
     schedule: object
@@ -69,16 +55,17 @@ class Layout:
     m: int
     param_specs: dict
     unsharded: bool  # nothing in the pipeline is sharded: every intermediate is replicated
+    model: tuple = ()
 
     @classmethod
     def of(cls, graph: StageGraph, schedule, mesh: MpmdMesh, args: PlanArgs, microbatches: int) -> "Layout":
         n = mesh.mpmd_dim
-        _check_one_copy(schedule, n, len(graph.stages), microbatches)
+        graph, model = copy_stages(graph, schedule, n)
         unsharded = not any(spec is not None for spec in args.param_specs.values()) and all(
             e.spec is None for e in graph.edges
         )
         ranks = tuple(schedule.rank_of(s, n) for s in range(len(graph.stages)))
-        return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded)
+        return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded, model)
 
     @functools.cached_property
     def edge_index(self) -> dict:
@@ -91,7 +78,16 @@ class Layout:
 
     @property
     def last(self) -> int:
+        """The last logical stage: a loss stage, where the loss of every microbatch is gathered."""
         return len(self.graph.stages) - 1
+
+    def is_loss(self, s: int) -> bool:
+        """Whether stage `s` computes the loss (runs the model's last stage)."""
+        return self.model[s] == self.model[self.last]
+
+    @property
+    def loss_stages(self) -> tuple[int, ...]:
+        return tuple(s for s in range(len(self.graph.stages)) if self.is_loss(s))
 
     def splits(self) -> bool:
         """Whether the schedule splits backwards into I and W cells."""

@@ -123,7 +123,7 @@ def describe_training(draft: Draft, layout: Layout, programs: list[StageProgram]
 
 def _kept_for_backward(layout: Layout, programs: list[StageProgram], e) -> bool:
     """Whether the activation `e` brings to its stage is kept for that stage's backward."""
-    if e.dst == layout.last:
+    if layout.is_loss(e.dst):
         return False
     io = programs[e.dst].io
     position = io.n_in - len(io.stage.edge_inputs) + io.stage.edge_inputs.index(e)

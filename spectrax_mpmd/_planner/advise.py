@@ -174,7 +174,7 @@ def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
         for m in microbatches:
             for v in virtual_stages:
                 try:
-                    if cls is S.DualPipe:  # copies of the stages: simulated, not run by the runtime
+                    if cls is S.DualPipe:  # n model stages run twice: not the cut of an n x v profile
                         made = []
                     elif cls.layout == "v":
                         made = [cls(microbatches=m)] if v == 2 else []

@@ -177,7 +177,7 @@ def _memory_kind(key, plan) -> tuple[str, str, int] | None:
     if isinstance(key, GradAccumulator):
         return ("rank", "accumulators", plan.stage_ranks[key.stage])
     if isinstance(key, LossAccumulator):
-        return ("rank", "accumulators", plan.stage_ranks[-1])
+        return ("rank", "accumulators", plan.stage_ranks[key.stage])
     if isinstance(key, ZeroGrad):
         return ("rank", "accumulators", plan.stage_ranks[0])
     if isinstance(key, (Residual, Stash)):

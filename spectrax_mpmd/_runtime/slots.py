@@ -39,7 +39,9 @@ class GradAccumulator:
 
 @dataclass(frozen=True)
 class LossAccumulator:
-    """The loss summed over microbatches (on the last stage's rank)."""
+    """The loss summed over the microbatches loss stage `stage` runs (on its rank)."""
+
+    stage: int
 
 
 @dataclass(frozen=True)

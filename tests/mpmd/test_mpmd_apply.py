@@ -32,6 +32,7 @@ from mpmd_cases import (
 )
 
 import spectrax_mpmd as mp
+from spectrax_core import schedules as S
 from spectrax_core import sharding as core_sharding
 from spectrax_mpmd._comm import is_transfer
 from spectrax_mpmd._runtime.replay import replay
@@ -101,6 +102,15 @@ def test_every_schedule_matches_the_unsplit_update_with_clipping_that_triggers(n
     max_norm = 0.5 * gradient_norm(n * schedule.virtual_stages)
     _, got, want = run_schedule(name, max_norm)
     assert_same_run(got, want)
+
+
+def test_dualpipe_sums_both_copies_before_the_update():
+    """DualPipe runs two copies of every stage on different ranks: each leaf's update reads the sum
+    of its copies' gradients on its owner, and clipping sees the loss of both directions."""
+    tx = clipped_adam(0.5 * gradient_norm(4))
+    params = hetero_params(jax.random.key(4), 4)
+    step = mp.sxvalue_and_grad_and_apply(hetero_loss, tx, mesh=pipeline_mesh(4), schedule=S.DualPipe(8))
+    assert_same_run(pipelined(step, tx, params, batches()), reference(hetero_loss, tx, params, batches()))
 
 
 def test_clipping_that_does_not_trigger():
