@@ -67,8 +67,11 @@ class Optimizer(Module):
                 f"received {[i.path for i in grads._infos][:6] if isinstance(grads, State) else type(grads).__name__}."
             )
         grads = _follow(grads, params)
-        step = _apply_jit if _one_placement(params) else _apply
-        new_params, self.state.value = step(self.tx, grads, self.state.value, params)
+        if _one_placement(params):  # committed like its outputs, so step 1 reuses step 0's program
+            grads, state, params = _committed((grads, self.state.value, params))
+            new_params, self.state.value = _apply_jit(self.tx, grads, state, params)
+        else:
+            new_params, self.state.value = _apply(self.tx, grads, self.state.value, params)
         update(model, new_params)
         self.step.value = self.step.value + 1
 
@@ -163,6 +166,17 @@ def _one_placement(params) -> bool:
             return False
         places.add(frozenset(x.sharding.device_set) if x.committed else None)
     return len(places) == 1
+
+
+def _committed(tree):
+    """`tree` with every uncommitted array committed to the device it is on (one batched call)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    loose = [k for k, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.committed]
+    if loose:
+        placed = jax.device_put([leaves[k] for k in loose], [leaves[k].sharding for k in loose])
+        for k, x in zip(loose, placed):
+            leaves[k] = x
+    return treedef.unflatten(leaves)
 
 
 def _follow(grads, params):
