@@ -228,5 +228,5 @@ def _local(x) -> bool:
 
 def _replicated_like(sharding):
     if isinstance(sharding, NamedSharding):
-        return NamedSharding(sharding.mesh, PartitionSpec())
+        return NamedSharding(sharding.mesh, PartitionSpec(), memory_kind=sharding.memory_kind)
     return jax.sharding.SingleDeviceSharding(next(iter(sorted(sharding.device_set, key=lambda d: d.id))))

@@ -28,7 +28,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spectrax_core import sharding as core_sharding
 
 from .digest import checksums as compute_checksums
-from .layout import CheckpointError, save_arrays, staged_opt_target, tree_target
+from .layout import CheckpointError, save_arrays
+from .target import staged_opt_target, tree_target
 
 FORMAT = 1
 ITEMS = ("params", "opt_state", "meta")
@@ -103,6 +104,7 @@ class CheckpointManager:
         )
         self._ocp = ocp
         self.checksums = checksums
+        self._exchange = None  # multi-process: the exchange of checksums, made at the first save
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     # -- steps ---------------------------------------------------------------------------
@@ -159,12 +161,29 @@ class CheckpointManager:
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
         meta = {"format": FORMAT, **desc, "extra": extra}
         if self.checksums:
-            meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
+            meta["checksums"] = self._all_checksums({"params": arrays_p, "opt_state": arrays_o})
         ocp = self._ocp
         items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.StandardSave(arrays_o)
         return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+    def _all_checksums(self, items: dict) -> dict:
+        """The checksum of every array of `items`; in a multi-process run each process hashes the arrays
+        it holds and the processes exchange them (through the key-value store), so the `meta` that the
+        first process writes records every array's."""
+        found = {item: _checksums(arrays) for item, arrays in items.items()}
+        if jax.process_count() == 1:
+            return found
+        if self._exchange is None:
+            from .._comm import Exchange
+
+            self._exchange = Exchange("checkpoint")
+        mine = {item: {n: c for n, c in sums.items() if c is not None} for item, sums in found.items()}
+        for other in self._exchange.allgather(json.dumps(mine)):
+            for item, sums in json.loads(other).items():
+                found[item].update(sums)
+        return found
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
