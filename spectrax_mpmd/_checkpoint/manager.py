@@ -27,7 +27,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
-from .digest import checksums as compute_checksums
+from .digest import checksums_by_name as _checksums
+from .digest import verify as _verify
+from .hosts import PRIMARY, on_primary
 from .layout import CheckpointError, save_arrays
 from .target import staged_opt_target, tree_target
 
@@ -96,15 +98,21 @@ class CheckpointManager:
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
+        if create and jax.process_count() > 1:  # orbax leaves it to the caller with active_processes
+            self.directory.mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
             enable_async_checkpointing=async_save,
-            create=create,
+            create=create and jax.process_count() == 1,
+            # every process: orbax's barriers through the key-value store, not a device collective
+            # (which on CPU can block a peer's pending transfer; see docs/multihost.md)
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                active_processes=set(range(jax.process_count())) if jax.process_count() > 1 else None
+            ),
         )
         self._ocp = ocp
         self.checksums = checksums
-        self._exchange = None  # multi-process: the exchange of checksums, made at the first save
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     # -- steps ---------------------------------------------------------------------------
@@ -159,31 +167,17 @@ class CheckpointManager:
                 f"(manager.delete({step})) or save under another step."
             )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
+        if jax.process_count() > 1:  # the first process writes every array (see `hosts`)
+            both = on_primary({"params": arrays_p, "opt_state": arrays_o})
+            arrays_p, arrays_o = both["params"], both["opt_state"]
         meta = {"format": FORMAT, **desc, "extra": extra}
-        if self.checksums:
-            meta["checksums"] = self._all_checksums({"params": arrays_p, "opt_state": arrays_o})
+        if self.checksums and jax.process_index() == PRIMARY:  # the others' meta is not written
+            meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
         ocp = self._ocp
         items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.StandardSave(arrays_o)
         return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
-
-    def _all_checksums(self, items: dict) -> dict:
-        """The checksum of every array of `items`; in a multi-process run each process hashes the arrays
-        it holds and the processes exchange them (through the key-value store), so the `meta` that the
-        first process writes records every array's."""
-        found = {item: _checksums(arrays) for item, arrays in items.items()}
-        if jax.process_count() == 1:
-            return found
-        if self._exchange is None:
-            from .._comm import Exchange
-
-            self._exchange = Exchange("checkpoint")
-        mine = {item: {n: c for n, c in sums.items() if c is not None} for item, sums in found.items()}
-        for other in self._exchange.allgather(json.dumps(mine)):
-            for item, sums in json.loads(other).items():
-                found[item].update(sums)
-        return found
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
@@ -279,23 +273,6 @@ def _read_failure(err: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__
     first = str(err).split(" See full TensorStore details", 1)[0].splitlines()
     return f"{type(err).__name__}: {first[0] if first else ''}"
-
-
-def _checksums(arrays: dict) -> dict:
-    return dict(zip(arrays, compute_checksums(list(arrays.values()))))
-
-
-def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
-    """Raise naming the first array read whose contents differ from the checksum its save recorded."""
-    names = list(got)
-    found = zip(names, compute_checksums([got[n] for n in names]))
-    bad = [n for n, c in found if None not in (c, recorded.get(n)) and c != recorded[n]]
-    if bad:
-        raise CheckpointError(
-            f"restore: step {step}'s {item} array {bad[0]!r} does not match the checksum recorded when it "
-            f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
-            "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
-        )
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):

@@ -7,35 +7,28 @@ calls `gather` with the same tree, at the same point of the script, and each
 owner sends its leaves to every other process through the job's cross-process
 transport (one transfer group per owner and receiver, every leaf of a group
 first copied to one device of its owner). Each process then holds every leaf on
-its own device; the call waits, up to the transfer timeout, for what it receives.
+its own device; the call returns when every process has what it receives (each wait bounded
+by the transfer timeout).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from .._comm import make_transport
+from .._comm import Exchange, make_transport
 from ..errors import MpmdError
 
 
 @functools.cache
 def _transport():
-    """The cross-process transport gathers use, made on the first multi-process gather (every
-    process makes it at the same point of the same script)."""
-    return make_transport()
-
-
-def _owner(x, path: str) -> int:
-    owners = {d.process_index for d in x.sharding.device_set}
-    if len(owners) != 1:
-        raise MpmdError(
-            f"gather: leaf {path} is split over the devices of processes {sorted(owners)}; gather reads a "
-            "leaf held by one process (a pipeline rank's), as a training step returns them."
-        )
-    return owners.pop()
+    """The cross-process transport gathers use and the key-value exchange that ends each gather,
+    made on the first multi-process gather (every process makes them at the same point of the
+    same script)."""
+    return make_transport(), Exchange("gather")
 
 
 def _first_device(process: int) -> jax.Device:
@@ -53,23 +46,31 @@ def gather(tree, device: jax.Device | None = None):
             f"({jax.process_index()}); give one of jax.local_devices(), or None for the first."
         )
     leaves, treedef = jax.tree.flatten_with_path(tree)
-    remote = [k for k, (_, x) in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable]
     values = [x for _, x in leaves]
-    if remote:
-        for k, x in zip(
-            remote,
-            _exchange([values[k] for k in remote], [jax.tree_util.keystr(leaves[k][0]) for k in remote]),
-        ):
-            values[k] = x
+    if jax.process_count() > 1:
+        paths = [jax.tree_util.keystr(path) for path, _ in leaves]
+        values = exchange(values, paths, range(jax.process_count()))
     return jax.device_put(treedef.unflatten(values), device)
 
 
-def _exchange(arrays: list, paths: list[str]) -> list:
-    """The arrays (each held by one process, every process passing the same list), on this process's
-    first device: owners send theirs to every other process, the others receive them."""
+def exchange(arrays: list, paths: list[str], receivers) -> list:
+    """`arrays` (every process passing the same list) with each array that some process cannot read
+    sent by the one process that holds it to each process of `receivers` lacking it, which gets it on
+    its first device; every other array is returned as given."""
     me, world = jax.process_index(), jax.process_count()
-    owners = [_owner(x, p) for x, p in zip(arrays, paths)]
-    transport = _transport()
+    receivers = set(receivers)
+    held = [not isinstance(x, jax.Array) or x.is_fully_addressable for x in arrays]
+    transport, done = _transport()
+    views = [json.loads(v) for v in done.allgather(json.dumps(held))]  # who holds what
+    owners = []
+    for k, path in enumerate(paths):
+        holders = [p for p in range(world) if views[p][k]]
+        if len(holders) != 1 and len(holders) != world:
+            raise MpmdError(
+                f"gather: leaf {path} is held by processes {holders} of {world}; gather reads a leaf held "
+                "by one process (a pipeline rank's, as a training step returns them) or by every process."
+            )
+        owners.append(holders[0] if len(holders) == 1 else None)
     transport.begin()
     out: list = list(arrays)
     for sender in range(world):
@@ -78,7 +79,7 @@ def _exchange(arrays: list, paths: list[str]) -> list:
             continue
         home = SingleDeviceSharding(_first_device(sender))
         for receiver in range(world):
-            if receiver == sender:
+            if receiver == sender or receiver not in receivers:
                 continue
             there = SingleDeviceSharding(_first_device(receiver))
             specs = [jax.ShapeDtypeStruct(arrays[k].shape, arrays[k].dtype, sharding=there) for k in mine]
@@ -91,4 +92,7 @@ def _exchange(arrays: list, paths: list[str]) -> list:
                 for k, x in zip(mine, got):
                     out[k] = x
     transport.end()
+    # a sender's arrays must stay posted until every receiver has them: nobody leaves (to a device
+    # collective, say, which could block a pull on CPU) before every transfer has arrived
+    done.allgather("arrived")
     return out
