@@ -134,14 +134,18 @@ def main(argv=None) -> list[dict]:
             wall[name].append((time.perf_counter() - t0) / args.calls)
             cpu[name].append((time.thread_time() - c0) / args.calls)
     records = []
-    print(f"{'contender':12} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
-          f"{'cpu ms':>7}")
+    print(
+        f"{'contender':12} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
+        f"{'cpu ms':>7}"
+    )
     for name in contenders:
         row = {"contender": name, "first_s": firsts[name][0], "second_ms": firsts[name][1] * 1e3}
         row.update(summary(wall[name], cpu[name]))
         records.append(row)
-        print(f"{name:12} {row['first_s']:10.2f} {row['second_ms']:8.1f} {row['min_ms']:8.2f} "
-              f"{row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}")
+        print(
+            f"{name:12} {row['first_s']:10.2f} {row['second_ms']:8.1f} {row['min_ms']:8.2f} "
+            f"{row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}"
+        )
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(records, indent=1))
     return records

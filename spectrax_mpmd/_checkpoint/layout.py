@@ -134,8 +134,9 @@ def _struct(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
 
 
 def _placed(x, sharding):
-    """`x` on `sharding`; a global array without local shards where another process holds it."""
-    if isinstance(x, jax.ShapeDtypeStruct) or not x.is_fully_addressable:
+    """`x` on `sharding`; a global array without local shards where another process holds `x` or
+    `sharding`'s devices."""
+    if isinstance(x, jax.ShapeDtypeStruct) or not (x.is_fully_addressable and sharding.is_fully_addressable):
         return remote_array(_struct(x.shape, x.dtype, sharding))
     return jax.device_put(x, sharding)
 

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
+from .._optim import remote_array
 from .digest import checksums_by_name as _checksums
 from .digest import verify as _verify
 from .hosts import PRIMARY, on_primary
@@ -174,9 +175,9 @@ class CheckpointManager:
         if self.checksums and jax.process_index() == PRIMARY:  # the others' meta is not written
             meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
         ocp = self._ocp
-        items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
+        items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
-            items["opt_state"] = ocp.args.StandardSave(arrays_o)
+            items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
         return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
@@ -210,19 +211,40 @@ class CheckpointManager:
         meta = self._read(step, meta=ocp.args.JsonRestore())["meta"]
         p_target, p_rebuild = tree_target(like, shardings)
         p_target.check(meta["params"], "params")
-        items = {"params": ocp.args.StandardRestore(p_target.want)}
+        targets = {"params": p_target}
         o_rebuild = None
         if optimizer is not None or opt_like is not None:
             o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
-            items["opt_state"] = ocp.args.StandardRestore(o_target.want)
-        got = self._read(step, **items)
+            targets["opt_state"] = o_target
+        got = self._read_held(step, {item: target.want for item, target in targets.items()})
         if self.checksums and "checksums" in meta:
-            for item in items:
-                _verify(step, item, dict(got[item]), meta["checksums"][item])
-        params = p_rebuild(p_target.finish(dict(got["params"])))
-        opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
+            for item in targets:
+                _verify(step, item, got[item], meta["checksums"][item])
+        params = p_rebuild(p_target.finish(got["params"]))
+        opt_state = o_rebuild(o_target.finish(got["opt_state"])) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
+
+    def _read_held(self, step: int, wants: dict[str, dict]) -> dict[str, dict]:
+        """Each item's wanted arrays: those this process holds a part of read by orbax straight onto
+        their shardings, the others (another process's ranks') global arrays without local shards."""
+        ocp = self._ocp
+        held = {
+            item: {n: s for n, s in want.items() if s.sharding.is_fully_addressable}
+            for item, want in wants.items()
+        }
+        items = {
+            item: ocp.args.PyTreeRestore(
+                arrays, restore_args=ocp.checkpoint_utils.construct_restore_args(arrays), partial_restore=True
+            )
+            for item, arrays in held.items()
+            if arrays
+        }
+        got = self._read(step, **items) if items else {}
+        return {
+            item: {n: dict(got[item])[n] if n in held[item] else remote_array(s) for n, s in want.items()}
+            for item, want in wants.items()
+        }
 
     def _read(self, step: int, **items) -> dict:
         """orbax's restore of `items`; a file it cannot read raises naming the step (and the array)."""

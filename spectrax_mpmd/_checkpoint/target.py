@@ -152,6 +152,8 @@ def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable
     shapes = [tuple(x.shape) for x in leaves]
     target = Target()
     plans = []
+    # a shared entry (a step count) is read once per process, onto a group this process holds
+    shared = next((sh for sh in places if sh.is_fully_addressable), places[0])
     for idx in groups_t:
         abstract = jax.eval_shape(
             optimizer.tx.init, [jax.ShapeDtypeStruct(leaves[k].shape, leaves[k].dtype) for k in idx]
@@ -161,7 +163,7 @@ def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable
         found = _opt_entries(idx, abstract, p_names, shapes)
         for (names, x, stacked, k), sh in zip(found, jax.tree.leaves(placed)):  # as StagedOptimizer.init
             if k is None:
-                target.add(names, x.shape, x.dtype, _replicated(places[0]), names)
+                target.add(names, x.shape, x.dtype, _replicated(shared), names)
                 entries.append((names, sh, False, None))
                 continue
             path = f"optimizer state {names[0].split('/', 1)[0]} of {p_names[k].path}"

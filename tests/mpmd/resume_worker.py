@@ -51,7 +51,11 @@ def leaf_kinds(tree, before=None) -> dict:
     for x, old in zip(jax.tree.leaves(tree), olds):
         if x.is_fully_addressable:
             counts["held"] += 1
-            if old is not None and old.is_fully_addressable and np.array_equal(np.asarray(x), np.asarray(old)):
+            if (
+                old is not None
+                and old.is_fully_addressable
+                and np.array_equal(np.asarray(x), np.asarray(old))
+            ):
                 counts["unchanged"] += 1
         elif not x.addressable_shards:
             counts["remote"] += 1
