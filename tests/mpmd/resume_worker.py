@@ -26,7 +26,6 @@ import spectrax_mpmd as mp  # noqa: E402
 mp.initialize()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 

@@ -26,7 +26,8 @@ def _job(nproc: int, out, ckpt, *args: str, limit: float = 240) -> list[dict]:
     worker = [WORKER, str(out), str(ckpt), "--steps", str(STEPS), *args]
     if nproc == 1:
         cmd = [sys.executable, *worker]
-        env = _env(XLA_FLAGS="--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4")
+        env = _env()
+        env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
     else:
         cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc", "2"]
         cmd, env = cmd + ["--timeout", "60", *worker], None
