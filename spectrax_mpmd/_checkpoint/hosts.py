@@ -1,4 +1,5 @@
-"""What a multi-process save hands orbax: every array on the first process, as host arrays.
+"""What a multi-process save hands orbax (every array on the first process, as host arrays), and
+what a restore reads in each process (the arrays whose devices it holds).
 
 orbax writes a `jax.Array` from the processes that hold its shards, and requires every
 process to hold some of every array it saves (it refuses an array one process holds
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from .._facade.gather import exchange
+from .._optim import remote_array
 
 PRIMARY = 0  # the process that writes (orbax's primary host)
 
@@ -31,3 +33,24 @@ def on_primary(items: dict[str, dict]) -> dict[str, dict]:
     for (item, name), x in zip(names, arrays):
         out[item][name] = np.asarray(x) if me == PRIMARY else np.empty(x.shape, x.dtype)
     return out
+
+
+def read_held(ocp, read, wants: dict[str, dict]) -> dict[str, dict]:
+    """Each item's wanted arrays (`{item: {name: jax.ShapeDtypeStruct}}`): those whose devices this
+    process holds read through `read(**orbax_args)` straight onto their shardings (a partial orbax
+    read), the others (another process's ranks') global arrays without local shards."""
+    held = {
+        i: {n: s for n, s in want.items() if s.sharding.is_fully_addressable} for i, want in wants.items()
+    }
+    items = {
+        item: ocp.args.PyTreeRestore(
+            arrays, restore_args=ocp.checkpoint_utils.construct_restore_args(arrays), partial_restore=True
+        )
+        for item, arrays in held.items()
+        if arrays
+    }
+    got = {item: dict(values) for item, values in (read(**items) if items else {}).items()}
+    return {
+        item: {n: got[item][n] if n in held[item] else remote_array(s) for n, s in want.items()}
+        for item, want in wants.items()
+    }

@@ -14,6 +14,7 @@ one device, with nothing converted offline.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import os
@@ -27,10 +28,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
-from .._optim import remote_array
 from .digest import checksums_by_name as _checksums
 from .digest import verify as _verify
-from .hosts import PRIMARY, on_primary
+from .hosts import PRIMARY, on_primary, read_held
 from .layout import CheckpointError, save_arrays
 from .target import staged_opt_target, tree_target
 
@@ -99,18 +99,19 @@ class CheckpointManager:
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
-        if create and jax.process_count() > 1:  # orbax leaves it to the caller with active_processes
+        world = jax.process_count()
+        if create and world > 1:  # orbax leaves this to us with active_processes
             self.directory.mkdir(parents=True, exist_ok=True)
+        # active_processes: orbax's barriers through the key-value store, not a device collective
+        processes = ocp.options.MultiprocessingOptions(
+            active_processes=set(range(world)) if world > 1 else None
+        )
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
             enable_async_checkpointing=async_save,
-            create=create and jax.process_count() == 1,
-            # every process: orbax's barriers through the key-value store, not a device collective
-            # (which on CPU can block a peer's pending transfer; see docs/multihost.md)
-            multiprocessing_options=ocp.options.MultiprocessingOptions(
-                active_processes=set(range(jax.process_count())) if jax.process_count() > 1 else None
-            ),
+            create=create and world == 1,
+            multiprocessing_options=processes,
         )
         self._ocp = ocp
         self.checksums = checksums
@@ -217,34 +218,15 @@ class CheckpointManager:
             o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             targets["opt_state"] = o_target
-        got = self._read_held(step, {item: target.want for item, target in targets.items()})
+        got = read_held(
+            self._ocp, functools.partial(self._read, step), {i: t.want for i, t in targets.items()}
+        )
         if self.checksums and "checksums" in meta:
             for item in targets:
                 _verify(step, item, got[item], meta["checksums"][item])
         params = p_rebuild(p_target.finish(got["params"]))
         opt_state = o_rebuild(o_target.finish(got["opt_state"])) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
-
-    def _read_held(self, step: int, wants: dict[str, dict]) -> dict[str, dict]:
-        """Each item's wanted arrays: those this process holds a part of read by orbax straight onto
-        their shardings, the others (another process's ranks') global arrays without local shards."""
-        ocp = self._ocp
-        held = {
-            item: {n: s for n, s in want.items() if s.sharding.is_fully_addressable}
-            for item, want in wants.items()
-        }
-        items = {
-            item: ocp.args.PyTreeRestore(
-                arrays, restore_args=ocp.checkpoint_utils.construct_restore_args(arrays), partial_restore=True
-            )
-            for item, arrays in held.items()
-            if arrays
-        }
-        got = self._read(step, **items) if items else {}
-        return {
-            item: {n: dict(got[item])[n] if n in held[item] else remote_array(s) for n, s in want.items()}
-            for item, want in wants.items()
-        }
 
     def _read(self, step: int, **items) -> dict:
         """orbax's restore of `items`; a file it cannot read raises naming the step (and the array)."""
