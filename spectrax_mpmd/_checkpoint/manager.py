@@ -99,20 +99,7 @@ class CheckpointManager:
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
-        world = jax.process_count()
-        if create and world > 1:  # orbax leaves this to us with active_processes
-            self.directory.mkdir(parents=True, exist_ok=True)
-        # active_processes: orbax's barriers through the key-value store, not a device collective
-        processes = ocp.options.MultiprocessingOptions(
-            active_processes=set(range(world)) if world > 1 else None
-        )
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            save_interval_steps=save_interval_steps,
-            enable_async_checkpointing=async_save,
-            create=create and world == 1,
-            multiprocessing_options=processes,
-        )
+        options = _options(ocp, self.directory, max_to_keep, save_interval_steps, async_save, create)
         self._ocp = ocp
         self.checksums = checksums
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -277,6 +264,22 @@ def _read_failure(err: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__
     first = str(err).split(" See full TensorStore details", 1)[0].splitlines()
     return f"{type(err).__name__}: {first[0] if first else ''}"
+
+
+def _options(ocp, directory: Path, max_to_keep, save_interval_steps: int, async_save: bool, create: bool):
+    """orbax's manager options; in a multi-process run every process is active, so that orbax's
+    barriers go through the key-value store rather than a device collective (docs/multihost.md)."""
+    world = jax.process_count()
+    if create and world > 1:  # orbax leaves creating the directory to us with active_processes
+        directory.mkdir(parents=True, exist_ok=True)
+    processes = ocp.options.MultiprocessingOptions(active_processes=set(range(world)) if world > 1 else None)
+    return ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        save_interval_steps=save_interval_steps,
+        enable_async_checkpointing=async_save,
+        create=create and world == 1,
+        multiprocessing_options=processes,
+    )
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):
