@@ -26,7 +26,8 @@ from ._checkpoint.manager import (
 )
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
-from ._facade.run import gather, run, runner, sxcall
+from ._facade.gather import gather
+from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState

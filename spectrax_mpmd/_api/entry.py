@@ -112,14 +112,30 @@ def host_cost(owner, args, rounds: int) -> HostProfile:
     return host_profile(entry.plan, entry.place(owner.placer, leaves), rounds)
 
 
-def build_timings(owner, args) -> dict:
+class Timings(dict):
+    """A build report (`{"seconds": {phase: s}, "total_s": s, "compiled": k, "relocated": k}`) that
+    prints as a table: one row per phase with its milliseconds and share of the total."""
+
+    def __repr__(self) -> str:
+        total = self["total_s"]
+        rows = [f"{'phase':<10} {'ms':>9} {'share':>6}"]
+        for phase, seconds in self["seconds"].items():
+            rows.append(f"{phase:<10} {seconds * 1e3:9.1f} {seconds / total if total else 0.0:6.1%}")
+        rows.append(f"{'total':<10} {total * 1e3:9.1f} {1.0 if total else 0.0:6.1%}")
+        rows.append(f"programs compiled: {self['compiled']}, relocated: {self['relocated']}")
+        return "\n".join(rows)
+
+    __str__ = __repr__
+
+
+def build_timings(owner, args) -> Timings:
     """The build report of `args`' signature (building it if needed), or of the last call's."""
     if args:
-        return cached_entry(owner, args)[0].build
+        return Timings(cached_entry(owner, args)[0].build)
     entry = getattr(owner, "last_entry", None)
     if entry is None:
         raise MpmdError(f"{owner.name}: nothing has been built yet; call it first or pass arguments.")
-    return entry.build
+    return Timings(entry.build)
 
 
 def build_plan(compiler: Compiler, build, *args) -> Plan:

@@ -12,8 +12,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from spectrax_core import apply
 from spectrax_core.schedules import GPipe
 
@@ -237,9 +235,3 @@ def sxcall(
             raise MpmdError("sxcall: with mode='train', batch must be a pair (inputs, targets).")
         return step(params, None, *batch)
     return step(params, None, batch)
-
-
-def gather(tree, device: jax.Device | None = None):
-    """Every leaf of `tree` copied to one device (default: the first), e.g. parameters spread over ranks."""
-    device = device if device is not None else jax.devices()[0]
-    return jax.device_put(tree, device)
