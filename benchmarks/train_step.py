@@ -10,9 +10,11 @@ gradients clipped to a global norm. Sections (`--sections`, all by default):
             issue CPU per step, and dispatches per step (plan steps; for the two-call
             form also the optimizer's jitted calls and placements).
   simulate  the small model's measured stage costs (`profile_stages`) and measured
-            update cost per rank: each schedule's simulated makespan with the update
-            ungated (each rank right after its backward), synchronous (after every
-            rank's backward and the norm's two transfers), and validated after the fact.
+            update cost per rank (an unclipped Adam step's cells; the validation's cost is
+            what the post-validated step's cells add): each schedule's simulated makespan
+            with the update ungated (each rank right after its backward), synchronous
+            (after every rank's backward and the norm's two transfers), and validated
+            after the fact.
   memory    peak bytes per rank of the step with its update, donating parameters and
             optimizer state or not, next to their bytes.
 
@@ -169,14 +171,18 @@ def section_step(rounds: int) -> list[dict]:
             result = timed(contenders, batch, rounds)
             base = result["two calls"]
             print(f"\n{size} D={d} B={b} {sched_name}")
-            print(f"  {'':18} {'min ms':>8} {'med ms':>8} {'spread':>7} {'cpu ms':>8} {'vs two':>7} {'disp':>5}")
+            print(
+                f"  {'':18} {'min ms':>8} {'med ms':>8} {'spread':>7} {'cpu ms':>8} {'vs two':>7} {'disp':>5}"
+            )
             for name, r in result.items():
                 ratio = r["median_ms"] / base["median_ms"]
                 print(
                     f"  {name:18} {r['min_ms']:8.2f} {r['median_ms']:8.2f} {r['spread']:7.2f} "
                     f"{r['cpu_median_ms']:8.2f} {ratio:7.2f} {r['dispatches']:5d}"
                 )
-                rows.append(dict(section="step", size=size, schedule=sched_name, contender=name, ratio=ratio, **r))
+                rows.append(
+                    dict(section="step", size=size, schedule=sched_name, contender=name, ratio=ratio, **r)
+                )
     return rows
 
 
@@ -210,17 +216,27 @@ def section_simulate(rounds: int) -> list[dict]:
     batch, params, tx = batch_of(d, b), init(d), optax.adam(1e-3)
     rows = []
     print("\nsimulated step with the update (small model, measured costs, µs)")
-    print(f"  {'schedule':14} {'no update':>10} {'ungated':>10} {'sync':>10} {'post':>10} {'gain':>7} {'post/ungated':>13}")
+    print(
+        f"  {'schedule':14} {'no update':>10} {'ungated':>10} {'sync':>10} {'post':>10} {'gain':>7} {'post/ungated':>13}"
+    )
     for sched_name in ("GPipe", "Std1F1B", "ZeroBubbleH1", "Eager1F1B"):
         schedule = getattr(S, sched_name)(microbatches=M)
         profile = mp.profile_stages(loss_fn, params, batch, mesh=mesh(), schedule=schedule, rounds=3)
         cost = profile.stage_cost()
-        one = OneCall(schedule, tx, "post")
-        p, s = one.init(params, batch)
-        one(p, s, batch)
-        apply = update_seconds(one.step, params, tx.init(params), batch, rounds=rounds)
+        measured = {}
+        for name, kwargs in (("plain", {}), ("post", {"max_grad_norm": MAX_NORM, "validation": "post"})):
+            step = mp.sxvalue_and_grad_and_apply(loss_fn, tx, mesh=mesh(), schedule=schedule, **kwargs)
+            step(jax.tree.map(jnp.copy, params), tx.init(params), batch)
+            measured[name] = update_seconds(step, params, tx.init(params), batch, rounds=rounds)
+        apply = measured["plain"]
+        validate = max(max(p - a, 0.0) for p, a in zip(measured["post"], apply))  # the check's cells
         timeline = S.simulate(schedule, N, cost)
-        made = {gate: S.with_update(timeline, apply, gate=gate).makespan for gate in ("none", "sync", "post")}
+        made = {
+            gate: S.with_update(
+                timeline, apply, gate=gate, validate=validate if gate == "post" else 0.0
+            ).makespan
+            for gate in ("none", "sync", "post")
+        }
         gain = made["sync"] / made["none"] - 1
         print(
             f"  {sched_name:14} {timeline.makespan * 1e6:10.0f} {made['none'] * 1e6:10.0f} "
@@ -232,6 +248,7 @@ def section_simulate(rounds: int) -> list[dict]:
                 schedule=sched_name,
                 makespan_s=timeline.makespan,
                 update_s=apply,
+                validate_s=validate,
                 **{f"{gate}_s": v for gate, v in made.items()},
                 gain=gain,
             )
