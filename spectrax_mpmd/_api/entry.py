@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from .._compile.compiler import Compiler
 from .._runtime import HostProfile, Plan, host_profile
@@ -104,12 +105,18 @@ def host_cost(owner, args, rounds: int) -> HostProfile:
     """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
     entry, leaves = cached_entry(owner, args)
     entry.plan.check_single_process(f"{owner.name}.profile")
-    if entry.donated:
-        raise MpmdError(
-            f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
-            "donate_argnums lets the first run consume them; profile the function without donate_argnums."
-        )
-    return host_profile(entry.plan, entry.place(owner.placer, leaves), rounds)
+    return host_profile(entry.plan, fresh_inputs(entry, owner.placer, leaves), rounds)
+
+
+def fresh_inputs(entry: Entry, placer: Placer, leaves: Sequence) -> Callable:
+    """Placed inputs for one more run of `entry`'s plan; a donated leaf is copied first, so a
+    measurement that runs the plan again and again consumes none of the caller's arrays."""
+    if not entry.donated:
+        placed = entry.place(placer, leaves)
+        return lambda: placed
+    return lambda: entry.place(
+        placer, [jnp.copy(x) if a in entry.donated else x for a, x in enumerate(leaves)]
+    )
 
 
 class Timings(dict):

@@ -7,16 +7,18 @@ from typing import Callable, Sequence
 
 import jax
 
+from spectrax_core.schedules import Timeline
+
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile
+from .._runtime import HostProfile, action_spans, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
-from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
 from .train_step import build_train_step
 
 
@@ -83,6 +85,15 @@ class _JitFunction:
     def profile(self, *args, rounds: int = 7) -> HostProfile:
         """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""
         return host_cost(self, args, rounds)
+
+    def measure_timeline(self, *args) -> Timeline:
+        """Run one call cell by cell, timing each schedule action (see
+        `sxvalue_and_grad(...).measure_timeline`); donated arguments are copied first, not consumed."""
+        entry, leaves = cached_entry(self, args)
+        entry.plan.check_single_process(f"{self.name}.measure_timeline")
+        plan, n = entry.plan, self.mesh.mpmd_dim
+        spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)())
+        return measured_timeline(spans, n, repr(plan.schedule), plan.schedule.stage_labels(n))
 
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""

@@ -252,6 +252,7 @@ class Runner:
             return self.update_step(params, opt_state, extra, inputs, targets)
         with jax.set_mesh(self.mesh):
             params, extra, inputs, targets = self._spmd_place((params, extra, inputs, targets))
+            opt_state = jax.device_put(opt_state, NamedSharding(self.mesh, PartitionSpec()))  # one program
             return self.update_step(params, opt_state, extra, inputs, targets)
 
     def _spmd_place(self, args):
