@@ -386,7 +386,7 @@ def test_a_two_region_model():
     text = ("text", S.Std1F1B(4), 2)
     loss = towers_loss((VISION,), text)
     params = tower_params(jax.random.PRNGKey(0), (VISION,), 2)
-    data = [batch((VISION,), jax.random.PRNGKey(k)) for k in range(3)]
+    data = [batch((VISION,), jax.random.PRNGKey(k)) for k in range(STEPS)]
     tx = clipped_adam(0.1)
     step = mp.sxvalue_and_grad_and_apply(loss, tx, mesh=mesh(4), schedule=S.Std1F1B(4))
 
