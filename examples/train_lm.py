@@ -18,12 +18,17 @@ the unsplit model, which must agree.
     python examples/train_lm.py --spmd                # the same model, one SPMD program
     python examples/train_lm.py --checkpoint-dir runs/ckpt --stop-after 60   # save, stop at step 60
     python examples/train_lm.py --checkpoint-dir runs/ckpt --resume --stages 2   # go on, 2 ranks
+    python -m spectrax_mpmd.launch --nproc 2 --devices-per-proc 2 examples/train_lm.py \
+        --checkpoint-dir runs/ckpt2                   # 2 processes, each running 2 of the 4 ranks
 
 With `--checkpoint-dir`, each rank writes its own parameters and optimizer
 state through orbax-checkpoint (the `checkpoint` extra); `--resume` reads the
 latest step onto the ranks of this run's layout, which may differ. Resuming
 from an earlier step (`--resume 60`) while the directory holds later steps
 stops without touching them, unless `--overwrite` says to delete them.
+Under the launcher every process trains its own ranks and returns the loss;
+process 0 reports, samples and writes the metrics; the cell-by-cell timeline,
+the host profile and the pipelined decode run only in a one-process job.
 """
 
 from __future__ import annotations
@@ -194,6 +199,9 @@ def measured_cost(timeline, n_stages: int) -> schedules.StageCost:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if "JAX_COORDINATOR_ADDRESS" in os.environ:  # started by `python -m spectrax_mpmd.launch`
+        mp.initialize()
+    one_process = jax.process_count() == 1  # else: this process runs its own ranks; process 0 reports
     manager, resume_at = checkpoints(args)  # before anything else: a resume that would delete stops here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -279,7 +287,8 @@ def main(argv=None) -> dict:
     layout = "SPMD" if args.spmd else f"{args.stages} ranks, {schedule!r}"
 
     last = min(args.steps, args.stop_after) if args.stop_after else args.steps
-    losses, bar, t_train = [], progress(last - first), time.perf_counter()
+    bar = progress(last - first) if jax.process_index() == 0 else None
+    losses, t_train = [], time.perf_counter()
     for k in range(first, last):
         t0 = time.perf_counter()
         if k > first:
@@ -296,7 +305,7 @@ def main(argv=None) -> dict:
         if bar is not None:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{rate:,.0f}", step_ms=f"{dt * 1e3:.0f}")
             bar.update()
-        elif k % 10 == 0 or k == args.steps - 1:
+        elif jax.process_index() == 0 and (k % 10 == 0 or k == args.steps - 1):
             print(f"step {k:4d}  loss {losses[-1]:.3f}  {rate:,.0f} tokens/s  {dt * 1e3:.0f} ms/step")
     if bar is not None:
         bar.close()
@@ -316,8 +325,8 @@ def main(argv=None) -> dict:
         )
 
     files = ["metrics.json"]
-    timeline = None
-    if not args.spmd:
+    timeline = host = None
+    if not args.spmd and one_process:  # measurements run the plan step by step, in one process
         timeline = step.runner.update_step.measure_timeline(params, state, None, tokens, targets)
         trace = out / "timeline.json"
         trace.write_text(json.dumps(schedules.chrome_trace(timeline, us_per_unit=1.0)))
@@ -341,13 +350,16 @@ def main(argv=None) -> dict:
     files += plot(out, losses, timeline) if timeline is not None else []
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
-    unsplit = mp.unstage_blocks(mp.gather(params))
+    gathered = mp.gather(params)  # every process takes part; process 0 samples
+    same = None
+    if jax.process_index() > 0:
+        return {"losses": losses}
+    unsplit = mp.unstage_blocks(gathered)
     reference = greedy_decode(unsplit, prompt, args.sample_tokens)
     print(
         f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
     )
-    same = None
-    if not args.spmd:
+    if not args.spmd and one_process:
         decoder = mp.PipelineDecoder(params, mesh=mesh, schedule=schedule)
         sample = decoder.generate(prompt, args.sample_tokens)
         same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
@@ -365,7 +377,7 @@ def main(argv=None) -> dict:
         "tokens_per_s": tokens_per_s,
         "programs": compiled,
         "first_call": first_call,
-        "host": None if args.spmd else host.as_dict(),
+        "host": None if host is None else host.as_dict(),
         "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
         "simulated_bubble": None if timeline is None else simulated.bubble_fraction,
         "decode_identical": same,
