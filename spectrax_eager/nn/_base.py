@@ -21,7 +21,8 @@ import spectrax_core as sc
 from .._module import Module
 from .._rngs import current_rngs
 from .._variable import Parameter, Variable
-from ..sharding import apply_logical_sharding, current_axis_rules
+from .._sharding_rules import annotation_axes
+from ..sharding import apply_logical_sharding
 
 _EAGER_OF: dict[type, type] = {}
 
@@ -93,24 +94,13 @@ def from_core(params: Any) -> CoreLayer:
     return layer
 
 
-def sharding_axes(where: str, sharding: Any, ndim: int) -> tuple | None:
-    """Check `sharding=` (one logical axis token or None per weight axis, or `Replicated`)
-    against the rules in force; returns the axes."""
+def sharding_axes(where: str, sharding: Any, ndim: int, init: Any = None) -> tuple | None:
+    """The logical names of `sharding=` (one name or None per weight axis, an `spx.Sharding`,
+    or `Replicated`), else those of an initializer wrapped by `spx.sharding.with_partitioning`.
+    Names are metadata: they are resolved when the weight is placed, not here."""
     if sharding is None:
-        return None
-    if isinstance(sharding, str) or not isinstance(sharding, tuple | list):
-        raise TypeError(
-            f"{where}: sharding= takes a tuple with one logical axis token (or None) per weight axis, "
-            f"e.g. ('EMBED', 'MLP'); received {sharding!r}."
-        )
-    axes = tuple(sharding) or (None,) * ndim  # `spx.sharding.Replicated` is () for any rank
-    if len(axes) != ndim:
-        raise ValueError(
-            f"{where}: sharding={axes} names {len(axes)} axes but the weight has {ndim}; "
-            "give one token (or None) per weight axis."
-        )
-    sc.sharding.spec(axes, current_axis_rules())  # unknown tokens fail here, naming the known ones
-    return axes
+        sharding = getattr(init, "sharding", None)
+    return annotation_axes(where, sharding, ndim)
 
 
 def dtype_kwargs(dtype: Any, param_dtype: Any, w_init: Any = None, b_init: Any = None) -> dict:

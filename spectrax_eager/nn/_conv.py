@@ -35,7 +35,7 @@ class _ConvLayer(CoreLayer):
         rngs: Rngs | None = None,
     ):
         where = type(self).__name__
-        axes = sharding_axes(where, sharding, 2) or (None, None)
+        axes = sharding_axes(where, sharding, 2, w_init) or (None, None)
         self._adopt(
             self.core_cls.init(
                 key_from(rngs, where),
@@ -92,7 +92,7 @@ class _ConvTransposeLayer(CoreLayer):
         rngs: Rngs | None = None,
     ):
         where = type(self).__name__
-        axes = sharding_axes(where, sharding, 2) or (None, None)
+        axes = sharding_axes(where, sharding, 2, w_init) or (None, None)
         self._adopt(
             self.core_cls.init(
                 key_from(rngs, where),

@@ -31,7 +31,7 @@ class Einsum(CoreLayer):
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
     ):
-        axes = sharding_axes("Einsum", sharding, len(tuple(shape)))
+        axes = sharding_axes("Einsum", sharding, len(tuple(shape)), w_init)
         self._adopt(
             sc.nn.Einsum.init(
                 key_from(rngs, "Einsum"),
@@ -66,7 +66,7 @@ class DenseGeneral(CoreLayer):
     ):
         n_in = 1 if isinstance(in_features, int) else len(tuple(in_features))
         n_out = 1 if isinstance(out_features, int) else len(tuple(out_features))
-        axes = sharding_axes("DenseGeneral", sharding, n_in + n_out)
+        axes = sharding_axes("DenseGeneral", sharding, n_in + n_out, w_init)
         self._adopt(
             sc.nn.DenseGeneral.init(
                 key_from(rngs, "DenseGeneral"),

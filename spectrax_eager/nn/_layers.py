@@ -41,7 +41,7 @@ class Linear(CoreLayer):
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
     ):
-        axes = sharding_axes("Linear", sharding, 2) or ("EMBED", "MLP")
+        axes = sharding_axes("Linear", sharding, 2, w_init) or ("EMBED", "MLP")
         kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         if d_in is None:
             self.d_out, self.rngs = d_out, rngs
@@ -78,7 +78,7 @@ class Embed(CoreLayer):
     ):
         kw = dtype_kwargs(dtype, param_dtype, w_init)
         del kw["b_init"]
-        axes = sharding_axes("Embed", sharding, 2)
+        axes = sharding_axes("Embed", sharding, 2, w_init)
         if axes is not None:
             kw["axes"] = axes
         self._adopt(sc.nn.Embed.init(key_from(rngs, "Embed"), vocab_size, d_model, **kw))
