@@ -86,8 +86,7 @@ def _mesh_axes_of(token: str, value: Any, mode: str) -> MeshAxes:
     for name in names:
         if not isinstance(name, str):
             raise TypeError(
-                f"Rules: the {mode!r} rule for {token!r} must list mesh axis names (str); "
-                f"received {value!r}."
+                f"Rules: the {mode!r} rule for {token!r} must list mesh axis names (str); received {value!r}."
             )
     if len(set(names)) != len(names):
         raise ValueError(
@@ -398,8 +397,7 @@ def named_shardings(params: Any, rules: Rules, mesh: Mesh, mode: str = "train") 
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(
-            f"named_shardings: mesh must be a concrete jax.sharding.Mesh; received "
-            f"{type(mesh).__name__}."
+            f"named_shardings: mesh must be a concrete jax.sharding.Mesh; received {type(mesh).__name__}."
         )
     specs = param_specs(params, rules, mode, mesh)
     return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
@@ -432,9 +430,7 @@ def constrain(
             "inside `with jax.set_mesh(mesh):`."
         )
     resolved = _resolve(axes, rules.table(mode), sizes, tuple(x.shape), unknown)
-    target: NamedSharding | PartitionSpec = (
-        resolved if mesh is None else NamedSharding(mesh, resolved)
-    )
+    target: NamedSharding | PartitionSpec = resolved if mesh is None else NamedSharding(mesh, resolved)
     return jax.lax.with_sharding_constraint(x, target)
 
 

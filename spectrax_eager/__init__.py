@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import functional, hooks, init, inspect, nn, sharding
+from . import contrib, functional, hooks, init, inspect, nn, sharding
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -68,6 +68,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "contrib",
     "restore_checkpoint",
     "save_checkpoint",
     "CyclicGraphError",

@@ -86,7 +86,9 @@ def calculate_host_mesh_shape(
         out.append(dim // share)
         left //= share
     if left != 1:
-        raise ValueError(f"calculate_host_mesh_shape: {num_processes} processes do not tile {global_mesh_shape}.")
+        raise ValueError(
+            f"calculate_host_mesh_shape: {num_processes} processes do not tile {global_mesh_shape}."
+        )
     return tuple(out)
 
 
@@ -123,7 +125,9 @@ def get_incontext_mesh(raise_error: bool = True) -> Mesh | None:
     """The active mesh; with none, an error (or None when `raise_error=False`)."""
     mesh = current_mesh()
     if mesh is None and raise_error:
-        raise ValueError("no mesh is active; enter one with `with mesh:` (spx.create_mesh) or jax.set_mesh(mesh).")
+        raise ValueError(
+            "no mesh is active; enter one with `with mesh:` (spx.create_mesh) or jax.set_mesh(mesh)."
+        )
     return mesh
 
 
@@ -173,7 +177,9 @@ def sanitize_partition_spec_for_mesh_and_shape(
 ) -> PartitionSpec:
     """`spec` made valid for `mesh` and `shape`: unknown (or pipeline) axes dropped, a spec longer
     than the shape replicated, and an entry that does not divide its dimension unsharded."""
-    spec = PartitionSpec() if spec is None else spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
+    spec = (
+        PartitionSpec() if spec is None else spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
+    )
     sizes = _spmd_sizes(mesh)
     entries = [tuple(n for n in _entry_names(e) if n in sizes) for e in spec]
     if shape is not None:
@@ -206,7 +212,9 @@ def get_corrected_named_sharding(
         if raise_mesh_error:
             get_incontext_mesh()
         mesh = Mesh(np.array(jax.devices()[:1]), ("_",))
-    return NamedSharding(mesh, sanitize_partition_spec_for_mesh_and_shape(partition_spec, mesh=mesh, shape=shape))
+    return NamedSharding(
+        mesh, sanitize_partition_spec_for_mesh_and_shape(partition_spec, mesh=mesh, shape=shape)
+    )
 
 
 def named_sharding_for_shape(
@@ -320,7 +328,10 @@ def make_shard_and_gather_fns(partition_specs: Any, mesh: Any = None) -> tuple[A
 
     def shard_fn(spec: PartitionSpec):
         return lambda x: jax.device_put(
-            x, NamedSharding(jmesh, sanitize_partition_spec_for_mesh_and_shape(spec, mesh=mesh or jmesh, shape=x.shape))
+            x,
+            NamedSharding(
+                jmesh, sanitize_partition_spec_for_mesh_and_shape(spec, mesh=mesh or jmesh, shape=x.shape)
+            ),
         )
 
     def gather_fn(spec: PartitionSpec):

@@ -121,7 +121,9 @@ def _as_rules(base: Rules, rules: Any) -> Rules:
             f"{type(rules).__name__}."
         )
     stated = dict(pairs)
-    return dataclasses.replace(base, train={**dict(base.train), **stated}, decode={**dict(base.decode), **stated})
+    return dataclasses.replace(
+        base, train={**dict(base.train), **stated}, decode={**dict(base.decode), **stated}
+    )
 
 
 _rules_stack: list[tuple[Rules, str]] = []  # innermost last

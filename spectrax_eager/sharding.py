@@ -282,7 +282,12 @@ class PartitionManager:
 
     def resolve(self, axes: Sequence[str | None], mode: str = "train", shape: Sequence[int] | None = None):
         """The `PartitionSpec` of `axes` under this manager's rules and the active mesh."""
-        return resolve(annotation_axes("PartitionManager.resolve", axes), shape=shape, rules=self.paxis.rules(), mode=mode)
+        return resolve(
+            annotation_axes("PartitionManager.resolve", axes),
+            shape=shape,
+            rules=self.paxis.rules(),
+            mode=mode,
+        )
 
     def shard(self, x: Any, axes: Sequence[str | None], mode: str = "train") -> Any:
         """`x` placed by `axes` under this manager's rules (unchanged with no mesh)."""
@@ -300,7 +305,9 @@ class PartitionManager:
         block.__exit__(*exc)
 
 
-_current: contextvars.ContextVar[PartitionManager | None] = contextvars.ContextVar("spx_partition_manager", default=None)
+_current: contextvars.ContextVar[PartitionManager | None] = contextvars.ContextVar(
+    "spx_partition_manager", default=None
+)
 _latest: list[PartitionManager | None] = [None]  # the latest manager made, process-wide
 
 

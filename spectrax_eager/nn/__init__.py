@@ -25,7 +25,7 @@ from ._layers import (
     Linear,
     RMSNorm,
 )
-from ._lora import LoRALinear, LoRAParam, inject_lora, merge_lora, wrap_lora
+from ._lora import LoRA, LoRALinear, LoRAParam, LoraParameter, inject_lora, merge_lora, wrap_lora
 from ._norms import BatchNorm1d, BatchNorm2d, BatchStat, GroupNorm, InstanceNorm
 from ._pooling import (
     AdaptiveAvgPool1d,
@@ -94,7 +94,9 @@ __all__ = [
     "Tanh",
     "Fp8Linear",
     "Fp8Meta",
+    "LoRA",
     "LoRALinear",
+    "LoraParameter",
     "LoRAParam",
     "fp8_update",
     "inject_lora",

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from
+from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from
 from ._layers import MLP
 
 
@@ -52,6 +52,7 @@ def _torch_mask(mask: jax.Array | None, target: tuple[int, ...], what: str) -> t
     return None, mask
 
 
+@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class MultiheadAttention(CoreLayer):
     """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
     `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
@@ -147,6 +148,7 @@ class MultiheadAttention(CoreLayer):
         return y, weights
 
 
+@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class CausalSelfAttention(CoreLayer):
     """GPT-2 style causal self-attention over `(batch, length, embed_dim)`: query `i` attends
     positions `<= i`; `dropout` applies to the attention weights and to the output.
@@ -193,17 +195,26 @@ class CausalSelfAttention(CoreLayer):
         return sc.functional.dropout(y, self.dropout, out_key)
 
 
+@also_named(d_model="features", d_ff="hidden_features")
 class MLPBlock(MLP):
     """`dropout(down(activation(up(x))))`: the transformer feed-forward block with its dropout
-    (active in `train()` mode, keys from `rngs.dropout()`)."""
+    (active in `train()` mode, keys from `rngs.dropout()`). `hidden_features` defaults to
+    `4 * features`; `fc1` / `fc2` read `up` / `down`."""
+
+    fc1 = property(lambda self: self.up, doc="`up`.")
+    fc2 = property(lambda self: self.down, doc="`down`.")
+    features = property(lambda self: self.d_model, doc="`d_model`.")
+    hidden_features = property(lambda self: self.d_ff, doc="`d_ff`.")
+    out_features = property(lambda self: self.d_model, doc="`d_model` (the block maps back to it).")
 
     def __init__(
         self,
-        d_model: int,
-        d_ff: int,
+        features: int,
+        hidden_features: int | None = None,
         activation: str = "gelu",
         dropout: float = 0.0,
         *,
+        out_features: int | None = None,
         use_bias: bool = True,
         dtype: Any = None,
         param_dtype: Any = PARAM_DTYPE,
@@ -211,9 +222,14 @@ class MLPBlock(MLP):
         b_init: Any = None,
         rngs: Rngs | None = None,
     ):
+        if out_features not in (None, features):
+            raise ValueError(
+                f"MLPBlock: out_features={out_features} differs from features={features}; the block maps "
+                "back to its input width (stack an nn.Linear after it to change the width)."
+            )
         super().__init__(
-            d_model,
-            d_ff,
+            features,
+            4 * features if hidden_features is None else hidden_features,
             activation=activation,
             use_bias=use_bias,
             dtype=dtype,

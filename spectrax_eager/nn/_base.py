@@ -11,6 +11,8 @@ always the core's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, ClassVar
 
 import jax
@@ -20,8 +22,8 @@ import spectrax_core as sc
 
 from .._module import Module
 from .._rngs import current_rngs
-from .._variable import Parameter, Variable
 from .._sharding_rules import annotation_axes
+from .._variable import Parameter, Variable
 from ..sharding import apply_logical_sharding
 
 _EAGER_OF: dict[type, type] = {}
@@ -129,3 +131,41 @@ def key_from(rngs: Any, where: str) -> jax.Array:
             "to initialise the parameters."
         )
     return rngs.params()
+
+
+def also_named(**aliases: str):
+    """Class decorator: each `alias="ours"` makes `alias` a constructor keyword meaning `ours` and a
+    read-only attribute reading `ours` (the names code written for the seed library uses, e.g.
+    `Linear(in_features=...)` and `linear.in_features` for `d_in`). `alias=("keyword", "attribute")`
+    names the two separately."""
+    attrs = {a: o[1] if isinstance(o, tuple) else o for a, o in aliases.items()}
+    aliases = {a: o[0] if isinstance(o, tuple) else o for a, o in aliases.items()}
+
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            for alias, ours in aliases.items():
+                if alias in kwargs and ours in sig.parameters:
+                    if ours in kwargs:
+                        raise TypeError(f"{cls.__name__}: give {ours}= or {alias}=, not both.")
+                    kwargs[ours] = kwargs.pop(alias)
+            init(self, *args, **kwargs)
+
+        extra = [
+            inspect.Parameter(alias, inspect.Parameter.KEYWORD_ONLY, default=None)
+            for alias, ours in aliases.items()
+            if ours in sig.parameters and alias not in sig.parameters
+        ]
+        params = list(sig.parameters.values())
+        tail = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        __init__.__signature__ = sig.replace(parameters=[p for p in params if p not in tail] + extra + tail)
+        cls.__init__ = __init__
+        for alias, ours in attrs.items():
+            if alias not in cls.__dict__:
+                setattr(cls, alias, property(lambda self, _o=ours: getattr(self, _o), doc=f"`{ours}`."))
+        return cls
+
+    return decorate

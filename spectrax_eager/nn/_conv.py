@@ -12,9 +12,10 @@ from typing import Any
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from, sharding_axes
+from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from, sharding_axes
 
 
+@also_named(in_channels="c_in", out_channels="c_out")
 class _ConvLayer(CoreLayer):
     def __init__(
         self,
@@ -72,6 +73,7 @@ class Conv3d(_ConvLayer):
     core_cls = sc.nn.Conv3d
 
 
+@also_named(in_channels="c_in", out_channels="c_out")
 class _ConvTransposeLayer(CoreLayer):
     def __init__(
         self,

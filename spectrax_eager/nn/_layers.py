@@ -15,9 +15,10 @@ import jax
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, init_key, key_from, sharding_axes
+from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, init_key, key_from, sharding_axes
 
 
+@also_named(in_features="d_in", out_features="d_out")
 class Linear(CoreLayer):
     """`y = x @ weight + bias`, weight `(d_in, d_out)`; `Linear(None, d_out, rngs=rngs)` infers
     `d_in` on the first call.
@@ -27,6 +28,7 @@ class Linear(CoreLayer):
     """
 
     core_cls = sc.nn.Linear
+    use_bias = property(lambda self: self.__dict__.get("bias") is not None, doc="Whether there is a bias.")
 
     def __init__(
         self,
@@ -60,6 +62,7 @@ class Linear(CoreLayer):
         return super().forward(x)
 
 
+@also_named(num_embeddings="vocab_size", features="d_model", weight="table")
 class Embed(CoreLayer):
     """Token embedding table `(vocab_size, d_model)`; `attend(x)` is the tied output head."""
 
@@ -88,6 +91,7 @@ class Embed(CoreLayer):
         return sc.nn.attend(self.core_params(), x)
 
 
+@also_named(features="d", weight="scale")
 class LayerNorm(CoreLayer):
     """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`."""
 
@@ -108,6 +112,7 @@ class LayerNorm(CoreLayer):
         self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
 
 
+@also_named(features="d", weight="scale")
 class RMSNorm(CoreLayer):
     """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`."""
 
@@ -133,7 +138,7 @@ class Dropout(CoreLayer):
 
     core_cls = sc.nn.Dropout
 
-    def __init__(self, rate: float, *, rngs: Rngs | None = None):
+    def __init__(self, rate: float = 0.5, *, rngs: Rngs | None = None):
         self._adopt(sc.nn.Dropout.init(None, rate))
         self.rngs = rngs
 

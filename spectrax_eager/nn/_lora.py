@@ -8,7 +8,7 @@ them alone while the base `Linear`'s parameters stay frozen.
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
@@ -28,6 +28,9 @@ class LoRAParam(Variable):
     default_kind = "lora"
 
 
+LoraParameter = LoRAParam
+
+
 class LoRALinear(CoreLayer):
     """A frozen `base` Linear plus `(alpha/rank)·(x a) b`; build it with `wrap_lora` or `inject_lora`.
 
@@ -38,6 +41,32 @@ class LoRALinear(CoreLayer):
     """
 
     core_cls = sc.nn.LoRA
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        rank: int,
+        alpha: float | None = None,
+        use_bias: bool = True,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+    ):
+        """A new `Linear(in_features, out_features)` with rank-`rank` factors (`wrap_lora` of it)."""
+        base = Linear(in_features, out_features, use_bias=use_bias, w_init=w_init, b_init=b_init, rngs=rngs)
+        self._wrap(base, rank, alpha, rngs)
+
+    def _wrap(self, base: Linear, rank: int, alpha: float | None, rngs: Rngs | None) -> None:
+        if type(base) is not Linear or getattr(base, "d_in", None) is None:
+            raise TypeError(
+                f"{type(self).__name__}: received {type(base).__name__}; {_accepts('wrap_lora')}."
+            )
+        self.base = base
+        self._factors(
+            sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
+        )
 
     def _adopt(self, params: sc.nn.LoRA) -> None:
         self.base = from_core(params.base)
@@ -70,18 +99,37 @@ def _accepts(where: str) -> str:
     )
 
 
-def wrap_lora(base: Module, *, rank: int, alpha: float | None = None, rngs: Rngs | None = None) -> LoRALinear:
-    """A `LoRALinear` around `base` (its parameters are shared, not copied) with rank-`rank` factors.
+class LoRA(LoRALinear):
+    """The adapter `wrap_lora` / `inject_lora` put in place of a `Linear`: `LoRA(d_in, rank, d_out)`
+    builds one around a new Linear, `LoRA(..., base_module=linear)` around an existing one."""
+
+    def __init__(
+        self,
+        d_in: int,
+        rank: int,
+        d_out: int,
+        *,
+        base_module: Linear | None = None,
+        alpha: float | None = None,
+        rngs: Rngs | None = None,
+    ):
+        if base_module is None:
+            base_module = Linear(d_in, d_out, rngs=rngs)
+        elif (base_module.d_in, base_module.d_out) != (d_in, d_out):
+            raise ValueError(
+                f"LoRA: base_module is {base_module.d_in} -> {base_module.d_out}, not {d_in} -> {d_out}."
+            )
+        self._wrap(base_module, rank, alpha, rngs)
+
+
+def wrap_lora(base: Module, rank: int, *, alpha: float | None = None, rngs: Rngs | None = None) -> LoRA:
+    """A `LoRA` adapter around `base` (its parameters are shared, not copied) with rank-`rank` factors.
 
     `b` starts at zero, so the wrapped layer computes exactly what `base` does.
     `alpha` defaults to `rank` (scale 1).
     """
-    if type(base) is not Linear or getattr(base, "d_in", None) is None:
-        raise TypeError(f"wrap_lora: received {type(base).__name__}; {_accepts('wrap_lora')}.")
-    core = sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
-    layer = LoRALinear.__new__(LoRALinear)
-    layer.base = base
-    layer._factors(core)
+    layer = LoRA.__new__(LoRA)
+    layer._wrap(base, rank, alpha, rngs)
     return layer
 
 

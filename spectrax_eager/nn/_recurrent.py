@@ -11,9 +11,10 @@ import spectrax_core as sc
 
 from .._module import Module
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from
+from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from
 
 
+@also_named(in_features=("input_size", "d_in"), hidden_features=("hidden_size", "hidden"))
 class _CellLayer(CoreLayer):
     def __init__(
         self,
