@@ -63,14 +63,7 @@ def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stag
     """The run's `RunKey`, or None when a value it depends on has no key by content."""
     try:
         return RunKey(
-            plan.graphdef,
-            selected,
-            mesh_key(mesh),
-            mode,
-            microbatches,
-            schedule,
-            has_aux,
-            stage_sizes,
+            plan.graphdef, selected, mesh_key(mesh), mode, microbatches, schedule, has_aux, stage_sizes,
             function_key(loss_fn),
         )
     except Uncacheable:
@@ -145,19 +138,7 @@ def _balanced_sizes(
 
 
 def _new_runner(
-    model,
-    plan,
-    selected,
-    args,
-    counters,
-    *,
-    mesh,
-    mode,
-    loss_fn,
-    microbatches,
-    schedule,
-    has_aux,
-    sizes,
+    model, plan, selected, args, counters, *, mesh, mode, loss_fn, microbatches, schedule, has_aux, sizes,
     stage_sizes,
 ) -> tuple[Any, _CurrentLoss | None]:
     """A runner for this configuration (its stage split chosen now for `stage_sizes="auto"`) and
@@ -235,18 +216,8 @@ def run(
     counters = counter_positions(plan)
     if runner is None:
         runner, loss = _new_runner(
-            model,
-            plan,
-            selected,
-            (diff, rest, inputs, targets),
-            counters,
-            mesh=mesh,
-            mode=mode,
-            loss_fn=loss_fn,
-            microbatches=microbatches,
-            schedule=schedule,
-            has_aux=has_aux,
-            sizes=sizes,
+            model, plan, selected, (diff, rest, inputs, targets), counters, mesh=mesh, mode=mode,
+            loss_fn=loss_fn, microbatches=microbatches, schedule=schedule, has_aux=has_aux, sizes=sizes,
             stage_sizes=stage_sizes,
         )
         _remember(key, runner, loss)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -330,7 +330,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "SpxMesh",
+    "SpxMesh",  # noqa: F405  (module __getattr__)
     "AttnKVSharding",
     "AttnQSharding",
     "ColumnWise",

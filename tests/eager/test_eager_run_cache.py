@@ -190,11 +190,9 @@ def test_the_cache_is_bounded_and_drops_the_least_recently_used(monkeypatch):
 def test_mesh_keys_are_values():
     devices = jax.devices()
     assert mesh_key(pipeline()) == mesh_key(pipeline())
-    assert mesh_key(pipeline()) != mesh_key(
-        spx.create_mesh((2, 1, -1, 1, 1, 1), devices=devices[::-1], mpmd_axis="pp")
-    )
+    assert mesh_key(pipeline()) != mesh_key(spx.create_mesh((2, 1, -1, 1, 1, 1), devices=devices[::-1],
+                                                            mpmd_axis="pp"))
     assert mesh_key(pipeline()) != mesh_key(spx.create_mesh((2, 1, -1, 1, 1, 1)))  # no pipeline axis
-    assert mesh_key(pipeline()) != mesh_key(
-        spx.create_mesh((2, 1, -1, 1, 1, 1), mpmd_axis="pp", devices=devices[:4])
-    )
+    assert mesh_key(pipeline()) != mesh_key(spx.create_mesh((2, 1, -1, 1, 1, 1), mpmd_axis="pp",
+                                                            devices=devices[:4]))
     assert mesh_key(pipeline()) != mesh_key(pipeline().jax_mesh)

@@ -108,12 +108,7 @@ def test_user_aux_comes_back_unchanged_next_to_the_advanced_stream():
     model = Net()
     ref_loss, _, ref_counters = reference_train(model)
     (loss, aux), _ = spx.run(
-        model,
-        inputs=X,
-        targets=Y,
-        mesh=mesh_of("spmd"),
-        microbatches=M,
-        has_aux=True,
+        model, inputs=X, targets=Y, mesh=mesh_of("spmd"), microbatches=M, has_aux=True,
         loss_fn=lambda o, t: (mse(o, t), {"mean_out": jnp.mean(o)}),
     )
     assert_tree_close(loss, ref_loss)
