@@ -426,7 +426,7 @@ def _is_module_types(what: Any) -> bool:
     return bool(types) and all(isinstance(t, type) and issubclass(t, Module) for t in types)
 
 
-def find(model: Module, select: Any) -> tuple[str, Module | Variable] | None:
+def find(model: Module, select: Any = None) -> tuple[str, Module | Variable] | None:
     """The first `(path, target)` that `select` picks, or None.
 
     A Module subclass (or tuple of them) looks for a module; any other selector
@@ -465,4 +465,29 @@ def pop(model: Module, select: Any) -> State:
                 del mod.__dict__[name]
     if chosen:
         _graph.bump()
+    return out
+
+
+def check_unintentional_sharing(model: Module) -> list[tuple[str, str]]:
+    """`(alias path, first path)` for every variable reachable along more than one path whose
+    metadata has no `tie_group` entry (deliberate ties, such as a shared embedding, set one)."""
+    first: dict[int, str] = {}
+    out: list[tuple[str, str]] = []
+
+    def visit(module: Module, prefix: str, seen: frozenset) -> None:
+        for name, value in module.__dict__.items():
+            path = f"{prefix}{name}"
+            if name.startswith("_spx_"):
+                continue
+            if isinstance(value, Variable):
+                if id(value) in first:
+                    if "tie_group" not in value.metadata:
+                        out.append((path, first[id(value)]))
+                else:
+                    first[id(value)] = path
+            elif isinstance(value, Module) and id(value) not in seen:
+                visit(value, path + ".", seen | {id(value)})
+
+    plan_of(_require_module(model, "check_unintentional_sharing"))  # refuses a cyclic graph first
+    visit(model, "", frozenset({id(model)}))
     return out

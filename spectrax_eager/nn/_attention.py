@@ -195,7 +195,7 @@ class CausalSelfAttention(CoreLayer):
         return sc.functional.dropout(y, self.dropout, out_key)
 
 
-@also_named(d_model="features", d_ff="hidden_features")
+@also_named(d_model=("features", None), d_ff=("hidden_features", None))
 class MLPBlock(MLP):
     """`dropout(down(activation(up(x))))`: the transformer feed-forward block with its dropout
     (active in `train()` mode, keys from `rngs.dropout()`). `hidden_features` defaults to

@@ -137,7 +137,7 @@ def also_named(**aliases: str):
     """Class decorator: each `alias="ours"` makes `alias` a constructor keyword meaning `ours` and a
     read-only attribute reading `ours` (the names code written for the seed library uses, e.g.
     `Linear(in_features=...)` and `linear.in_features` for `d_in`). `alias=("keyword", "attribute")`
-    names the two separately."""
+    names the two separately; an attribute of None adds the keyword only."""
     attrs = {a: o[1] if isinstance(o, tuple) else o for a, o in aliases.items()}
     aliases = {a: o[0] if isinstance(o, tuple) else o for a, o in aliases.items()}
 
@@ -164,7 +164,7 @@ def also_named(**aliases: str):
         __init__.__signature__ = sig.replace(parameters=[p for p in params if p not in tail] + extra + tail)
         cls.__init__ = __init__
         for alias, ours in attrs.items():
-            if alias not in cls.__dict__:
+            if ours is not None and alias not in cls.__dict__:
                 setattr(cls, alias, property(lambda self, _o=ours: getattr(self, _o), doc=f"`{ours}`."))
         return cls
 

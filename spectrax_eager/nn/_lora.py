@@ -58,11 +58,10 @@ class LoRALinear(CoreLayer):
         base = Linear(in_features, out_features, use_bias=use_bias, w_init=w_init, b_init=b_init, rngs=rngs)
         self._wrap(base, rank, alpha, rngs)
 
-    def _wrap(self, base: Linear, rank: int, alpha: float | None, rngs: Rngs | None) -> None:
+    def _wrap(self, base: Linear, rank: int, alpha: float | None, rngs: Rngs | None, where: str = "") -> None:
         if type(base) is not Linear or getattr(base, "d_in", None) is None:
-            raise TypeError(
-                f"{type(self).__name__}: received {type(base).__name__}; {_accepts('wrap_lora')}."
-            )
+            where = where or type(self).__name__
+            raise TypeError(f"{where}: received {type(base).__name__}; {_accepts('wrap_lora')}.")
         self.base = base
         self._factors(
             sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
@@ -129,7 +128,7 @@ def wrap_lora(base: Module, rank: int, *, alpha: float | None = None, rngs: Rngs
     `alpha` defaults to `rank` (scale 1).
     """
     layer = LoRA.__new__(LoRA)
-    layer._wrap(base, rank, alpha, rngs)
+    layer._wrap(base, rank, alpha, rngs, "wrap_lora")
     return layer
 
 
@@ -148,23 +147,26 @@ def module_matcher(where: str | Callable | None) -> Callable[[str, Module], bool
 
 def replace_modules(
     model: Module,
-    cls: type,
+    cls: type | tuple[type, ...],
     where: str | Callable | None,
     make: Callable[[Module], Module],
     fn: str,
     skip: frozenset = frozenset(),
 ) -> list[str]:
-    """Replace each `cls` child of `model` whose dotted path `where` matches by `make(child)`.
+    """Replace each `cls` child (exactly of that class, or of one of a tuple of classes) of `model`
+    whose dotted path `where` matches by `make(child)`.
 
     Every replacement is built before any is installed, so a failing one leaves
     `model` unchanged. Children whose id is in `skip` are left alone. Returns the paths.
     """
     match = module_matcher(where)
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    cls = classes[0]
     found = []
     for parent_path, parent in plan_of(model).modules:
         for name, child in parent.__dict__.items():
             path = f"{parent_path}.{name}" if parent_path else name
-            if type(child) is cls and id(child) not in skip and match(path, child):
+            if type(child) in classes and id(child) not in skip and match(path, child):
                 found.append((parent, name, path, child))
     if not found:
         raise ValueError(
@@ -215,5 +217,5 @@ def merge_lora(module: Module) -> Module:
             f"merge_lora: {type(module).__name__} holds no LoRA layers (already merged?); it accepts a "
             "LoRALinear or a model returned by wrap_lora / inject_lora."
         )
-    replace_modules(module, LoRALinear, None, merge_lora, "merge_lora")
+    replace_modules(module, (LoRALinear, LoRA), None, merge_lora, "merge_lora")
     return module
