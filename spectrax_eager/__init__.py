@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import contrib, functional, hooks, init, inspect, nn, runtime, sharding
+from . import contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -168,6 +168,7 @@ __all__ = [
     "place_setup_tree_with_shardings",
     "resolve_rngs",
     "runtime",
+    "typing",
     "sanitize_partition_spec_for_mesh_and_shape",
     "split_rngs",
     "split_stream_keys",

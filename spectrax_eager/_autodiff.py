@@ -202,7 +202,7 @@ def _module_tangents(d: _Diff, k: int, t: Any, where: str) -> dict[int, Any]:
 
 
 def jvp(
-    fn: Callable,
+    fn: Callable | None = None,
     primals: tuple | None = None,
     tangents: tuple | None = None,
     *,
@@ -216,6 +216,8 @@ def jvp(
     then returning `(out, aux)`). Without `primals` and `tangents` it returns
     `lambda primals, tangents: jvp(fn, primals, tangents, ...)`.
     """
+    if fn is None:
+        return functools.partial(jvp, wrt=wrt, has_aux=has_aux, mutable=mutable)
     if primals is None and tangents is None:
         return lambda p, t: jvp(fn, p, t, wrt=wrt, has_aux=has_aux, mutable=mutable)
     where = f"spx.jvp({getattr(fn, '__name__', 'fn')})"
@@ -259,7 +261,7 @@ def jvp(
 
 
 def vjp(
-    fn: Callable,
+    fn: Callable | None = None,
     *primals: Any,
     wrt: Any = "parameters",
     has_aux: bool = False,
@@ -272,6 +274,8 @@ def vjp(
     primals it returns `lambda *primals: vjp(fn, *primals, ...)`. `reduce_axes`: named
     axes the cotangents are summed over.
     """
+    if fn is None:
+        return functools.partial(vjp, wrt=wrt, has_aux=has_aux, mutable=mutable, reduce_axes=reduce_axes)
     if not primals:
         return lambda *p: vjp(fn, *p, wrt=wrt, has_aux=has_aux, mutable=mutable, reduce_axes=reduce_axes)
     where = f"spx.vjp({getattr(fn, '__name__', 'fn')})"

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._sharding_rules import as_jax_mesh, current_mesh
@@ -29,11 +30,55 @@ def create_mesh(
     *,
     mpmd_axis: str | None = None,
     devices: Sequence[jax.Device] | None = None,
+    dcn_mesh_dims: Sequence[int] | None = None,
+    should_sort_granules_by_key: bool = True,
+    allow_split_physical_axes: bool = True,
+    backend: str | None = None,
+    use_jax: bool = False,
+    axis_types: Any = None,
 ) -> Any:
-    """`spectrax_mpmd.create_mesh` with the default six axes (`-1` takes the remaining devices)."""
+    """`spectrax_mpmd.create_mesh` with the default six axes (`-1` takes the remaining devices).
+
+    Devices are `devices` (default: those of `backend`) in order; with `dcn_mesh_dims` (the
+    slices or hosts along each axis, one `-1` allowed) they are arranged by
+    `jax.experimental.mesh_utils.create_hybrid_device_mesh` (`should_sort_granules_by_key`,
+    `allow_split_physical_axes` as there). `use_jax` is accepted (the order is already jax's).
+    Mesh axes are of jax's default (Auto) type: `axis_types` may only say "auto".
+    """
     import spectrax_mpmd
 
-    return spectrax_mpmd.create_mesh(axis_dims, axis_names, mpmd_axis=mpmd_axis, devices=devices)
+    kinds = axis_types if isinstance(axis_types, list | tuple) else (axis_types,)
+    if any(k is not None and str(getattr(k, "name", k)).lower() != "auto" for k in kinds):
+        raise ValueError(f"create_mesh: axis_types={axis_types!r}; the meshes here have Auto axes only.")
+    devices = list(jax.devices(backend) if devices is None else devices)
+    dims = _filled(tuple(axis_dims), len(devices), "axis_dims")
+    if dcn_mesh_dims is not None:
+        dcn = _filled(
+            tuple(dcn_mesh_dims),
+            math.prod(dims) // math.prod(d for d in dcn_mesh_dims if d != -1)
+            if -1 in dcn_mesh_dims
+            else math.prod(dcn_mesh_dims),
+            "dcn_mesh_dims",
+        )
+        if len(dcn) != len(dims) or any(d % c for d, c in zip(dims, dcn)):
+            raise ValueError(f"create_mesh: dcn_mesh_dims {dcn} must divide axis_dims {dims} axis by axis.")
+        grid = mesh_utils.create_hybrid_device_mesh(
+            tuple(d // c for d, c in zip(dims, dcn)),
+            dcn,
+            devices,
+            should_sort_granules_by_key=should_sort_granules_by_key,
+            allow_split_physical_axes=allow_split_physical_axes,
+        )
+        devices = list(grid.flat)
+    return spectrax_mpmd.create_mesh(dims, axis_names, mpmd_axis=mpmd_axis, devices=devices)
+
+
+def _filled(dims: tuple[int, ...], total: int, name: str) -> tuple[int, ...]:
+    """`dims` with its one `-1` (if any) set so that the product is `total`."""
+    known = math.prod(d for d in dims if d != -1)
+    if list(dims).count(-1) > 1 or (-1 in dims and total % known):
+        raise ValueError(f"create_mesh: {name} {dims} cannot be filled to {total} devices.")
+    return tuple(total // known if d == -1 else d for d in dims)
 
 
 def create_cpu_mesh(
@@ -358,18 +403,52 @@ def extract_shardings(tree: Any, mesh: Any = None) -> Any:
     return jax.tree.map(one, tree)
 
 
-def extract_sharding_structure(pytree: Any, *, mesh: Any = None) -> Any:
-    """`extract_shardings(pytree, mesh)`, keyword form."""
-    return extract_shardings(pytree, mesh)
+def extract_sharding_structure(
+    pytree: Any, *, mesh: Any = None, stage: Any = None, stage_mesh: Any = None, metadata: Any = None
+) -> Any:
+    """`extract_shardings` onto the mesh of a stage (see `get_current_stage_mesh`): on an MPMD
+    mesh, the shardings a stage's arrays have on its own submesh."""
+    target = get_current_stage_mesh(mesh, stage=stage, stage_mesh=stage_mesh, metadata=metadata)
+    return jax.tree.map(lambda _: None, pytree) if target is None else extract_shardings(pytree, target)
 
 
-def get_current_stage_mesh(mesh: Any = None, *, stage: int | None = None) -> Mesh | None:
-    """The mesh a stage's arrays live on: an MPMD mesh's `submesh(stage)` (None without a stage),
-    a plain mesh itself. `mesh=None` uses the active mesh."""
+def _stage_of(stage: Any, metadata: Any) -> int | None:
+    """The stage index from `stage=` (an int or `(current, total)`) or a Variable's metadata."""
+    if stage is None and metadata:
+        stage = metadata.get("stage")
+    return stage[0] if isinstance(stage, tuple) else stage
+
+
+def get_current_stage_mesh(
+    mesh: Any = None,
+    *,
+    arr: Any = None,
+    stage: Any = None,
+    stage_mesh: Any = None,
+    metadata: Any = None,
+    raise_error: bool = False,
+) -> Mesh | None:
+    """The mesh a stage's arrays live on: `stage_mesh` when given; on an MPMD mesh, the submesh
+    of `stage` (an int or `(current, total)`, else the `"stage"` of `metadata`, else the mesh
+    `arr` is placed on); a plain mesh itself. `mesh=None` uses the active mesh. An MPMD stage
+    that cannot be told gives None (an error with `raise_error`)."""
+    if stage_mesh is not None:
+        return to_jax_mesh(stage_mesh)
     mesh = current_mesh() if mesh is None else mesh
-    if getattr(mesh, "is_mpmd", False):
-        return None if stage is None else mesh.submesh(stage)
-    return to_jax_mesh(mesh)
+    if not getattr(mesh, "is_mpmd", False):
+        return to_jax_mesh(mesh)
+    index = _stage_of(stage, metadata)
+    if index is not None:
+        return mesh.submesh(index)
+    placed = getattr(getattr(arr, "sharding", None), "mesh", None)
+    if isinstance(placed, Mesh) and mesh.mpmd_axis not in placed.axis_names:
+        return placed
+    if raise_error:
+        raise ValueError(
+            "get_current_stage_mesh: the mesh is an MPMD mesh and no stage is known; pass stage= "
+            "(or stage_mesh=, or metadata with a 'stage')."
+        )
+    return None
 
 
 __all__ = [

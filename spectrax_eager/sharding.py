@@ -27,7 +27,7 @@ from spectrax_core.sharding import BATCH, EMBED, EXPERT, HEAD, KV_HEAD, LENGTH, 
 from ._module import Module, plan_of
 from ._sharding_mesh import *  # noqa: F401,F403  (mesh helpers)
 from ._sharding_mesh import __all__ as _mesh_names
-from ._sharding_mesh import place
+from ._sharding_mesh import get_current_stage_mesh, place
 from ._sharding_rules import (
     Sharding,
     annotation_axes,
@@ -174,15 +174,18 @@ def get_named_sharding(
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
-def _target(x: Any, sharding: Any, mesh: Any, rules: Rules | None, mode: str | None) -> Any:
+def _target(x: Any, sharding: Any, mesh: Any, rules: Rules | None, mode: str | None, fit: bool = True) -> Any:
     """The sharding `x` is constrained to: a `NamedSharding` as given, else one on `mesh` from a
-    `PartitionSpec` or from logical names (resolved with `x`'s shape)."""
+    `PartitionSpec` or from logical names (resolved with `x`'s shape when `fit`: an axis that does
+    not divide evenly stays whole)."""
     if isinstance(sharding, jax.sharding.Sharding):
         return sharding
     if isinstance(sharding, PartitionSpec):
         return NamedSharding(mesh, sharding)
     axes = annotation_axes("with_sharding_constraint", sharding, x.ndim)
-    return NamedSharding(mesh, resolve(axes, shape=x.shape, mesh=mesh, rules=rules, mode=mode))
+    return NamedSharding(
+        mesh, resolve(axes, shape=x.shape if fit else None, mesh=mesh, rules=rules, mode=mode)
+    )
 
 
 def with_sharding_constraint(
@@ -190,18 +193,30 @@ def with_sharding_constraint(
     sharding: Any,
     *,
     mesh: Any = None,
+    stage: Any = None,
+    stage_mesh: Any = None,
+    metadata: Any = None,
+    ignore_mpmd: bool = False,
     rules: Rules | None = None,
     mode: str | None = None,
 ) -> Any:
     """Constrain `x` (an array or a pytree of arrays) to `sharding`: logical names (one per axis,
     resolved under the rules in force; mesh axis names stand for themselves), a `PartitionSpec`,
-    or a `NamedSharding`. With no mesh (given or active) it returns `x` unchanged, so a model
-    runs on one device as written. Under a trace it is a sharding constraint, eagerly a
-    `jax.device_put`."""
-    mesh = as_jax_mesh(mesh)
-    if mesh is None and not isinstance(sharding, jax.sharding.Sharding):
+    or a `NamedSharding`. Under a trace it is a sharding constraint, eagerly a `jax.device_put`.
+
+    With no mesh (given or active) it returns `x` unchanged, so a model runs on one device as
+    written. On an MPMD mesh the constraint is on one stage's submesh (`stage`, `stage_mesh` or
+    the `"stage"` of `metadata`); with no stage known, or `ignore_mpmd=True`, `x` is returned.
+    """
+    if isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree.map(lambda a: place(a, sharding), x)
+    given = current_mesh() if mesh is None else mesh
+    if ignore_mpmd and getattr(given, "is_mpmd", False):
         return x
-    return jax.tree.map(lambda a: place(a, _target(a, sharding, mesh, rules, mode)), x)
+    target = get_current_stage_mesh(given, stage=stage, stage_mesh=stage_mesh, metadata=metadata)
+    if target is None:
+        return x
+    return jax.tree.map(lambda a: place(a, _target(a, sharding, target, rules, mode)), x)
 
 
 def with_sharding_constraint_by_name(x: Any, axis_names: Sequence[str | None]) -> Any:
@@ -209,12 +224,23 @@ def with_sharding_constraint_by_name(x: Any, axis_names: Sequence[str | None]) -
     return with_sharding_constraint(x, tuple(axis_names))
 
 
-def lax_reshard(arr: Any, sharding: Any, *, mesh: Any = None) -> Any:
-    """`with_sharding_constraint` over a pytree: one sharding for every leaf, or a pytree of them."""
+def lax_reshard(
+    arr: Any,
+    sharding: Any,
+    *,
+    mesh: Any = None,
+    stage: Any = None,
+    stage_mesh: Any = None,
+    metadata: Any = None,
+    ignore_mpmd: bool = False,
+) -> Any:
+    """`with_sharding_constraint` over a pytree: one sharding for every leaf, or a pytree of them
+    like `arr` (`stage`, `stage_mesh`, `metadata`, `ignore_mpmd` as there)."""
+    stage = dict(stage=stage, stage_mesh=stage_mesh, metadata=metadata, ignore_mpmd=ignore_mpmd)
     single = isinstance(sharding, jax.sharding.Sharding | PartitionSpec | Sharding | tuple | list)
     if single or sharding is None:
-        return arr if sharding is None else with_sharding_constraint(arr, sharding, mesh=mesh)
-    return jax.tree.map(lambda a, s: with_sharding_constraint(a, s, mesh=mesh), arr, sharding)
+        return arr if sharding is None else with_sharding_constraint(arr, sharding, mesh=mesh, **stage)
+    return jax.tree.map(lambda a, s: with_sharding_constraint(a, s, mesh=mesh, **stage), arr, sharding)
 
 
 def with_partitioning(init: Callable[..., jax.Array], axis_names: Any) -> Callable[..., jax.Array]:
@@ -230,12 +256,14 @@ def with_partitioning(init: Callable[..., jax.Array], axis_names: Any) -> Callab
 
 def apply_logical_sharding(
     x: Any,
+    partition_manager: PartitionManager | None = None,
     axes: Any = None,
     mode: str | None = None,
+    dynamic_axes: Any = None,
+    auto_correct: bool = True,
     *,
     mesh: Any = None,
     rules: Rules | None = None,
-    partition_manager: PartitionManager | None = None,
 ) -> Any:
     """Place `x` as its logical axes say, on the current (or given) mesh.
 
@@ -243,14 +271,20 @@ def apply_logical_sharding(
       to its `NamedSharding`; returned unchanged when no mesh is set;
     * an `spx.Module`: every variable with `axes` metadata is placed in place; returns it.
 
-    `partition_manager=` (or a `PartitionManager` as the second argument) takes the
-    rules from that manager.
+    `partition_manager` takes the rules from that manager; the axes may also come as
+    `dynamic_axes` (a sequence, or an object with `axes` and optionally `mode`). With
+    `auto_correct=False` an axis that does not divide evenly is an error, not left whole.
+    `apply_logical_sharding(x, axes)` (axes second) is accepted too.
     """
-    if isinstance(axes, PartitionManager):
-        axes, partition_manager = None if mode is None else mode, axes
-        mode = None
-    if partition_manager is not None:
-        rules = partition_manager.paxis.rules() if rules is None else rules
+    if partition_manager is not None and not isinstance(partition_manager, PartitionManager):
+        if isinstance(axes, str) and mode is None:  # apply_logical_sharding(x, axes, mode)
+            axes, mode = None, axes
+        axes, partition_manager = partition_manager, None
+    if axes is None and dynamic_axes is not None:
+        mode = getattr(dynamic_axes, "mode", None) if mode is None else mode
+        axes = tuple(getattr(dynamic_axes, "axes", dynamic_axes))
+    if partition_manager is not None and rules is None:
+        rules = partition_manager.paxis.rules()
     mesh = as_jax_mesh(mesh)
     if isinstance(x, Module):
         if mesh is not None:
@@ -264,7 +298,7 @@ def apply_logical_sharding(
         raise TypeError("apply_logical_sharding: give the array's logical axes, e.g. axes=('embed', 'mlp').")
     if mesh is None:
         return x
-    return place(x, _target(x, axes, mesh, rules, mode))
+    return place(x, _target(x, axes, mesh, rules, mode, auto_correct))
 
 
 class PartitionManager:
@@ -291,7 +325,7 @@ class PartitionManager:
 
     def shard(self, x: Any, axes: Sequence[str | None], mode: str = "train") -> Any:
         """`x` placed by `axes` under this manager's rules (unchanged with no mesh)."""
-        return apply_logical_sharding(x, tuple(axes), mode, rules=self.paxis.rules())
+        return apply_logical_sharding(x, axes=tuple(axes), mode=mode, rules=self.paxis.rules())
 
     def __enter__(self) -> PartitionManager:
         block = logical_axis_rules(self.paxis.rules())

@@ -9,7 +9,7 @@ axis of length `L`.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 from jax import lax
@@ -73,6 +73,20 @@ def _window_args(where, x, window, stride, padding):
     dims, strides = (1, *window, 1), (1, *stride, 1)
     pad = pads if isinstance(pads, str) else ((0, 0), *pads, (0, 0))
     return dims, strides, pad
+
+
+def pool(
+    x: Array,
+    init_value: Any,
+    reduce_fn: Callable[[Array, Array], Array],
+    window: Sequence[int],
+    stride: int | Sequence[int] | None = None,
+    padding: Padding = "VALID",
+) -> Array:
+    """`reduce_fn` (associative, with identity `init_value`) over each window of `x`
+    `(batch, *spatial, channels)`; `stride` defaults to `window`."""
+    dims, strides, pad = _window_args("pool", x, window, stride, padding)
+    return lax.reduce_window(x, jnp.asarray(init_value, x.dtype), reduce_fn, dims, strides, pad)
 
 
 def max_pool(

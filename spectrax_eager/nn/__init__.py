@@ -11,7 +11,7 @@ from ._containers import (
     Sequential,
     StackedModuleList,
 )
-from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from ._conv import Conv, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._fp8 import Fp8Linear, Fp8Meta, fp8_update, to_fp8
 from ._general import Bilinear, DenseGeneral, Einsum
 from ._layers import (
@@ -30,6 +30,7 @@ from ._norms import BatchNorm1d, BatchNorm2d, BatchStat, GroupNorm, InstanceNorm
 from ._pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
@@ -37,9 +38,22 @@ from ._pooling import (
     MaxPool2d,
     MaxPool3d,
 )
-from ._recurrent import RNN, GRUCell, LSTMCell, SimpleRNNCell
+from ._recurrent import (
+    RNN,
+    Bidirectional,
+    GRUCell,
+    LSTMCell,
+    OptimizedLSTMCell,
+    RNNCellBase,
+    SimpleRNNCell,
+)
 
 __all__ = [
+    "AdaptiveAvgPool3d",
+    "Bidirectional",
+    "Conv",
+    "OptimizedLSTMCell",
+    "RNNCellBase",
     "Attention",
     "Block",
     "Conv1d",

@@ -23,7 +23,7 @@ import spectrax_core as sc
 from .._module import Module
 from .._rngs import current_rngs
 from .._sharding_rules import annotation_axes
-from .._variable import Parameter, Variable
+from .._variable import Buffer, Parameter, Variable, set_value
 from ..sharding import apply_logical_sharding
 
 _EAGER_OF: dict[type, type] = {}
@@ -53,7 +53,7 @@ class CoreLayer(Module):
             if isinstance(value, jax.Array):
                 meta = {"axes": tuple(axes[f.name])} if f.name in axes else {}
                 if meta:
-                    value = apply_logical_sharding(value, meta["axes"])
+                    value = apply_logical_sharding(value, axes=meta["axes"])
                 setattr(self, f.name, self.variable_types.get(f.name, Parameter)(value, **meta))
             elif type(value) in _EAGER_OF:
                 setattr(self, f.name, from_core(value))
@@ -169,3 +169,29 @@ def also_named(**aliases: str):
         return cls
 
     return decorate
+
+
+def annotate(layer: Module, where: str, **fields: Any) -> None:
+    """Store `*_sharding=` annotations on `layer`'s arrays: `field=names` (a dotted path to a
+    Variable, `__` for `.` in the keyword) sets its `axes` metadata and places it under the
+    mesh in force. None leaves a field as built; a field the layer does not have is skipped
+    (no bias when `use_bias=False`)."""
+    for field, sharding in fields.items():
+        if sharding is None:
+            continue
+        var = layer
+        for part in field.split("__"):
+            var = getattr(var, part, None)
+        if not isinstance(var, Variable):
+            continue
+        axes = annotation_axes(f"{where}: {field.replace('__', '.')}", sharding, var.ndim)
+        var.set_metadata(axes=axes)
+        set_value(var, apply_logical_sharding(var.value, axes=axes))
+
+
+def fix_constant(layer: Module, *fields: str) -> None:
+    """Hold the named arrays of `layer` as `Buffer`s (same value and metadata): kept at their
+    initial value, not trained (a norm without an elementwise affine, or without a bias)."""
+    for field in fields:
+        var = layer.__dict__[field]
+        setattr(layer, field, Buffer(var.value, **var.metadata))

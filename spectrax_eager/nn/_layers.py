@@ -15,7 +15,17 @@ import jax
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, init_key, key_from, sharding_axes
+from ._base import (
+    PARAM_DTYPE,
+    CoreLayer,
+    also_named,
+    annotate,
+    dtype_kwargs,
+    fix_constant,
+    init_key,
+    key_from,
+    sharding_axes,
+)
 
 
 @also_named(in_features="d_in", out_features="d_out")
@@ -42,23 +52,28 @@ class Linear(CoreLayer):
         b_init: Any = None,
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
+        bias_sharding: Any = None,
     ):
         axes = sharding_axes("Linear", sharding, 2, w_init) or ("EMBED", "MLP")
         kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         if d_in is None:
             self.d_out, self.rngs = d_out, rngs
-            self.init_kwargs = tuple(kw.items())
+            self.init_kwargs = (*kw.items(), ("bias_sharding", bias_sharding))
             self.d_in = None
             key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
         self._adopt(sc.nn.Linear.init(key_from(rngs, "Linear"), d_in, d_out, **kw))
+        annotate(self, "Linear", bias=bias_sharding)
 
     def forward(self, x: jax.Array) -> jax.Array:
         if self.d_in is None:
-            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **dict(self.init_kwargs))
+            kw = dict(self.init_kwargs)
+            bias_sharding = kw.pop("bias_sharding")
+            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **kw)
             for name in ("init_kwargs", "rngs"):
                 delattr(self, name)
             self._adopt(params)
+            annotate(self, "Linear", bias=bias_sharding)
         return super().forward(x)
 
 
@@ -93,7 +108,9 @@ class Embed(CoreLayer):
 
 @also_named(features="d", weight="scale")
 class LayerNorm(CoreLayer):
-    """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`."""
+    """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`.
+    `elementwise_affine=False` (or `use_bias=False`) keeps the scale (bias) at its initial value as
+    a `Buffer`, not trained."""
 
     core_cls = sc.nn.LayerNorm
 
@@ -107,14 +124,25 @@ class LayerNorm(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        elementwise_affine: bool = True,
+        use_bias: bool = True,
+        sharding: Any = None,
+        bias_sharding: Any = None,
     ):
         key = init_key(rngs, "LayerNorm", w_init, b_init)
         self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
+        fix_constant(
+            self,
+            *(() if elementwise_affine else ("scale",)),
+            *(() if use_bias and elementwise_affine else ("bias",)),
+        )
+        annotate(self, "LayerNorm", scale=sharding, bias=bias_sharding)
 
 
 @also_named(features="d", weight="scale")
 class RMSNorm(CoreLayer):
-    """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`."""
+    """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`;
+    `elementwise_affine=False` keeps the scale fixed (a `Buffer`)."""
 
     core_cls = sc.nn.RMSNorm
 
@@ -127,10 +155,14 @@ class RMSNorm(CoreLayer):
         param_dtype: Any = PARAM_DTYPE,
         w_init: Any = None,
         rngs: Rngs | None = None,
+        elementwise_affine: bool = True,
+        sharding: Any = None,
     ):
         kw = dtype_kwargs(dtype, param_dtype, w_init)
         del kw["b_init"]
         self._adopt(sc.nn.RMSNorm.init(init_key(rngs, "RMSNorm", w_init), d, eps=eps, **kw))
+        fix_constant(self, *(() if elementwise_affine else ("scale",)))
+        annotate(self, "RMSNorm", scale=sharding)
 
 
 class Dropout(CoreLayer):

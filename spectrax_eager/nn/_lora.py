@@ -53,19 +53,40 @@ class LoRALinear(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        a_init: Any = None,
+        lora_b_init: Any = None,
+        dtype: Any = None,
     ):
-        """A new `Linear(in_features, out_features)` with rank-`rank` factors (`wrap_lora` of it)."""
+        """A new `Linear(in_features, out_features)` (`w_init`, `b_init`) with rank-`rank` factors
+        (`a_init`, `lora_b_init`, stored in `dtype`): `wrap_lora` of it."""
         base = Linear(in_features, out_features, use_bias=use_bias, w_init=w_init, b_init=b_init, rngs=rngs)
-        self._wrap(base, rank, alpha, rngs)
+        self._wrap(base, rank, alpha, rngs, "LoRALinear", a_init, lora_b_init, dtype)
 
-    def _wrap(self, base: Linear, rank: int, alpha: float | None, rngs: Rngs | None, where: str = "") -> None:
+    def _wrap(
+        self,
+        base: Linear,
+        rank: int,
+        alpha: float | None,
+        rngs: Rngs | None,
+        where: str = "",
+        a_init: Any = None,
+        b_init: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        """Wrap `base`; `a_init` / `b_init` replace the factors' initializers (Lecun-normal `a`,
+        zero `b`: the wrapped layer starts as `base`), `dtype` their storage dtype."""
+        where = where or type(self).__name__
         if type(base) is not Linear or getattr(base, "d_in", None) is None:
-            where = where or type(self).__name__
             raise TypeError(f"{where}: received {type(base).__name__}; {_accepts('wrap_lora')}.")
         self.base = base
-        self._factors(
-            sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
-        )
+        core = sc.nn.LoRA.init(key_from(rngs, where), base.core_params(), rank=rank, alpha=alpha)
+        if a_init is not None or b_init is not None or dtype is not None:
+            dtype = core.a.dtype if dtype is None else dtype
+            ka, kb = jax.random.split(key_from(rngs, where)) if a_init or b_init else (None, None)
+            a = core.a.astype(dtype) if a_init is None else a_init(ka, core.a.shape, dtype)
+            b = core.b.astype(dtype) if b_init is None else b_init(kb, core.b.shape, dtype)
+            core = sc.nn.LoRA(base=core.base, a=a, b=b, rank=core.rank, alpha=core.alpha)
+        self._factors(core)
 
     def _adopt(self, params: sc.nn.LoRA) -> None:
         self.base = from_core(params.base)
@@ -111,6 +132,9 @@ class LoRA(LoRALinear):
         base_module: Linear | None = None,
         alpha: float | None = None,
         rngs: Rngs | None = None,
+        a_init: Any = None,
+        b_init: Any = None,
+        dtype: Any = None,
     ):
         if base_module is None:
             base_module = Linear(d_in, d_out, rngs=rngs)
@@ -118,17 +142,26 @@ class LoRA(LoRALinear):
             raise ValueError(
                 f"LoRA: base_module is {base_module.d_in} -> {base_module.d_out}, not {d_in} -> {d_out}."
             )
-        self._wrap(base_module, rank, alpha, rngs)
+        self._wrap(base_module, rank, alpha, rngs, "LoRA", a_init, b_init, dtype)
 
 
-def wrap_lora(base: Module, rank: int, *, alpha: float | None = None, rngs: Rngs | None = None) -> LoRA:
+def wrap_lora(
+    base: Module,
+    rank: int,
+    *,
+    alpha: float | None = None,
+    rngs: Rngs | None = None,
+    a_init: Any = None,
+    b_init: Any = None,
+    dtype: Any = None,
+) -> LoRA:
     """A `LoRA` adapter around `base` (its parameters are shared, not copied) with rank-`rank` factors.
 
-    `b` starts at zero, so the wrapped layer computes exactly what `base` does.
-    `alpha` defaults to `rank` (scale 1).
+    `b` starts at zero (unless `b_init` says otherwise), so the wrapped layer computes exactly
+    what `base` does. `alpha` defaults to `rank` (scale 1).
     """
     layer = LoRA.__new__(LoRA)
-    layer._wrap(base, rank, alpha, rngs, "wrap_lora")
+    layer._wrap(base, rank, alpha, rngs, "wrap_lora", a_init, b_init, dtype)
     return layer
 
 

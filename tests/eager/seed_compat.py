@@ -68,7 +68,7 @@ def incompatibilities(seed: inspect.Signature, mine: inspect.Signature) -> list[
     Every seed positional parameter needs a positional one at its index here (or
     `*args`); every seed keyword needs the same keyword here (or `**kwargs`);
     `*args` / `**kwargs` need theirs; and nothing required here may be optional
-    (or missing) there.
+    (or missing) there. Parameters whose names start with `_` are private and skipped.
     """
     sp, mp = list(seed.parameters.values()), list(mine.parameters.values())
     m_pos = [p for p in mp if p.kind in _POS]
@@ -79,6 +79,7 @@ def incompatibilities(seed: inspect.Signature, mine: inspect.Signature) -> list[
     s_pos = [p for p in sp if p.kind in _POS]
     if len(s_pos) > len(m_pos) and not m_var:
         problems.append(f"takes {len(m_pos)} positional arguments, the seed {len(s_pos)}")
+    sp = [p for p in sp if not p.name.startswith("_")]  # private parameters are no interface
     for p in sp:
         if p.kind in _KW and p.name not in m_kw and not m_varkw:
             if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty:

@@ -300,7 +300,7 @@ def test_constructor_keywords_init_dtypes_bias():
     assert stored.weight.dtype == jnp.bfloat16 and stored.bias is None
     xavier = spx.nn.Linear(20, 30, w_init=jax.nn.initializers.glorot_uniform(), rngs=r)
     assert float(jnp.abs(xavier.weight.value).max()) <= math.sqrt(6 / 50)
-    conv = spx.nn.Conv2d(2, 3, 3, w_init=spx.init.zeros, b_init=spx.init.constant(2.0), rngs=r)
+    conv = spx.nn.Conv2d(2, 3, 3, padding="SAME", w_init=spx.init.zeros, b_init=spx.init.constant(2.0), rngs=r)
     _close(conv(jnp.ones((1, 4, 4, 2))), np.full((1, 4, 4, 3), 2.0))
     emb = spx.nn.Embed(5, 4, w_init=spx.init.normal(0.02), param_dtype=jnp.bfloat16, rngs=r)
     assert emb.table.dtype == jnp.bfloat16 and float(jnp.abs(emb.table.value).max()) < 0.2
