@@ -41,6 +41,7 @@ from ._pooling import (
 from ._recurrent import (
     RNN,
     Bidirectional,
+    ConvLSTMCell,
     GRUCell,
     LSTMCell,
     OptimizedLSTMCell,
@@ -52,6 +53,7 @@ __all__ = [
     "AdaptiveAvgPool3d",
     "Bidirectional",
     "Conv",
+    "ConvLSTMCell",
     "OptimizedLSTMCell",
     "RNNCellBase",
     "Attention",

@@ -12,6 +12,7 @@ import spectrax_core as sc
 
 from .._module import Module
 from .._rngs import Rngs
+from .._variable import Parameter
 from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from
 
 
@@ -135,3 +136,58 @@ class Bidirectional(Module):
         if self.merge_mode == "mul":
             return ys_f * ys_b
         return 0.5 * (ys_f + ys_b)
+
+
+class ConvLSTMCell(Module):
+    """2-d convolutional LSTM cell: the gates (input, forget, cell, output) are one convolution of
+    `[x, h]` (channels last), so `(h, c)` keep the spatial shape `(N, H, W, out_channels)`.
+
+    `cell(carry, x) -> ((h, c), h)`; `initial_carry((N, H, W))` gives zeros. The kernel is
+    `(*kernel_size, in_channels + out_channels, 4 * out_channels)` (Lecun-normal), the bias zero.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int] = 3,
+        *,
+        padding: str = "SAME",
+        use_bias: bool = True,
+        rngs: Rngs | None = None,
+        w_init: Any = None,
+        b_init: Any = None,
+        dtype: Any = None,
+    ):
+        kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        dtype = PARAM_DTYPE if dtype is None else dtype
+        w_key, b_key = jax.random.split(key_from(rngs, "ConvLSTMCell"))
+        shape = (*kernel, in_channels + out_channels, 4 * out_channels)
+        w_init = sc.init.lecun_normal() if w_init is None else w_init
+        self.weight = Parameter(sc.init.initialize(w_init, w_key, shape, dtype, where="ConvLSTMCell: w_init"))
+        self.bias = None
+        if use_bias:
+            b_init = sc.init.zeros if b_init is None else b_init
+            b = sc.init.initialize(b_init, b_key, (4 * out_channels,), dtype, where="ConvLSTMCell: b_init")
+            self.bias = Parameter(b)
+        self.in_channels, self.out_channels, self.padding = in_channels, out_channels, padding
+
+    def forward(
+        self, carry: tuple[jax.Array, jax.Array], x: jax.Array
+    ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        h, c = carry
+        bias = None if self.bias is None else self.bias.value
+        z = sc.functional.conv(jnp.concatenate([x, h], -1), self.weight.value, bias, padding=self.padding)
+        i, f, g, o = jnp.split(z, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    def initial_carry(
+        self, batch_shape: tuple[int, int, int], *, dtype: Any = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """Zero `(h, c)` of shape `(*batch_shape, out_channels)` (`batch_shape` is `(N, H, W)`)."""
+        zeros = jnp.zeros((*batch_shape, self.out_channels), self.weight.dtype if dtype is None else dtype)
+        return zeros, zeros
+
+    initialize_carry = initial_carry

@@ -209,3 +209,24 @@ def test_graph_helpers():
     e1 = nn.Einsum("bd,dk->bk", (4, 3), rngs=spx.Rngs(4))
     e2 = nn.Einsum((4, 3), "bd,dk->bk", rngs=spx.Rngs(4))
     np.testing.assert_allclose(e1(X), e2(X))
+
+
+def test_recurrent_additions_against_their_formulas():
+    cell = nn.ConvLSTMCell(3, 4, 3, rngs=spx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 5, 5, 3))
+    h, c = jnp.zeros((2, 5, 5, 4)), jnp.full((2, 5, 5, 4), 0.5)
+    (h2, c2), y = cell((h, c), x)
+    z = jax.lax.conv_general_dilated(
+        jnp.concatenate([x, h], -1), cell.weight.value, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    i, f, g, o = np.split(np.asarray(z + cell.bias.value, np.float64), 4, -1)
+    sig = lambda a: 1 / (1 + np.exp(-a))  # noqa: E731
+    want_c = sig(f) * 0.5 + sig(i) * np.tanh(g)
+    np.testing.assert_allclose(c2, want_c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, sig(o) * np.tanh(want_c), rtol=1e-5, atol=1e-6)
+    fwd = nn.RNN(nn.GRUCell(3, 4, rngs=spx.Rngs(2)))
+    bwd = nn.RNN(nn.GRUCell(3, 4, rngs=spx.Rngs(3)))
+    xs = jax.random.normal(jax.random.key(4), (2, 6, 3))
+    both = nn.Bidirectional(fwd, bwd)(xs)
+    backward = jnp.flip(bwd(jnp.flip(xs, 1)), 1)  # the reverse pass, by reversing the sequence
+    np.testing.assert_allclose(both, jnp.concatenate([fwd(xs), backward], -1), rtol=1e-5, atol=1e-6)
