@@ -217,7 +217,11 @@ def test_recurrent_additions_against_their_formulas():
     h, c = jnp.zeros((2, 5, 5, 4)), jnp.full((2, 5, 5, 4), 0.5)
     (h2, c2), y = cell((h, c), x)
     z = jax.lax.conv_general_dilated(
-        jnp.concatenate([x, h], -1), cell.weight.value, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        jnp.concatenate([x, h], -1),
+        cell.weight.value,
+        (1, 1),
+        "SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
     )
     i, f, g, o = np.split(np.asarray(z + cell.bias.value, np.float64), 4, -1)
     sig = lambda a: 1 / (1 + np.exp(-a))  # noqa: E731
