@@ -27,7 +27,7 @@ import jax
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 import spectrax_core as sc
-from spectrax_core.sharding import Rules
+from spectrax_core.sharding import BATCH, EMBED, EXPERT, HEAD, KV_HEAD, LENGTH, MLP, VOCAB, Rules
 
 MeshAxes = str | Sequence[str] | None
 RulePairs = Sequence[tuple[str, MeshAxes]]
@@ -66,6 +66,47 @@ class Sharding:
         return resolve(self.axes)
 
 
+@dataclasses.dataclass(frozen=True)
+class PartitionAxis:
+    """Which mesh axes each kind of array axis is split over, per mode.
+
+    Each field is a mesh axis name, a tuple of names, or None; the defaults are
+    those of `Rules.default()`. `rules()` gives the `spectrax_core.sharding.Rules`.
+    """
+
+    batch_axis: MeshAxes = ("dp", "fsdp")
+    sequence_axis: MeshAxes = "sp"
+    hidden_state_axis: MeshAxes = "fsdp"
+    head_axis: MeshAxes = "tp"
+    kv_head_axis: MeshAxes = "tp"
+    mlp_axis: MeshAxes = "tp"
+    vocab_axis: MeshAxes = "tp"
+    expert_axis: MeshAxes = "ep"
+    decode_batch_axis: MeshAxes = ("dp", "fsdp")
+    decode_sequence_axis: MeshAxes = None
+    decode_hidden_state_axis: MeshAxes = None
+
+    def rules(self) -> Rules:
+        """The `Rules` these axes describe (train and decode tables)."""
+        train = {
+            BATCH: self.batch_axis,
+            LENGTH: self.sequence_axis,
+            EMBED: self.hidden_state_axis,
+            HEAD: self.head_axis,
+            KV_HEAD: self.kv_head_axis,
+            MLP: self.mlp_axis,
+            VOCAB: self.vocab_axis,
+            EXPERT: self.expert_axis,
+        }
+        decode = {
+            **train,
+            BATCH: self.decode_batch_axis,
+            LENGTH: self.decode_sequence_axis,
+            EMBED: self.decode_hidden_state_axis,
+        }
+        return Rules(train=train, decode=decode)
+
+
 def annotation_axes(where: str, sharding: Any, ndim: int | None = None) -> tuple[str | None, ...] | None:
     """The logical names of a `sharding=` annotation (a tuple of names/None, a `Sharding`,
     or None); checks the form and, when `ndim` is known, the count. Names are not resolved."""
@@ -98,8 +139,6 @@ def annotation_axes(where: str, sharding: Any, ndim: int | None = None) -> tuple
 
 def _as_rules(base: Rules, rules: Any) -> Rules:
     """`rules` as a `Rules`: a Rules object replaces `base`; pairs or a mapping adjust it."""
-    from .sharding import PartitionAxis  # the public module defines the role-based form
-
     if isinstance(rules, Rules):
         return rules
     if isinstance(rules, PartitionAxis):

@@ -15,7 +15,6 @@ built-in layers use when given no `sharding=`.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
@@ -29,6 +28,7 @@ from ._sharding_mesh import *  # noqa: F401,F403  (mesh helpers)
 from ._sharding_mesh import __all__ as _mesh_names
 from ._sharding_mesh import get_current_stage_mesh, place
 from ._sharding_rules import (
+    PartitionAxis,
     Sharding,
     annotation_axes,
     as_jax_mesh,
@@ -75,47 +75,6 @@ Replicated = LogicalAxes("Replicated", ())
 ExpertColumnWise = LogicalAxes("ExpertColumnWise", (EXPERT, EMBED, MLP))
 ExpertRowWise = LogicalAxes("ExpertRowWise", (EXPERT, MLP, EMBED))
 ExpertActivations = LogicalAxes("ExpertActivations", (EXPERT, None, EMBED))  # (experts, capacity, d)
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionAxis:
-    """Which mesh axes each kind of array axis is split over, per mode.
-
-    Each field is a mesh axis name, a tuple of names, or None; the defaults are
-    those of `Rules.default()`. `rules()` gives the `spectrax_core.sharding.Rules`.
-    """
-
-    batch_axis: MeshAxes = ("dp", "fsdp")
-    sequence_axis: MeshAxes = "sp"
-    hidden_state_axis: MeshAxes = "fsdp"
-    head_axis: MeshAxes = "tp"
-    kv_head_axis: MeshAxes = "tp"
-    mlp_axis: MeshAxes = "tp"
-    vocab_axis: MeshAxes = "tp"
-    expert_axis: MeshAxes = "ep"
-    decode_batch_axis: MeshAxes = ("dp", "fsdp")
-    decode_sequence_axis: MeshAxes = None
-    decode_hidden_state_axis: MeshAxes = None
-
-    def rules(self) -> Rules:
-        """The `Rules` these axes describe (train and decode tables)."""
-        train = {
-            BATCH: self.batch_axis,
-            LENGTH: self.sequence_axis,
-            EMBED: self.hidden_state_axis,
-            HEAD: self.head_axis,
-            KV_HEAD: self.kv_head_axis,
-            MLP: self.mlp_axis,
-            VOCAB: self.vocab_axis,
-            EXPERT: self.expert_axis,
-        }
-        decode = {
-            **train,
-            BATCH: self.decode_batch_axis,
-            LENGTH: self.decode_sequence_axis,
-            EMBED: self.decode_hidden_state_axis,
-        }
-        return Rules(train=train, decode=decode)
 
 
 def _var_axes(var: Any) -> tuple | None:
