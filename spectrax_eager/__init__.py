@@ -9,6 +9,7 @@ from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
 from ._control import (
+    StateAxes,
     associative_scan,
     cond,
     eval_shape,
@@ -131,6 +132,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "StateAxes",
     "AxisNames",
     "DEFAULT_MESH_AXIS_DIMS",
     "DEFAULT_MESH_AXIS_NAMES",

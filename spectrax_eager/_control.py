@@ -315,6 +315,28 @@ def eval_shape(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
+class StateAxes:
+    """A module's `in_axes` entry for `spx.vmap` per collection: `StateAxes({"parameters": 0,
+    "rngs": None})` maps the parameters along axis 0 and broadcasts the rest (collections not
+    named are broadcast)."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: dict[str, int | None]):
+        for kind, axis in dict(axes).items():
+            if not isinstance(kind, str) or not (axis is None or isinstance(axis, int)):
+                raise TypeError(
+                    f"StateAxes: entries are collection name -> int axis or None; received {kind!r}: {axis!r}."
+                )
+        self.axes = dict(axes)
+
+    def axis_of(self, kind: str) -> int | None:
+        return self.axes.get(kind)
+
+    def __repr__(self) -> str:
+        return f"StateAxes({self.axes!r})"
+
+
 def vmap(
     fn: Callable | None = None,
     in_axes: int | None | Sequence[Any] = 0,
@@ -330,7 +352,8 @@ def vmap(
 
     A module argument is broadcast (its variables are shared by every batch
     element) unless `in_axes` is a tuple whose entry for it is an int: then
-    all its variables are mapped along that axis (an ensemble). Writes allowed
+    all its variables are mapped along that axis (an ensemble); a `StateAxes`
+    entry chooses per collection. Writes allowed
     by `mutable` come back with the module's axis.
     """
     if fn is None:
@@ -364,7 +387,7 @@ def vmap(
             for a, ax in zip(args, per_arg):
                 if isinstance(a, Module) and isinstance(in_axes, list | tuple) and ax is not None:
                     for v in plan_of(a).vars:
-                        var_axes[index[id(v)]] = ax
+                        var_axes[index[id(v)]] = ax.axis_of(v.kind) if isinstance(ax, StateAxes) else ax
         arg_axes = tuple(None if isinstance(a, Module) else ax for a, ax in zip(args, per_arg))
         static = split.static
 

@@ -33,12 +33,12 @@ class RngCount(Variable):
 
 
 class RngStream(Module):
-    """One named stream: `stream()` returns a fresh key."""
+    """One named stream: `stream()` returns a fresh key (`counter`: the draws already made)."""
 
-    def __init__(self, seed: int | jax.Array):
+    def __init__(self, seed: int | jax.Array, *, counter: int = 0):
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         self.key = RngKey(key)
-        self.count = RngCount(jnp.zeros((), jnp.uint32))
+        self.count = RngCount(jnp.asarray(counter, jnp.uint32))
 
     def __call__(self) -> jax.Array:
         count = self.count.value

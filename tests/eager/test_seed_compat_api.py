@@ -234,3 +234,15 @@ def test_recurrent_additions_against_their_formulas():
     both = nn.Bidirectional(fwd, bwd)(xs)
     backward = jnp.flip(bwd(jnp.flip(xs, 1)), 1)  # the reverse pass, by reversing the sequence
     np.testing.assert_allclose(both, jnp.concatenate([fwd(xs), backward], -1), rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_state_axes_maps_chosen_collections():
+    lin = nn.Linear(3, 2, rngs=spx.Rngs(0))
+    w, b = np.asarray(lin.weight.value), np.asarray(lin.bias.value)
+    lin.weight.value = jnp.stack([w, 2 * w])  # an ensemble of two along axis 0
+    lin.bias.value = jnp.stack([b, 2 * b])
+    x = jnp.ones((4, 3))
+    out = spx.vmap(lambda m, x: m(x), in_axes=(spx.StateAxes({"parameters": 0}), None))(lin, x)
+    np.testing.assert_allclose(out, np.stack([x @ w + b, x @ (2 * w) + 2 * b]), rtol=1e-6)
+    with pytest.raises(TypeError, match="collection name"):
+        spx.StateAxes({"parameters": "x"})
