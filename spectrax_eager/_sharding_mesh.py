@@ -316,10 +316,16 @@ def place_setup_leaf_with_sharding(
     diagnostics: dict[str, int] | None = None,
     donate: bool = False,
 ) -> Any:
-    """`jax.device_put(leaf, sharding)` for set-up values (counts placements in `diagnostics`)."""
+    """`jax.device_put(leaf, sharding)` for set-up values; a failure names `label` and `path`,
+    and `diagnostics["placed"]` counts the arrays placed. Non-arrays are returned as they are."""
     if not isinstance(leaf, jax.Array | np.ndarray):
         return leaf
-    out = jax.device_put(leaf, sharding, donate=donate)
+    try:
+        out = jax.device_put(leaf, sharding, donate=donate)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{label}: cannot place {path or 'a leaf'} of shape {tuple(leaf.shape)} on {sharding}: {err}"
+        ) from err
     if diagnostics is not None:
         diagnostics["placed"] = diagnostics.get("placed", 0) + 1
     return out
@@ -328,9 +334,12 @@ def place_setup_leaf_with_sharding(
 def place_setup_tree_with_shardings(
     tree: Any, shardings: Any, *, label: str = "placement", donate: bool = False
 ) -> Any:
-    """`place_setup_leaf_with_sharding` over a pytree and a matching pytree of shardings."""
-    return jax.tree.map(
-        lambda x, s: place_setup_leaf_with_sharding(x, s, label=label, donate=donate), tree, shardings
+    """`place_setup_leaf_with_sharding` over a pytree and a matching pytree of shardings (each
+    leaf's error names its path in the tree)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, x, s: place_setup_leaf_with_sharding(x, s, path=_path_str(kp), label=label, donate=donate),
+        tree,
+        shardings,
     )
 
 

@@ -163,3 +163,16 @@ def test_mesh_helpers():
     assert placed["w"].sharding.spec == P("fsdp", "tp")
     assert spx.sharding.extract_shardings(placed)["w"] == placed["w"].sharding
     np.testing.assert_array_equal(gather["w"](placed["w"]), tree["w"])
+
+
+def test_setup_placement_names_the_leaf_that_does_not_fit():
+    mesh = jax.make_mesh((8,), ("x",))
+    tree = {"a": jnp.ones((8, 2)), "b": jnp.ones((3,))}
+    ok = {"a": NamedSharding(mesh, P("x")), "b": NamedSharding(mesh, P())}
+    counts: dict = {}
+    placed = spx.place_setup_tree_with_shardings(tree, ok)
+    assert placed["a"].sharding.spec == P("x")
+    spx.sharding.place_setup_leaf_with_sharding(tree["a"], ok["a"], diagnostics=counts)
+    assert counts == {"placed": 1}
+    with pytest.raises(ValueError, match="setup: cannot place b of shape"):
+        spx.place_setup_tree_with_shardings(tree, {**ok, "b": NamedSharding(mesh, P("x"))}, label="setup")
