@@ -202,7 +202,12 @@ def main(argv=None) -> dict:
     n_stages = args.stages * schedule.virtual_stages
     devices = jax.devices()
     if len(devices) < args.stages:
-        raise SystemExit(f"--stages {args.stages} needs {args.stages} devices; this machine has {len(devices)}.")
+        raise SystemExit(
+            f"--stages {args.stages} needs {args.stages} devices; this machine has {len(devices)}."
+        )
+    # the update runs inside the step's plan, each leaf's on its rank; the global norm crosses as a scalar
+    lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
     lm = TransformerLM.init(
         jax.random.key(0),
         vocab_size=256,
@@ -214,20 +219,20 @@ def main(argv=None) -> dict:
     if args.spmd:
         mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices[: args.stages])  # data parallel
         params = lm
-        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches)
+        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches, tx=tx)
         print(f"SPMD: {args.stages}-way data parallel, {args.microbatches} microbatches per step")
     else:
         mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices[: args.stages])
         params = mp.stage_blocks(lm, n_stages)  # each rank holds only its own blocks
-        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule)
-        print(f"MPMD: {args.stages} ranks x {schedule.virtual_stages} stages, blocks per stage "
-              f"{params.blocks.sizes}, {schedule!r}")
+        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx)
+        print(
+            f"MPMD: {args.stages} ranks x {schedule.virtual_stages} stages, blocks per stage "
+            f"{params.blocks.sizes}, {schedule!r}"
+        )
         print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
     sizes = sum(x.size for x in jax.tree.leaves(lm))
     print(f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary, {len(data):,} bytes of text")
 
-    tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps))
-    opt = mp.StagedOptimizer(tx, max_grad_norm=1.0)
     stream = batches(data, args.batch, args.seq)
     tokens, targets = next(stream)
     ckpt = {"dir": args.checkpoint_dir, "saved": [], "save_s": [], "restore_s": None}
@@ -239,13 +244,17 @@ def main(argv=None) -> dict:
     if args.resume is not None:
         shardings = mp.owner_shardings(step, params, tokens, targets)  # builds the step: compiles
         t0 = time.perf_counter()
-        restored = manager.restore(resume_at, like=params, shardings=shardings, optimizer=opt)
+        restored = manager.restore(resume_at, like=params, shardings=shardings, opt_like=tx.init(params))
         ckpt["restore_s"] = time.perf_counter() - t0
         params, state, first = restored.params, restored.opt_state, restored.step
         if first >= (min(args.steps, args.stop_after) if args.stop_after else args.steps):
-            raise SystemExit(f"the checkpoint is at step {first}: nothing left to train (--steps {args.steps}).")
-        print(f"resumed at step {first} from {manager.directory} in {ckpt['restore_s']:.2f} s "
-              f"(saved by {restored.extra['layout']}), each leaf read onto the rank that uses it")
+            raise SystemExit(
+                f"the checkpoint is at step {first}: nothing left to train (--steps {args.steps})."
+            )
+        print(
+            f"resumed at step {first} from {manager.directory} in {ckpt['restore_s']:.2f} s "
+            f"(saved by {restored.extra['layout']}), each leaf read onto the rank that uses it"
+        )
         later = [k for k in manager.all_steps() if k > first]  # only with --overwrite (see checkpoints)
         for k in later:  # this run continues from `first`: later steps belonged to the one it replaces
             manager.delete(k)
@@ -253,17 +262,20 @@ def main(argv=None) -> dict:
             print(f"deleted the later checkpoints {later} (--overwrite): this run replaces them")
         for _ in range(first):  # the data stream where the saved run stopped
             tokens, targets = next(stream)
-    loss, grads = step(params, tokens, targets)
+    state = tx.init(params) if state is None else state
+    loss, params, state = step.update(params, state, tokens, targets)  # params, state: consumed and returned
     jax.block_until_ready(loss)
-    first_call = None if args.spmd else step.runner.step.timings()
+    first_call = None if args.spmd else step.runner.update_step.timings()
     compiled = 1 if args.spmd else first_call["compiled"] + first_call["relocated"]
     print(f"compiled {compiled} programs in {time.perf_counter() - start:.1f} s", end="")
     if first_call is not None:
         phases = ", ".join(f"{k} {v:.2f}" for k, v in first_call["seconds"].items())
-        print(f" ({first_call['compiled']} compiled, {first_call['relocated']} loaded onto other ranks; "
-              f"seconds: {phases})", end="")
+        print(
+            f" ({first_call['compiled']} compiled, {first_call['relocated']} loaded onto other ranks; "
+            f"seconds: {phases})",
+            end="",
+        )
     print()
-    state = opt.init(params, grads) if state is None else state
     layout = "SPMD" if args.spmd else f"{args.stages} ranks, {schedule!r}"
 
     last = min(args.steps, args.stop_after) if args.stop_after else args.steps
@@ -272,8 +284,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         if k > first:
             tokens, targets = next(stream)
-            loss, grads = step(params, tokens, targets)
-        params, state = opt.update(grads, state, params)
+            loss, params, state = step.update(params, state, tokens, targets)
         losses.append(float(loss))
         if manager is not None and ((args.save_every and (k + 1) % args.save_every == 0) or k + 1 == last):
             t_save = time.perf_counter()
@@ -291,32 +302,40 @@ def main(argv=None) -> dict:
         bar.close()
     wall = time.perf_counter() - t_train
     tokens_per_s = (last - first) * args.batch * args.seq / wall
-    print(f"trained steps {first}..{last - 1} in {wall:.1f} s ({tokens_per_s:,.0f} tokens/s); "
-          f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print(
+        f"trained steps {first}..{last - 1} in {wall:.1f} s ({tokens_per_s:,.0f} tokens/s); "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    )
     if manager is not None:
         t0 = time.perf_counter()
         manager.close()  # waits for the background writes
         ckpt["commit_wait_s"] = time.perf_counter() - t0
-        print(f"saved steps {ckpt['saved']} to {manager.directory} (blocking part "
-              f"{max(ckpt['save_s']) * 1e3:.0f} ms at most, then written in the background)")
+        print(
+            f"saved steps {ckpt['saved']} to {manager.directory} (blocking part "
+            f"{max(ckpt['save_s']) * 1e3:.0f} ms at most, then written in the background)"
+        )
 
     files = ["metrics.json"]
     timeline = None
     if not args.spmd:
-        timeline = step.runner.step.measure_timeline(params, None, tokens, targets)
+        timeline = step.runner.update_step.measure_timeline(params, state, None, tokens, targets)
         trace = out / "timeline.json"
         trace.write_text(json.dumps(schedules.chrome_trace(timeline, us_per_unit=1.0)))
         files.append(trace.name)
         simulated = schedules.simulate(
             schedule, args.stages, measured_cost(timeline, schedule.num_stages(args.stages))
         )
-        print(f"one step, run cell by cell (one cell at a time on the whole machine, so ranks never "
-              f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
-              f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it is "
-              f"not the pipeline bubble")
-        print(f"the schedule's bubble, simulated with these measured cell times (sends free): "
-              f"{simulated.bubble_fraction:.0%}, step {simulated.makespan / 1e3:.1f} ms")
-        host = step.runner.step.profile(params, None, tokens, targets, rounds=3)
+        print(
+            f"one step, run cell by cell (one cell at a time on the whole machine, so ranks never "
+            f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
+            f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it is "
+            f"not the pipeline bubble"
+        )
+        print(
+            f"the schedule's bubble, simulated with these measured cell times (sends free): "
+            f"{simulated.bubble_fraction:.0%}, step {simulated.makespan / 1e3:.1f} ms"
+        )
+        host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
         print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
         print(host.table())
     files += plot(out, losses, timeline) if timeline is not None else []
@@ -324,7 +343,9 @@ def main(argv=None) -> dict:
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
     unsplit = mp.unstage_blocks(mp.gather(params))
     reference = greedy_decode(unsplit, prompt, args.sample_tokens)
-    print(f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}")
+    print(
+        f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
+    )
     same = None
     if not args.spmd:
         decoder = mp.PipelineDecoder(params, mesh=mesh, schedule=schedule)

@@ -81,9 +81,13 @@ class Optimizer(Module):
             return self._functional_update(model, grads)
         params = self._params(model)
         self._check(params, grads)
-        grads = jax.tree.map(_follow, grads, params)
-        updates, self.state.value = self.tx.update(grads, self.state.value, params)
-        update(model, optax.apply_updates(params, updates))
+        grads = _follow(grads, params)
+        if _one_placement(params):  # committed like its outputs, so step 1 reuses step 0's program
+            grads, state, params = _committed((grads, self.state.value, params))
+            new_params, self.state.value = _apply_jit(self.tx, grads, state, params)
+        else:
+            new_params, self.state.value = _apply(self.tx, grads, self.state.value, params)
+        update(model, new_params)
         self.step.value = self.step.value + 1
 
     def apply_eager(self, model: Module, grads: State) -> Optimizer:
@@ -94,10 +98,10 @@ class Optimizer(Module):
     def _functional_update(self, params: State, grads: State) -> tuple[State, Optimizer]:
         chosen = _trainable_part(params.filter(self.wrt))
         self._check(chosen, grads)
-        updates, opt_state = self.tx.update(jax.tree.map(_follow, grads, chosen), self.state.value, chosen)
+        new_params, opt_state = _apply(self.tx, _follow(grads, chosen), self.state.value, chosen)
         new = clone(self)
         new.state.value, new.step.value = opt_state, self.step.value + 1
-        return params.overlay(optax.apply_updates(chosen, updates)), new
+        return params.overlay(new_params), new
 
     def _check(self, params: State, grads: Any) -> None:
         if not isinstance(grads, State) or grads._infos != params._infos:
@@ -218,12 +222,52 @@ def _pick(grads: Any, like: State) -> State:
     return State(like._infos, [flat[k] for k in like.flatten()])
 
 
-def _follow(grad: Any, param: Any) -> Any:
-    """`grad` moved to `param`'s placement (gradients from a pipeline live on the ranks that made them)."""
-    if (
-        not isinstance(param, jax.Array)
-        or not isinstance(grad, jax.Array)
-        or isinstance(param, jax.core.Tracer)
-    ):
-        return grad
-    return grad if grad.sharding == param.sharding else jax.device_put(grad, param.sharding)
+def _apply(tx: optax.GradientTransformation, grads, state, params):
+    """One optax step: the new parameters and the new optimizer state."""
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+
+# compiled once per transformation and signature: one program instead of one dispatch per operation
+_apply_jit = jax.jit(_apply, static_argnums=0)
+
+
+def _one_placement(params) -> bool:
+    """Whether one program can take every leaf: all are committed arrays on the same devices."""
+    places = set()
+    for x in jax.tree.leaves(params):
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return False
+        places.add(frozenset(x.sharding.device_set) if x.committed else None)
+    return len(places) == 1
+
+
+def _committed(tree):
+    """`tree` with every uncommitted array committed to the device it is on (one batched call)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    loose = [k for k, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.committed]
+    if loose:
+        placed = jax.device_put([leaves[k] for k in loose], [leaves[k].sharding for k in loose])
+        for k, x in zip(loose, placed):
+            leaves[k] = x
+    return treedef.unflatten(leaves)
+
+
+def _follow(grads, params):
+    """`grads` moved to `params`' placement in one batched copy (gradients from a pipeline live on
+    the ranks that made them)."""
+    g_leaves, treedef = jax.tree.flatten(grads)
+    p_leaves = treedef.flatten_up_to(params)
+    moving = [
+        k
+        for k, (g, p) in enumerate(zip(g_leaves, p_leaves))
+        if isinstance(p, jax.Array)
+        and isinstance(g, jax.Array)
+        and not isinstance(p, jax.core.Tracer)
+        and g.sharding != p.sharding
+    ]
+    if moving:
+        moved = jax.device_put([g_leaves[k] for k in moving], [p_leaves[k].sharding for k in moving])
+        for k, x in zip(moving, moved):
+            g_leaves[k] = x
+    return treedef.unflatten(g_leaves)

@@ -16,6 +16,7 @@ from spectrax_core.schedules import GPipe
 
 from ._module import Module, build, plan_of
 from ._run_key import Uncacheable, function_key, mesh_key
+from ._run_optimizer import grouped, optimizer_key, optimizers_of, selection, states_of, store
 from ._run_rngs import (
     counter_positions,
     counting_loss,
@@ -25,7 +26,7 @@ from ._run_rngs import (
     write_counters,
 )
 from ._stage import StagePlan, call, run_marked, stage_plan
-from ._state import State, trainable
+from ._state import State, trainable, update
 from .nn._containers import ModuleList, PipelineSequential
 
 MAX_RUNNERS = 32  # compiled configurations kept; the least recently used is dropped first
@@ -43,6 +44,7 @@ class RunKey(NamedTuple):
     has_aux: bool
     stage_sizes: Any
     loss: Any
+    optimizer: Any  # the optimizers' transformations and selections, by value (None: gradients out)
 
 
 class _CurrentLoss:
@@ -59,12 +61,20 @@ class _CurrentLoss:
 _runners: OrderedDict[RunKey, tuple[Any, _CurrentLoss | None]] = OrderedDict()
 
 
-def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn):
+def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn, optimizers):
     """The run's `RunKey`, or None when a value it depends on has no key by content."""
     try:
         return RunKey(
-            plan.graphdef, selected, mesh_key(mesh), mode, microbatches, schedule, has_aux, stage_sizes,
+            plan.graphdef,
+            selected,
+            mesh_key(mesh),
+            mode,
+            microbatches,
+            schedule,
+            has_aux,
+            stage_sizes,
             function_key(loss_fn),
+            None if optimizers is None else optimizer_key(plan, optimizers),
         )
     except Uncacheable:
         return None
@@ -138,8 +148,21 @@ def _balanced_sizes(
 
 
 def _new_runner(
-    model, plan, selected, args, counters, *, mesh, mode, loss_fn, microbatches, schedule, has_aux, sizes,
+    model,
+    plan,
+    selected,
+    args,
+    counters,
+    *,
+    mesh,
+    mode,
+    loss_fn,
+    microbatches,
+    schedule,
+    has_aux,
+    sizes,
     stage_sizes,
+    tx=None,
 ) -> tuple[Any, _CurrentLoss | None]:
     """A runner for this configuration (its stage split chosen now for `stage_sizes="auto"`) and
     the holder of its current loss function."""
@@ -162,6 +185,7 @@ def _new_runner(
         schedule=schedule,
         has_aux=has_aux or counting,
         name="spx.run",
+        tx=tx,
     )
     return runner, loss
 
@@ -178,6 +202,8 @@ def run(
     schedule=None,
     has_aux: bool = False,
     stage_sizes: Sequence[int] | str | None = None,
+    wrt: Any = "parameters",
+    optimizer: Any = None,
 ) -> Any:
     """Train (`mode="train"`) or run (`"forward"`) `model` on `mesh`, pipelined when it has a pipeline axis.
 
@@ -195,6 +221,15 @@ def run(
     `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
     `spectrax_mpmd.balance`), once per configuration.
 
+    `wrt` selects the variables to differentiate (any selector: `"lora"`, a
+    collection, a filter; default the `"parameters"` collection). With
+    `optimizer=` (an `spx.Optimizer` or `spx.MultiOptimizer`), train mode is the
+    whole training step: the optimizer's variables are differentiated and
+    updated inside the compiled step (on each parameter's pipeline rank), the
+    model and the optimizer's state are written in place, and the loss is
+    returned (`(loss, aux)` with `has_aux`), as `opt.update(model, grads)` after
+    a gradient run would leave them.
+
     Compiled runs are cached by value (model structure, configuration, the mesh's
     devices and axes, and the loss function's code with the values it reads; see
     `_run_key`), so an inline `loss_fn=lambda ...` compiles once; the 32 most
@@ -203,29 +238,47 @@ def run(
     import spectrax_mpmd as mp
 
     plan = plan_of(model)
-    selected = trainable(plan, "parameters")
+    optimizers = optimizers_of(optimizer) if optimizer is not None else None
+    if optimizers is not None and mode != "train":
+        raise mp.MpmdError("spx.run: optimizer= updates a training step; use mode='train'.")
+    selected = trainable(plan, wrt) if optimizers is None else selection(plan, optimizers)
     values = [v._value for v in plan.vars]
     if isinstance(stage_sizes, str) and stage_sizes != "auto":
         raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
     sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
     config = (mode, microbatches, schedule, has_aux, sizes or stage_sizes)
-    key = _cache_key(plan, selected, mesh, *config, loss_fn)
+    key = _cache_key(plan, selected, mesh, *config, loss_fn, optimizers)
     runner, loss = _runners.get(key, (None, None)) if key is not None else (None, None)
     diff = [v for v, s in zip(values, selected) if s]
     rest = [v for v, s in zip(values, selected) if not s]
     counters = counter_positions(plan)
     if runner is None:
         runner, loss = _new_runner(
-            model, plan, selected, (diff, rest, inputs, targets), counters, mesh=mesh, mode=mode,
-            loss_fn=loss_fn, microbatches=microbatches, schedule=schedule, has_aux=has_aux, sizes=sizes,
+            model,
+            plan,
+            selected,
+            (diff, rest, inputs, targets),
+            counters,
+            mesh=mesh,
+            mode=mode,
+            loss_fn=loss_fn,
+            microbatches=microbatches,
+            schedule=schedule,
+            has_aux=has_aux,
+            sizes=sizes,
             stage_sizes=stage_sizes,
+            tx=None if optimizers is None else grouped(plan, selected, optimizers),
         )
         _remember(key, runner, loss)
     elif loss is not None:
         loss.fn = loss_fn
     if key is not None:
         _runners.move_to_end(key)
-    result = runner(diff, rest, inputs, targets)
+    if optimizers is not None:
+        value, diff, states = runner.update(diff, states_of(optimizers), rest, inputs, targets)
+        result = (value, diff)
+    else:
+        result = runner(diff, rest, inputs, targets)
     if counters:
         result, stacked = split_counters(result, mode, has_aux)
         write_counters(plan, counters, first_microbatch(stacked, mesh))
@@ -233,7 +286,11 @@ def run(
         return result
     value, grads = result
     infos = tuple(info for info, s in zip(plan.infos, selected) if s)
-    return value, State(infos, list(grads))
+    if optimizers is None:
+        return value, State(infos, list(grads))
+    update(model, State(infos, list(grads)))
+    store(optimizers, states)
+    return value
 
 
 def sxcall(

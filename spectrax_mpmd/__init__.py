@@ -3,7 +3,19 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
-from ._api import profile_stages, sxgrad, sxjit, sxvalue_and_grad
+from ._api import (
+    Add,
+    Concat,
+    Max,
+    Mean,
+    Reduction,
+    profile_stages,
+    sxgrad,
+    sxjit,
+    sxvalue_and_grad,
+    sxvalue_and_grad_and_apply,
+    treduce,
+)
 from ._checkpoint.layout import CheckpointError
 from ._checkpoint.manager import (
     CheckpointManager,
@@ -14,7 +26,8 @@ from ._checkpoint.manager import (
 )
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
-from ._facade.run import gather, run, runner, sxcall
+from ._facade.gather import gather
+from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
@@ -56,6 +69,13 @@ __all__ = [
     "sxjit",
     "sxvalue_and_grad",
     "sxgrad",
+    "sxvalue_and_grad_and_apply",
+    "treduce",
+    "Reduction",
+    "Add",
+    "Mean",
+    "Max",
+    "Concat",
     "StagedOptimizer",
     "StagedOptState",
     "HostProfile",

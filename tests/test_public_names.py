@@ -19,7 +19,7 @@ MPMD = {
     "PeerLostError", "initialize", "CheckpointManager", "CheckpointError", "Restored", "save_checkpoint",
     "restore_checkpoint", "owner_shardings",
 }  # fmt: skip
-MPMD_ADDED: set = set()
+MPMD_ADDED = {"sxvalue_and_grad_and_apply", "treduce", "Reduction", "Add", "Mean", "Max", "Concat"}
 
 SCHEDULES = {
     "GPipe", "Std1F1B", "Eager1F1B", "ZeroBubbleH1", "InterleavedH1", "InterleavedGPipe",
@@ -30,6 +30,8 @@ SCHEDULES = {
 }  # fmt: skip
 SCHEDULES_ADDED = {
     "Flow", "Dependency", "Stuck", "DeadlockError", "issue_order", "parse_cell", "parse_table", "format_table",
+    "ZeroBubbleH2", "ZBV", "VHalf", "VMin", "DualPipe", "MORE_SCHEDULES", "UserSchedule", "SearchedSchedule",
+    "search", "UpdatedStep", "with_update",
 }  # fmt: skip
 
 

@@ -153,6 +153,11 @@ def check_table(schedule, n: int, table) -> None:
                     raise ScheduleError(
                         f"{where} is out of range: stages are 0..{n_stages - 1}, microbatches 0..{m - 1}."
                     )
+                runs = schedule.microbatches_of(a.stage, n)
+                if a.microbatch not in runs:
+                    raise ScheduleError(
+                        f"{where}: stage {a.stage} runs microbatches {runs.start}..{runs.stop - 1} only."
+                    )
                 if schedule.rank_of(a.stage, n) != rank:
                     raise ScheduleError(
                         f"{where}: stage {a.stage} lives on rank "
@@ -163,7 +168,7 @@ def check_table(schedule, n: int, table) -> None:
                     raise ScheduleError(f"{where} appears twice (first at {position[key]}).")
                 position[key] = (rank, index)
     for s in range(n_stages):
-        for mb in range(m):
+        for mb in schedule.microbatches_of(s, n):
             _check_pair(name, position, s, mb)
 
 
@@ -178,9 +183,16 @@ def _check_pair(name, position, s, mb) -> None:
     f_at = position[("F", s, mb)]
     first_bwd = position[("B", s, mb)] if has["B"] else position[("I", s, mb)]
     if f_at >= first_bwd:
-        raise ScheduleError(f"{what}: its F must come before its B/I in the rank's order.")
+        raise ScheduleError(
+            f"{what}: its F must come before its B/I in the rank's order (F at rank {f_at[0]} cell "
+            f"{f_at[1]}, B/I at cell {first_bwd[1]})."
+        )
     if has["I"] and position[("I", s, mb)] >= position[("W", s, mb)]:
-        raise ScheduleError(f"{what}: its I must come before its W in the rank's order.")
+        i_at, w_at = position[("I", s, mb)], position[("W", s, mb)]
+        raise ScheduleError(
+            f"{what}: its I must come before its W in the rank's order (I at rank {i_at[0]} cell "
+            f"{i_at[1]}, W at cell {w_at[1]})."
+        )
 
 
 def _check_layout(schedule, n: int) -> None:

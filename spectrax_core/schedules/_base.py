@@ -99,6 +99,21 @@ class Schedule(abc.ABC):
         """How many logical stages the table runs on `n` ranks (n · virtual_stages)."""
         return n * self.virtual_stages
 
+    def num_model_stages(self, n: int) -> int:
+        """How many model stages (the function's stage clusters) the table runs on `n` ranks:
+        `num_stages`, fewer where logical stages are copies of model stages."""
+        return len({self.model_stage(s, n) for s in range(self.num_stages(n))})
+
+    def model_stage(self, stage: int, n: int) -> int:
+        """The model stage (the function's stage cluster) that logical `stage` runs: itself,
+        except where a schedule runs copies of the model's stages (DualPipe)."""
+        return stage
+
+    def microbatches_of(self, stage: int, n: int) -> range:
+        """The microbatches logical `stage` runs: all of them, except where a schedule feeds
+        microbatches through different copies of the stages (DualPipe)."""
+        return range(self.microbatches)
+
     # --- data flow between stages ----------------------------------------------------
     def stage_inputs(self, n: int) -> tuple[tuple[int, ...], ...]:
         """Per stage, the stages whose forward output it reads: a chain, stage s reads s − 1."""

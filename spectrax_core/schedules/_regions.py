@@ -97,6 +97,11 @@ class RegionSchedule(Schedule):
         if not isinstance(r.schedule, Schedule):
             raise ScheduleError(f"{where}: schedule must be a Schedule, received {r.schedule!r}.")
         n = len(r.ranks)
+        if n >= 1 and any(r.schedule.model_stage(s, n) != s for s in range(r.schedule.num_stages(n))):
+            raise ScheduleError(
+                f"{where}: {type(r.schedule).__name__} runs copies of the model's stages, which a region "
+                "cannot hold (its stages are the region's own); use DualPipeV there."
+            )
         if n < 1 or len(set(r.ranks)) != n or min(r.ranks) < 0:
             raise ScheduleError(f"{where}: ranks must be distinct non-negative ints, received {r.ranks}.")
         if len(r.stages) != r.schedule.num_stages(n):

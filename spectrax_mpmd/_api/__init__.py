@@ -1,10 +1,19 @@
-"""The public entry points: `sxjit`, `sxvalue_and_grad`, `sxgrad`, `profile_stages`."""
+"""The public entry points: `sxjit`, `sxvalue_and_grad`, `sxgrad`, `sxvalue_and_grad_and_apply`,
+`profile_stages`."""
 
+from .apply import sxvalue_and_grad_and_apply
 from .checks import check_mesh, check_schedule
 from .grad import profile_stages, step_function, sxgrad, sxvalue_and_grad
 from .jit import sxjit
+from .treduce import Add, Concat, Max, Mean, Reduction, treduce
 
 __all__ = [
+    "Add",
+    "Concat",
+    "Max",
+    "Mean",
+    "Reduction",
+    "treduce",
     "check_mesh",
     "check_schedule",
     "profile_stages",
@@ -12,4 +21,5 @@ __all__ = [
     "sxgrad",
     "sxjit",
     "sxvalue_and_grad",
+    "sxvalue_and_grad_and_apply",
 ]

@@ -47,7 +47,10 @@ def _stable_repr(value) -> str:
 
 def _value_digest(leaf) -> str:
     """A CRC-32 of the leaf's bytes (a checksum, not a cryptographic hash: it tells accidental
-    differences apart at several GB/s), or `"?"` when this process cannot read the leaf."""
+    differences apart at several GB/s), or `"?"` when this process cannot read the leaf (or it has
+    no values: a `jax.ShapeDtypeStruct`, as `owner_shardings` takes)."""
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return "?"
     if isinstance(leaf, jax.Array):
         if not leaf.is_fully_addressable:
             return "?"

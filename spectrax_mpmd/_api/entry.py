@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from .._compile.compiler import Compiler
 from .._runtime import HostProfile, Plan, host_profile
@@ -104,22 +105,44 @@ def host_cost(owner, args, rounds: int) -> HostProfile:
     """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
     entry, leaves = cached_entry(owner, args)
     entry.plan.check_single_process(f"{owner.name}.profile")
-    if entry.donated:
-        raise MpmdError(
-            f"{owner.name}.profile runs the call {2 * rounds} times on the same arguments, but "
-            "donate_argnums lets the first run consume them; profile the function without donate_argnums."
-        )
-    return host_profile(entry.plan, entry.place(owner.placer, leaves), rounds)
+    return host_profile(entry.plan, fresh_inputs(entry, owner.placer, leaves), rounds)
 
 
-def build_timings(owner, args) -> dict:
+def fresh_inputs(entry: Entry, placer: Placer, leaves: Sequence) -> Callable:
+    """Placed inputs for one more run of `entry`'s plan; a donated leaf is copied first, so a
+    measurement that runs the plan again and again consumes none of the caller's arrays."""
+    if not entry.donated:
+        placed = entry.place(placer, leaves)
+        return lambda: placed
+    return lambda: entry.place(
+        placer, [jnp.copy(x) if a in entry.donated else x for a, x in enumerate(leaves)]
+    )
+
+
+class Timings(dict):
+    """A build report (`{"seconds": {phase: s}, "total_s": s, "compiled": k, "relocated": k}`) that
+    prints as a table: one row per phase with its milliseconds and share of the total."""
+
+    def __repr__(self) -> str:
+        total = self["total_s"]
+        rows = [f"{'phase':<10} {'ms':>9} {'share':>6}"]
+        for phase, seconds in self["seconds"].items():
+            rows.append(f"{phase:<10} {seconds * 1e3:9.1f} {seconds / total if total else 0.0:6.1%}")
+        rows.append(f"{'total':<10} {total * 1e3:9.1f} {1.0 if total else 0.0:6.1%}")
+        rows.append(f"programs compiled: {self['compiled']}, relocated: {self['relocated']}")
+        return "\n".join(rows)
+
+    __str__ = __repr__
+
+
+def build_timings(owner, args) -> Timings:
     """The build report of `args`' signature (building it if needed), or of the last call's."""
     if args:
-        return cached_entry(owner, args)[0].build
+        return Timings(cached_entry(owner, args)[0].build)
     entry = getattr(owner, "last_entry", None)
     if entry is None:
         raise MpmdError(f"{owner.name}: nothing has been built yet; call it first or pass arguments.")
-    return entry.build
+    return Timings(entry.build)
 
 
 def build_plan(compiler: Compiler, build, *args) -> Plan:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -24,11 +24,24 @@ from .._runtime import (
     stage_profile,
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
-from .._trace.split import split, trace
+from .._trace.pipelined import inside_train_step
+from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
+from .bind import bind_pipeline
 from .checks import check_mesh, check_schedule, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+
+
+class Pipeline(NamedTuple):
+    """A loss traced and split for one signature, with what its plan needs."""
+
+    graph: StageGraph
+    schedule: object
+    args: PlanArgs
+    argnums: tuple  # the differentiated positions
+    ranges: dict  # position -> its flat leaf indices
+    out_tree: object  # of (loss, aux)
 
 
 class _StepFunction:
@@ -75,7 +88,8 @@ class _StepFunction:
 
     @property
     def n_stages(self) -> int:
-        return self.mesh.mpmd_dim * self.v
+        count = getattr(self.schedule, "num_model_stages", None)  # else ranks x virtual stages
+        return count(self.mesh.mpmd_dim) if count is not None else self.mesh.mpmd_dim * self.v
 
     def _traced_fn(self, fn):
         has_aux = self.has_aux
@@ -90,7 +104,8 @@ class _StepFunction:
 
         return wrapped
 
-    def _build(self, sig: Signature) -> Entry:
+    def pipeline(self, sig: Signature) -> Pipeline:
+        """Trace and split the loss for this signature: what a plan of it is built from."""
         m = self.schedule.microbatches
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
         micro = traced_avals(sig, kinds, m)
@@ -119,14 +134,18 @@ class _StepFunction:
             reduce=self.reduce,
             remat=self.remat,
         )
-        plan = build_plan(self.compiler, build_train_plan, graph, schedule, self.mesh, args)
+        self.last_graph = graph
+        return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
+
+    def _build(self, sig: Signature) -> Entry:
+        pipe = self.pipeline(sig)
+        plan = build_plan(self.compiler, build_train_plan, pipe.graph, pipe.schedule, self.mesh, pipe.args)
         slots = plan.output_slots["grads"]
         grad_trees = tuple(
-            (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
-            for k in kinds.argnums
+            (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in pipe.ranges[k]])
+            for k in pipe.argnums
         )
-        self.last_graph = graph
-        return Entry(plan, out_tree, grad_trees=grad_trees)
+        return Entry(plan, pipe.out_tree, grad_trees=grad_trees)
 
     def _param_specs(self, dynamic, sig: Signature, argnums, ranges) -> dict:
         if self.rules is None:
@@ -202,6 +221,8 @@ class _StepFunction:
         return self._entry(args)[0].plan
 
     def __call__(self, *args):
+        if inside_train_step() and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            return bind_pipeline(self, args)
         entry, leaves = self._entry(args)
         buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan

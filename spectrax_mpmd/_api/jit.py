@@ -7,15 +7,19 @@ from typing import Callable, Sequence
 
 import jax
 
+from spectrax_core.schedules import Timeline
+
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile
+from .._runtime import HostProfile, action_spans, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, pipeline_schedule
-from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
+from .train_step import build_train_step
 
 
 class _JitFunction:
@@ -46,24 +50,31 @@ class _JitFunction:
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
         avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
-        with self.compiler.stats.timed("trace"):
+        with self.compiler.stats.timed("trace"), tracing_train_step(self):
             closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
+        donated = self._donated(sig)
+        found = find_pipeline_call(closed, self.name)
+        if found is not None:
+            return build_train_step(self, sig, found, out_tree, donated)
         pipeline_schedule(self, None, regions)
         with self.compiler.stats.timed("split"):
             graph = split(closed, self.mesh.mpmd_dim * self.v)
         schedule = pipeline_schedule(self, graph, regions)
+        args = PlanArgs(donated=donated, **split_batch)
+        self.last_graph = graph
+        plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
+        return Entry(plan, out_tree, donated=donated)
+
+    def _donated(self, sig: Signature) -> frozenset:
+        """The flat leaves of the `donate_argnums` arguments."""
         n_args = len(sig.positions) + len(sig.statics)
         donate = {k % n_args for k in self.donate_argnums if -n_args <= k < n_args}
-        donated = frozenset(
+        return frozenset(
             a
             for position, leaf_range in zip(sig.positions, sig.ranges())
             if position in donate
             for a in leaf_range
         )
-        args = PlanArgs(donated=donated, **split_batch)
-        self.last_graph = graph
-        plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
-        return Entry(plan, out_tree, donated=donated)
 
     def __call__(self, *args):
         entry, leaves = cached_entry(self, args)
@@ -74,6 +85,15 @@ class _JitFunction:
     def profile(self, *args, rounds: int = 7) -> HostProfile:
         """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""
         return host_cost(self, args, rounds)
+
+    def measure_timeline(self, *args) -> Timeline:
+        """Run one call cell by cell, timing each schedule action (see
+        `sxvalue_and_grad(...).measure_timeline`); donated arguments are copied first, not consumed."""
+        entry, leaves = cached_entry(self, args)
+        entry.plan.check_single_process(f"{self.name}.measure_timeline")
+        plan, n = entry.plan, self.mesh.mpmd_dim
+        spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)())
+        return measured_timeline(spans, n, repr(plan.schedule), plan.schedule.stage_labels(n))
 
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from .layout import CheckpointError
+
 
 def checksum(x) -> str | None:
     """The CRC-32 of `x`'s bytes as 8 hex digits, or None when this process does not hold all of `x`."""
@@ -32,3 +34,21 @@ def checksum(x) -> str | None:
 def checksums(arrays: Sequence) -> list[str | None]:
     """`checksum` of each array."""
     return [checksum(x) for x in arrays]
+
+
+def checksums_by_name(arrays: dict) -> dict:
+    """`{name: checksum}` of a `{name: array}` dict."""
+    return dict(zip(arrays, checksums(list(arrays.values()))))
+
+
+def verify(step: int, item: str, got: dict, recorded: dict) -> None:
+    """Raise naming the first array read whose contents differ from the checksum its save recorded."""
+    names = list(got)
+    found = zip(names, checksums([got[n] for n in names]))
+    bad = [n for n, c in found if None not in (c, recorded.get(n)) and c != recorded[n]]
+    if bad:
+        raise CheckpointError(
+            f"restore: step {step}'s {item} array {bad[0]!r} does not match the checksum recorded when it "
+            f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
+            "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
+        )

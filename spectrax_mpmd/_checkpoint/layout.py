@@ -29,7 +29,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from spectrax_core.nn import BlockStack
 
-from .._optim import StagedOptState
+from .._optim import StagedOptState, remote_array
 from .._stages import StagedStack
 from ..errors import MpmdError
 
@@ -73,7 +73,6 @@ def leaves_of(tree) -> list[Leaf]:
     return out
 
 
-@jax.jit
 def _unstack_all(xs):
     return tuple(tuple(x) for x in xs)
 
@@ -88,28 +87,58 @@ def _device_key(x) -> tuple[int, ...]:
 
 
 def unstack_layers(xs: list) -> list[tuple]:
-    """Each stacked array split into its layers, computed where it lives (one program per device set)."""
+    """Each stacked array split into its layers, computed where it lives (one program per device set).
+
+    A layer keeps its stack's sharding without the layer axis on every process: where another
+    process holds the stack, its layers are global arrays without local shards here.
+    """
     out: list = [None] * len(xs)
     groups: dict[tuple[int, ...], list[int]] = {}
     for k, x in enumerate(xs):
         groups.setdefault(_device_key(x), []).append(k)
     for idx in groups.values():
-        for k, layers in zip(idx, _unstack_all(tuple(xs[k] for k in idx))):
+        places = tuple(
+            (_layer_sharding(xs[k].sharding, "a stacked block leaf", "save"),) * xs[k].shape[0] for k in idx
+        )
+        if not xs[idx[0]].is_fully_addressable:
+            for k, layer in zip(idx, places):
+                out[k] = tuple(remote_array(_struct(xs[k].shape[1:], xs[k].dtype, sh)) for sh in layer)
+            continue
+        unstack = jax.jit(_unstack_all, out_shardings=places)
+        for k, layers in zip(idx, unstack(tuple(xs[k] for k in idx))):
             out[k] = layers
     return out
 
 
 def stack_layers(requests: list[tuple[list, Any]]) -> list:
-    """`(layers, sharding)` pairs stacked on the layers' devices (one program per device set)."""
+    """`(layers, sharding)` pairs stacked on the layers' devices (one program per device set); a
+    stack another process holds is a global array without local shards here."""
     out: list = [None] * len(requests)
     groups: dict[tuple[int, ...], list[int]] = {}
     for k, (layers, _) in enumerate(requests):
         groups.setdefault(_device_key(layers[0]), []).append(k)
     for idx in groups.values():
-        stacked = _stack_all(tuple(tuple(requests[k][0]) for k in idx))
+        stacked = [
+            _struct((len(requests[k][0]), *requests[k][0][0].shape), requests[k][0][0].dtype, None)
+            for k in idx
+        ]
+        if requests[idx[0]][0][0].is_fully_addressable:
+            stacked = _stack_all(tuple(tuple(requests[k][0]) for k in idx))
         for k, x in zip(idx, stacked):
-            out[k] = jax.device_put(x, requests[k][1])
+            out[k] = _placed(x, requests[k][1])
     return out
+
+
+def _struct(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def _placed(x, sharding):
+    """`x` on `sharding`; a global array without local shards where another process holds `x` or
+    `sharding`'s devices."""
+    if isinstance(x, jax.ShapeDtypeStruct) or not (x.is_fully_addressable and sharding.is_fully_addressable):
+        return remote_array(_struct(x.shape, x.dtype, sharding))
+    return jax.device_put(x, sharding)
 
 
 def _is_param_list(n: int) -> Callable[[Any], bool]:
@@ -212,18 +241,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype) if _is_key(dtype) else jnp.dtype(dtype).name
 
 
-# -- restoring ---------------------------------------------------------------------------
-
-
-def sharding_of(x):
-    """Where a target leaf goes: its sharding, or the default device for one without."""
-    sharding = getattr(x, "sharding", None)
-    if sharding is None:
-        return SingleDeviceSharding(jax.devices()[0])
-    return sharding
-
-
-def _layer_sharding(sharding, path: str):
+def _layer_sharding(sharding, path: str, where: str = "restore"):
     """The sharding of one layer of a stacked leaf placed with `sharding` (the layer axis dropped)."""
     if isinstance(sharding, SingleDeviceSharding):
         return sharding
@@ -231,168 +249,11 @@ def _layer_sharding(sharding, path: str):
         spec = tuple(sharding.spec)
         if spec and spec[0] is not None:
             raise CheckpointError(
-                f"restore: {path} is sharded over its layer axis ({sharding.spec}); stacked block leaves "
+                f"{where}: {path} is sharded over its layer axis ({sharding.spec}); stacked block leaves "
                 "must keep that axis unsharded. Shard another axis instead."
             )
         return NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]), memory_kind=sharding.memory_kind)
     raise CheckpointError(
-        f"restore: {path} has a {type(sharding).__name__}; stacked block leaves need a NamedSharding "
+        f"{where}: {path} has a {type(sharding).__name__}; stacked block leaves need a NamedSharding "
         "or a single device."
     )
-
-
-def _replicated(sharding):
-    if isinstance(sharding, NamedSharding):
-        return NamedSharding(sharding.mesh, PartitionSpec(), memory_kind=sharding.memory_kind)
-    return SingleDeviceSharding(next(iter(sorted(sharding.device_set, key=lambda d: d.id))))
-
-
-class Target:
-    """What a restore reads (`want`: name -> abstract array with its sharding) and how it rebuilds trees."""
-
-    def __init__(self):
-        self.want: dict[str, jax.ShapeDtypeStruct] = {}
-        self.where: dict[str, str] = {}  # name -> the target leaf's path, for messages
-        self.keys: dict[str, str] = {}  # name -> PRNG implementation of a typed-key leaf
-
-    def add(self, name: str, shape, dtype, sharding, path: str) -> None:
-        self.want[name] = jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
-        self.where[name] = path
-
-    def add_leaf(self, leaf: Leaf, x, sharding) -> None:
-        if leaf.stacked:
-            layer = _layer_sharding(sharding, leaf.path)
-            for n in leaf.names:
-                self.add(n, x.shape[1:], x.dtype, layer, leaf.path)
-        else:
-            self.add(leaf.names[0], x.shape, x.dtype, sharding, leaf.path)
-
-    def check(self, saved: dict, what: str) -> None:
-        """Raise naming the first target leaf whose name, shape or dtype the checkpoint does not hold."""
-        for name, sds in self.want.items():
-            path = self.where[name] or "(root)"
-            if name not in saved:
-                raise CheckpointError(
-                    f"restore: the target's {what} leaf {path} (saved name {name!r}) is not in the "
-                    f"checkpoint; it holds {what} {_preview(saved)}. Restore into a tree of the "
-                    "structure that was saved."
-                )
-            shape, dtype, *stored = saved[name]
-            if tuple(shape) != tuple(sds.shape) or dtype != _dtype_name(sds.dtype):
-                raise CheckpointError(
-                    f"restore: the target's {what} leaf {path} (saved name {name!r}) is "
-                    f"{_dtype_name(sds.dtype)}{list(sds.shape)} but the checkpoint holds "
-                    f"{dtype}{list(shape)}. Build the target with the saved model's sizes and dtypes."
-                )
-            if _is_key(sds.dtype):  # saved as its raw key data
-                impl, data_shape, data_dtype = stored
-                self.keys[name] = impl
-                self.want[name] = jax.ShapeDtypeStruct(tuple(data_shape), data_dtype, sharding=sds.sharding)
-        extra = [n for n in saved if n not in self.want]
-        if extra:
-            raise CheckpointError(
-                f"restore: the checkpoint's {what} leaf {extra[0]!r} has no place in the target "
-                f"({len(extra)} such leaves). Restore into a tree of the structure that was saved."
-            )
-
-    def finish(self, got: dict) -> dict:
-        """The arrays read, typed PRNG keys rebuilt from their data."""
-        for name, impl in self.keys.items():
-            got[name] = jax.random.wrap_key_data(got[name], impl=impl)
-        return got
-
-
-def _preview(names) -> str:
-    names = list(names)
-    return repr(names[:6])[:-1] + (", ...]" if len(names) > 6 else "]")
-
-
-def tree_target(like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
-    """The arrays a restore of a tree shaped like `like` reads, and the function that rebuilds the tree."""
-    leaves, treedef = jax.tree.flatten(like)
-    names = leaves_of(like)
-    places = [sharding_of(x) for x in leaves] if shardings is None else _shardings_for(like, shardings)
-    target = Target()
-    for leaf, x, sh in zip(names, leaves, places):
-        target.add_leaf(leaf, x, sh)
-
-    def rebuild(got: dict):
-        stacked = [k for k, leaf in enumerate(names) if leaf.stacked]
-        built = stack_layers([([got[n] for n in names[k].names], places[k]) for k in stacked])
-        values = [None if leaf.stacked else got[leaf.names[0]] for leaf in names]
-        for k, x in zip(stacked, built):
-            values[k] = x
-        return treedef.unflatten(values)
-
-    return target, rebuild
-
-
-def _shardings_for(like, shardings) -> list:
-    try:
-        return jax.tree.structure(like).flatten_up_to(shardings)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(
-            "restore: shardings= must have the structure of like= (one sharding per leaf), e.g. "
-            f"mp.owner_shardings(step, params, *batch): {err}"
-        ) from err
-
-
-def staged_opt_target(optimizer, like, shardings=None) -> tuple[Target, Callable[[dict], Any]]:
-    """The arrays of a `StagedOptState` for parameters placed as `like`, and its rebuild function.
-
-    Groups follow the parameters' devices (as `StagedOptimizer.init` groups
-    them); each group's state structure is `optimizer.tx.init` evaluated
-    abstractly, so nothing is allocated before the restore.
-    """
-    leaves = jax.tree.leaves(like)
-    p_names = leaves_of(like)
-    places = [sharding_of(x) for x in leaves] if shardings is None else _shardings_for(like, shardings)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for k, sh in enumerate(places):
-        groups.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
-    groups_t = tuple(tuple(v) for v in groups.values())
-    shapes = [tuple(x.shape) for x in leaves]
-    target = Target()
-    plans = []
-    for idx in groups_t:
-        abstract = jax.eval_shape(
-            optimizer.tx.init, [jax.ShapeDtypeStruct(leaves[k].shape, leaves[k].dtype) for k in idx]
-        )
-        home = _replicated(places[idx[0]])
-        entries = []
-        for names, x, stacked, k in _opt_entries(idx, abstract, p_names, shapes):
-            if k is None:
-                target.add(names, x.shape, x.dtype, _replicated(places[0]), names)
-                entries.append((names, home, False, None))
-                continue
-            same = tuple(x.shape) == shapes[k]
-            sh = places[k] if same else _replicated(places[k])
-            path = f"optimizer state {names[0].split('/', 1)[0]} of {p_names[k].path}"
-            if stacked:
-                layer = _layer_sharding(sh, p_names[k].path)
-                for n in names:
-                    target.add(n, x.shape[1:], x.dtype, layer, path)
-            else:
-                target.add(names[0], x.shape, x.dtype, sh, path)
-            entries.append((names, sh, stacked, k))
-        plans.append((jax.tree.structure(abstract), entries))
-
-    def rebuild(got: dict):
-        flat = [e for _, entries in plans for e in entries]
-        stacked = [j for j, e in enumerate(flat) if e[2]]
-        built = dict(
-            zip(stacked, stack_layers([([got[n] for n in flat[j][0]], flat[j][1]) for j in stacked]))
-        )
-        values = []
-        for j, (names, sh, is_stacked, k) in enumerate(flat):
-            if k is None:
-                values.append(jax.device_put(got[names], sh))
-            else:
-                values.append(built[j] if is_stacked else got[names[0]])
-        states, start = [], 0
-        for treedef, entries in plans:
-            states.append(treedef.unflatten(values[start : start + len(entries)]))
-            start += len(entries)
-        return StagedOptState(groups_t, tuple(states))
-
-    return target, rebuild

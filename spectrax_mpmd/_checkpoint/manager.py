@@ -14,6 +14,7 @@ one device, with nothing converted offline.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import os
@@ -27,8 +28,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
-from .digest import checksums as compute_checksums
-from .layout import CheckpointError, save_arrays, staged_opt_target, tree_target
+from .digest import checksums_by_name as _checksums
+from .digest import verify as _verify
+from .hosts import PRIMARY, on_primary, read_held
+from .layout import CheckpointError, save_arrays
+from .target import staged_opt_target, tree_target
 
 FORMAT = 1
 ITEMS = ("params", "opt_state", "meta")
@@ -95,12 +99,7 @@ class CheckpointManager:
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            save_interval_steps=save_interval_steps,
-            enable_async_checkpointing=async_save,
-            create=create,
-        )
+        options = _options(ocp, self.directory, max_to_keep, save_interval_steps, async_save, create)
         self._ocp = ocp
         self.checksums = checksums
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -157,13 +156,16 @@ class CheckpointManager:
                 f"(manager.delete({step})) or save under another step."
             )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
+        if jax.process_count() > 1:  # the first process writes every array (see `hosts`)
+            both = on_primary({"params": arrays_p, "opt_state": arrays_o})
+            arrays_p, arrays_o = both["params"], both["opt_state"]
         meta = {"format": FORMAT, **desc, "extra": extra}
-        if self.checksums:
+        if self.checksums and jax.process_index() == PRIMARY:  # the others' meta is not written
             meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
         ocp = self._ocp
-        items = {"params": ocp.args.StandardSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
+        items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
-            items["opt_state"] = ocp.args.StandardSave(arrays_o)
+            items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
         return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
@@ -197,18 +199,20 @@ class CheckpointManager:
         meta = self._read(step, meta=ocp.args.JsonRestore())["meta"]
         p_target, p_rebuild = tree_target(like, shardings)
         p_target.check(meta["params"], "params")
-        items = {"params": ocp.args.StandardRestore(p_target.want)}
+        targets = {"params": p_target}
         o_rebuild = None
         if optimizer is not None or opt_like is not None:
             o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
-            items["opt_state"] = ocp.args.StandardRestore(o_target.want)
-        got = self._read(step, **items)
+            targets["opt_state"] = o_target
+        got = read_held(
+            self._ocp, functools.partial(self._read, step), {i: t.want for i, t in targets.items()}
+        )
         if self.checksums and "checksums" in meta:
-            for item in items:
-                _verify(step, item, dict(got[item]), meta["checksums"][item])
-        params = p_rebuild(p_target.finish(dict(got["params"])))
-        opt_state = o_rebuild(o_target.finish(dict(got["opt_state"]))) if o_rebuild is not None else None
+            for item in targets:
+                _verify(step, item, got[item], meta["checksums"][item])
+        params = p_rebuild(p_target.finish(got["params"]))
+        opt_state = o_rebuild(o_target.finish(got["opt_state"])) if o_rebuild is not None else None
         return Restored(step, params, opt_state, meta.get("extra"))
 
     def _read(self, step: int, **items) -> dict:
@@ -262,21 +266,20 @@ def _read_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {first[0] if first else ''}"
 
 
-def _checksums(arrays: dict) -> dict:
-    return dict(zip(arrays, compute_checksums(list(arrays.values()))))
-
-
-def _verify(step: int, item: str, got: dict, recorded: dict) -> None:
-    """Raise naming the first array read whose contents differ from the checksum its save recorded."""
-    names = list(got)
-    found = zip(names, compute_checksums([got[n] for n in names]))
-    bad = [n for n, c in found if None not in (c, recorded.get(n)) and c != recorded[n]]
-    if bad:
-        raise CheckpointError(
-            f"restore: step {step}'s {item} array {bad[0]!r} does not match the checksum recorded when it "
-            f"was saved ({len(bad)} of the {len(names)} {item} arrays differ): its data on disk is damaged. "
-            "Restore another step (all_steps()), or pass checksums=False to read the values unchecked."
-        )
+def _options(ocp, directory: Path, max_to_keep, save_interval_steps: int, async_save: bool, create: bool):
+    """orbax's manager options; in a multi-process run every process is active, so that orbax's
+    barriers go through the key-value store rather than a device collective (docs/multihost.md)."""
+    world = jax.process_count()
+    if create and world > 1:  # orbax leaves creating the directory to us with active_processes
+        directory.mkdir(parents=True, exist_ok=True)
+    processes = ocp.options.MultiprocessingOptions(active_processes=set(range(world)) if world > 1 else None)
+    return ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        save_interval_steps=save_interval_steps,
+        enable_async_checkpointing=async_save,
+        create=create and world == 1,
+        multiprocessing_options=processes,
+    )
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):

@@ -12,8 +12,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from spectrax_core import apply
 from spectrax_core.schedules import GPipe
 
@@ -91,15 +89,23 @@ def runner(
     rules=None,
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
+    tx=None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
     Use this in a training loop; `run` builds (and compiles) a new step on every call.
+    With an optax `tx`, `step.update(model, opt_state, inputs, targets)` is the whole
+    training step, `(loss, model, opt_state)`, the update inside the pipelined plan on
+    each parameter's rank (`opt_state = tx.init(model)`; both are consumed).
     With `stage_sizes="auto"` the first call profiles the model's blocks and picks
     the split (`step.balance` says which, with its predicted per-stage times).
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
     `sxvalue_and_grad`).
     """
+    if tx is not None and isinstance(stage_sizes, str):
+        raise MpmdError(
+            "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."
+        )
     if isinstance(stage_sizes, str):
         if stage_sizes != "auto":
             raise MpmdError(f"run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
@@ -127,13 +133,17 @@ def runner(
         has_aux=has_aux,
         rules=rules,
         region_ranks=region_ranks,
+        tx=tx,
     )
 
     @functools.wraps(inner.__call__)
     def step(model, inputs, targets=None):
         return inner(model, None, inputs, targets)
 
-    step.runner = inner
+    def update(model, opt_state, inputs, targets=None):
+        return inner.update(model, opt_state, None, inputs, targets)
+
+    step.runner, step.update = inner, update
     return step
 
 
@@ -225,9 +235,3 @@ def sxcall(
             raise MpmdError("sxcall: with mode='train', batch must be a pair (inputs, targets).")
         return step(params, None, *batch)
     return step(params, None, batch)
-
-
-def gather(tree, device: jax.Device | None = None):
-    """Every leaf of `tree` copied to one device (default: the first), e.g. parameters spread over ranks."""
-    device = device if device is not None else jax.devices()[0]
-    return jax.device_put(tree, device)

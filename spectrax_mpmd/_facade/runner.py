@@ -15,12 +15,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 from spectrax_core.schedules import GPipe
 
-from .._api import sxjit, sxvalue_and_grad
+from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._trace.args import is_prng_key
 from .._trace.cells import fold_key
@@ -48,10 +49,16 @@ def _is_mpmd(mesh) -> bool:
 
 
 def pipeline_stages(mesh, schedule=None) -> int:
-    """How many stages a run on `mesh` cuts the model into: ranks x virtual stages (1 without a pipeline axis)."""
+    """How many stages a run on `mesh` cuts the model into: the schedule's model stages, ranks x
+    virtual stages for the named schedules (n for DualPipe, which runs each twice; 1 without a
+    pipeline axis)."""
     if not _is_mpmd(mesh):
         return 1
-    return as_mpmd_mesh(mesh).mpmd_dim * (schedule.virtual_stages if schedule is not None else 1)
+    n = as_mpmd_mesh(mesh).mpmd_dim
+    if schedule is None:
+        return n
+    count = getattr(schedule, "num_model_stages", None)
+    return count(n) if count is not None else n * schedule.virtual_stages
 
 
 def fold_keys(extra: Any, i) -> Any:
@@ -80,7 +87,8 @@ class Runner:
     `runner(params, extra, inputs, targets=None)`: `mode="train"` returns
     `(loss, grads)` (`((loss, aux), grads)` with `has_aux`), `grads` shaped
     like `params`; `mode="forward"` returns the outputs, concatenated over
-    microbatches in batch order.
+    microbatches in batch order. With an optax `tx`, `runner.update(params,
+    opt_state, extra, inputs, targets)` is the whole training step.
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class Runner:
         rules=None,
         name: str = "run",
         region_ranks: dict | None = None,
+        tx: optax.GradientTransformation | None = None,
     ):
         if mode not in MODES:
             raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
@@ -116,8 +125,22 @@ class Runner:
             as_mpmd_mesh(mesh) if self.mpmd else (mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh)
         )
         self.microbatches = schedule.microbatches if schedule is not None else microbatches
+        if tx is not None and mode != "train":
+            raise MpmdError(f"{name}: an optimizer (tx=) updates a training step; use mode='train'.")
+        self.tx = tx
         if self.mpmd:
             schedule = schedule if schedule is not None else GPipe(microbatches=self.microbatches)
+            if tx is not None:
+                self.update_step = sxvalue_and_grad_and_apply(
+                    self._loss,
+                    tx,
+                    mesh=self.mesh,
+                    schedule=schedule,
+                    has_aux=has_aux,
+                    batch_argnums=(2, 3),
+                    rules=rules,
+                    region_ranks=region_ranks,
+                )
             if mode == "train":
                 self.step = sxvalue_and_grad(
                     self._loss,
@@ -138,6 +161,7 @@ class Runner:
                 )
         else:
             self.step = jax.jit(self._spmd_train if mode == "train" else self._spmd_forward)
+            self.update_step = jax.jit(self._spmd_update, donate_argnums=(0, 1))
         self.schedule = schedule
 
     # -- the traced functions ------------------------------------------------------------
@@ -172,6 +196,11 @@ class Runner:
         zero = (zero[0][0], zero[1]) if self.has_aux else zero
         (loss, grads), aux = jax.lax.scan(body, zero, jnp.arange(m))
         return ((loss, aux) if self.has_aux else loss), grads
+
+    def _spmd_update(self, params, opt_state, extra, inputs, targets):
+        value, grads = self._spmd_train(params, extra, inputs, targets)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
 
     def _spmd_forward(self, params, extra, inputs):
         m = self.microbatches
@@ -211,6 +240,20 @@ class Runner:
             return self.step(*args)
         with jax.set_mesh(self.mesh):
             return self.step(*self._spmd_place(args))
+
+    def update(self, params, opt_state, extra, inputs, targets=None):
+        """One training step with the runner's `tx`: `(loss, params, opt_state)`, the update run
+        on each parameter's rank inside the pipelined plan (one SPMD program without a pipeline).
+        `params` and `opt_state` (`tx.init(params)`) are consumed: keep what it returns."""
+        if self.tx is None:
+            raise MpmdError(f"{self.name}: this runner has no optimizer; build it with tx=.")
+        self._check_batch(inputs, targets)
+        if self.mpmd:
+            return self.update_step(params, opt_state, extra, inputs, targets)
+        with jax.set_mesh(self.mesh):
+            params, extra, inputs, targets = self._spmd_place((params, extra, inputs, targets))
+            opt_state = jax.device_put(opt_state, NamedSharding(self.mesh, PartitionSpec()))  # one program
+            return self.update_step(params, opt_state, extra, inputs, targets)
 
     def _spmd_place(self, args):
         """Parameters by `rules` (replicated without), batch leaves split over the data axes."""

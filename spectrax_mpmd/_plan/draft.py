@@ -27,6 +27,7 @@ class Draft:
     forward_steps: dict = field(default_factory=dict)  # step -> [(stage, microbatch)] it starts
     fused: dict = field(default_factory=dict)  # tuple of cell specs -> their fused spec
     outputs: dict = field(default_factory=dict)  # what the call returns, as slots
+    input_specs: dict = field(default_factory=dict)  # Input key -> PartitionSpec, where not a param's
     # multi-process only (`localize`): the transport, the ranks this process runs (None: all),
     # and (slot, global array without local shards) of outputs held by other processes
     transport: object = None

@@ -61,7 +61,7 @@ def emit_forward(
     slots of the function outputs it computes."""
     io, graph = p.io, layout.graph
     outs = [draft.slot(StageOutput(s, j, i)) for j in range(len(io.stage.edge_outputs))]
-    results = [draft.slot(Result(j, i)) for j in io.stage.results]
+    results = [draft.new() for _ in io.stage.results]
     res = [draft.slot(Residual(s, i, k)) for k in range(n_res)]
     draft.add(cell, cell_inputs(draft, layout, p, s, i), outs + results + res)
     edge_index = layout.edge_index
@@ -73,7 +73,22 @@ def emit_forward(
             for e in graph.consumers(s)[v]
         ],
     )
-    return results
+    return gather_results(draft, layout, s, i, io.stage.results, results)
+
+
+def gather_results(draft: Draft, layout: Layout, s: int, i: int, outputs, made: list[int]) -> list[int]:
+    """The function outputs `outputs` stage `s` made for microbatch `i` (in slots `made`), as
+    `Result` slots on the rank of each output's `result_stage` (moved there from a stage copy
+    on another rank)."""
+    home = layout.graph.result_stage
+    move(
+        draft,
+        [
+            (slot, Result(j, i), layout.named(home[j], None), layout.named(s, None))
+            for j, slot in zip(outputs, made)
+        ],
+    )
+    return [draft.slot(Result(j, i)) for j in outputs]
 
 
 def send_cotangents(draft: Draft, layout: Layout, p: StageProgram, i: int) -> None:
@@ -105,14 +120,16 @@ def residual_slots(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int
 
 
 def emit_loss_step(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> None:
-    """The last stage's fused forward and backward on microbatch `i`, then its cotangent sends."""
+    """Loss stage `s`'s fused forward and backward on microbatch `i`, then its cotangent sends."""
     ins = cell_inputs(draft, layout, p, s, i)
     acc = [draft.slot(GradAccumulator(s, a)) for a in p.io.params]
     ct_out = _input_cotangents(draft, layout, p, i)
-    results = [draft.slot(Result(j, i)) for j in p.io.stage.results if j != 0]
-    loss = draft.slot(LossAccumulator())
+    outputs = [j for j in p.io.stage.results if j != 0]
+    results = [draft.new() for _ in outputs]
+    loss = draft.slot(LossAccumulator(s))
     draft.add(p.specs["FB"], ins + acc + [loss], acc + ct_out + [loss] + results)
     send_cotangents(draft, layout, p, i)
+    gather_results(draft, layout, s, i, outputs, results)
 
 
 def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> str:
@@ -120,7 +137,7 @@ def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> 
     label of the cell it ran (`-` for none: the last stage's backward ran fused with its F)."""
     s, i, kind = a.stage, a.microbatch, a.kind
     p = programs[s]
-    if s == layout.last:
+    if layout.is_loss(s):
         if kind == "F":
             emit_loss_step(draft, layout, p, s, i)
             return "FB"

@@ -35,10 +35,10 @@ def accumulator_cells(
         shardings += [layout.param(a, s) for a in p.io.params]
         avals += [layout.accumulator_aval(a) for a in p.io.params]
         outs += [draft.slot(GradAccumulator(s, a)) for a in p.io.params]
-        if s == layout.last:
+        if layout.is_loss(s):
             shardings.append(layout.named(s, None))
             avals.append(layout.accumulator_aval("loss"))
-            outs.append(draft.slot(LossAccumulator()))
+            outs.append(draft.slot(LossAccumulator(s)))
     return [
         (CellSpec(_zeros(tuple(avals)), (), tuple(shardings)), outs)
         for _, (shardings, avals, outs) in sorted(per_rank.items())
@@ -47,8 +47,9 @@ def accumulator_cells(
 
 
 def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram], args: PlanArgs) -> dict:
-    """Sum the gradients of shared parameter leaves on their owner (the first stage reading
-    them), cast accumulators back, stack each auxiliary result over microbatches. Returns
+    """Sum the gradients of shared parameter leaves (a tied weight, the copies of a stage) on
+    their owner (the first stage reading them) and the loss of every loss stage on the last
+    stage, cast accumulators back, stack each auxiliary result over microbatches. Returns
     the output slots: `{"loss": slot, "grads": {leaf: slot}, "aux": {output: slot}}`."""
     users: dict[int, list[int]] = {}
     for s, p in enumerate(programs):
@@ -56,26 +57,14 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
             users.setdefault(a, []).append(s)
     grads = {a: draft.slot(ZeroGrad(a)) for a in args.params if a not in users}
     for a, stages in users.items():
-        owner = stages[0]
-        sh = layout.param(a, owner)
-        slot = draft.slot(GradAccumulator(owner, a))
-        for s in stages[1:]:
-            moved = draft.slot(GradAccumulator(s, a))
-            if layout.param(a, s) != sh:
-                source, moved = moved, draft.new()
-                draft.add(transfer([layout.param(a, s)], [sh]), [source], [moved])
-            total = draft.new()
-            add = CellSpec(_add, (shape_spec(layout.accumulator_aval(a), sh),) * 2, (sh,), (0,))
-            draft.add(add, [slot, moved], [total])
-            slot = total
+        sh = layout.param(a, stages[0])
+        parts = [(draft.slot(GradAccumulator(s, a)), layout.param(a, s)) for s in stages]
+        slot = _sum_on(draft, parts, sh, layout.accumulator_aval(a))
         grads[a] = _cast_back(draft, slot, layout.accumulator_aval(a), layout.graph.in_avals[a], sh)
-    loss = _cast_back(
-        draft,
-        draft.slot(LossAccumulator()),
-        layout.accumulator_aval("loss"),
-        layout.graph.out_avals[0],
-        layout.named(layout.last, None),
-    )
+    sh = layout.named(layout.last, None)
+    losses = [(draft.slot(LossAccumulator(s)), layout.named(s, None)) for s in layout.loss_stages[::-1]]
+    total = _sum_on(draft, losses, sh, layout.accumulator_aval("loss"))
+    loss = _cast_back(draft, total, layout.accumulator_aval("loss"), layout.graph.out_avals[0], sh)
     aux = {}
     for j in range(1, len(layout.graph.out_avals)):
         sh = layout.named(layout.graph.result_stage[j], None)
@@ -83,6 +72,19 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
         aux[j] = draft.new()
         draft.add(stack, [draft.slot(Result(j, i)) for i in range(layout.m)], [aux[j]])
     return {"loss": loss, "grads": grads, "aux": aux}
+
+
+def _sum_on(draft: Draft, parts: list[tuple[int, object]], sh, acc) -> int:
+    """The sum of the accumulators `(slot, sharding)` (the first on `sh`), on `sh`."""
+    slot = parts[0][0]
+    for moved, at in parts[1:]:
+        if at != sh:
+            source, moved = moved, draft.new()
+            draft.add(transfer([at], [sh]), [source], [moved])
+        total = draft.new()
+        draft.add(CellSpec(_add, (shape_spec(acc, sh),) * 2, (sh,), (0,)), [slot, moved], [total])
+        slot = total
+    return slot
 
 
 def _cast_back(draft: Draft, slot: int, acc, aval, sharding) -> int:

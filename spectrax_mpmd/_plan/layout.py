@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
 from .._trace.split import StageGraph
+from .copies import copy_stages
 
 REPLICATED = PartitionSpec()
 
@@ -28,7 +29,8 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, and how microbatch losses are reduced."""
+    leaves, parameter PartitionSpecs, how microbatch losses are reduced, and the program run on
+    the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
 
     params: tuple = ()
     batch: tuple = ()
@@ -38,11 +40,13 @@ class PlanArgs:
     param_specs: dict = field(default_factory=dict)
     reduce: str = "mean"
     remat: bool = False
+    epilogue: object = None
 
 
 @dataclass(frozen=True, eq=False)
 class Layout:
-    """Stage `s` runs on rank `ranks[s]`'s submesh of `mesh`; `m` microbatches."""
+    """Stage `s` runs on rank `ranks[s]`'s submesh of `mesh`; `m` microbatches. `graph` holds the
+    schedule's logical stages (`copy_stages`); logical stage `s` runs model stage `model[s]`."""
 
     graph: StageGraph
     schedule: object
@@ -51,15 +55,17 @@ class Layout:
     m: int
     param_specs: dict
     unsharded: bool  # nothing in the pipeline is sharded: every intermediate is replicated
+    model: tuple = ()
 
     @classmethod
     def of(cls, graph: StageGraph, schedule, mesh: MpmdMesh, args: PlanArgs, microbatches: int) -> "Layout":
         n = mesh.mpmd_dim
+        graph, model = copy_stages(graph, schedule, n)
         unsharded = not any(spec is not None for spec in args.param_specs.values()) and all(
             e.spec is None for e in graph.edges
         )
         ranks = tuple(schedule.rank_of(s, n) for s in range(len(graph.stages)))
-        return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded)
+        return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded, model)
 
     @functools.cached_property
     def edge_index(self) -> dict:
@@ -72,7 +78,16 @@ class Layout:
 
     @property
     def last(self) -> int:
+        """The last logical stage: a loss stage, where the loss of every microbatch is gathered."""
         return len(self.graph.stages) - 1
+
+    def is_loss(self, s: int) -> bool:
+        """Whether stage `s` computes the loss (runs the model's last stage)."""
+        return self.model[s] == self.model[self.last]
+
+    @property
+    def loss_stages(self) -> tuple[int, ...]:
+        return tuple(s for s in range(len(self.graph.stages)) if self.is_loss(s))
 
     def splits(self) -> bool:
         """Whether the schedule splits backwards into I and W cells."""
@@ -87,7 +102,11 @@ class Layout:
 
     def named(self, s: int, spec) -> NamedSharding:
         """A sharding on stage `s`'s submesh (`None`: replicated)."""
-        return NamedSharding(self.submesh(s), spec if spec is not None else REPLICATED)
+        return self.on_rank(self.ranks[s], spec)
+
+    def on_rank(self, rank: int, spec) -> NamedSharding:
+        """A sharding on pipeline rank `rank`'s submesh (`None`: replicated)."""
+        return NamedSharding(self.mesh.submesh(rank), spec if spec is not None else REPLICATED)
 
     def param(self, a: int, s: int) -> NamedSharding:
         """Parameter leaf `a` as stage `s` reads it."""

@@ -10,7 +10,8 @@ is compiled, `localize` rewrites that draft for this process:
   process, moves from another process to here one receive step per sender
   (one transfer group each: one uuid, one pull); moves between two other
   processes are dropped;
-* the training loss is sent from the last stage's process to every other
+* the training loss (and any output made on no rank in particular, such as an
+  optimizer's step count) is sent from the process that makes it to every other
   process, so every process returns it;
 * outputs (gradients, aux, results) held by another process are returned as
   global `jax.Array`s without local shards: the tree keeps its structure and
@@ -23,6 +24,7 @@ where every device is local is the single-process plan, untouched.
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._comm import is_transfer, make_transport
@@ -143,8 +145,11 @@ class _Localizer:
                 raise DistributedError(f"a multi-process plan cannot place the step {fn!r}.")
             self.moved_from.update(zip(outs, ins))
             steps += self._moves(transport, fn, ins, outs)
-        if "loss" in self.draft.outputs:
-            steps += self._broadcast_loss(transport, self.draft.outputs["loss"])
+        outputs = self.draft.outputs
+        if "loss" in outputs:
+            steps += self._broadcast(transport, outputs["loss"], copy=False)
+        for slot in outputs.get("replicated", ()):  # the caller may donate them to the next call
+            steps += self._broadcast(transport, slot, copy=True)
         made_here = {o for _, _, outs, _ in steps for o in outs}
         remote = []
         for slot in sorted(keep - made_here):
@@ -187,23 +192,40 @@ class _Localizer:
                 steps.append((step, (), tuple(outs[k] for k in idx), ()))
         return steps
 
-    def _broadcast_loss(self, transport, slot: int) -> list:
-        last_rank = self.layout.ranks[self.layout.last]
-        owner = self.procs[last_rank]
-        aval = self.layout.graph.out_avals[0]
-        source = NamedSharding(self.mesh.submesh(last_rank), PartitionSpec())  # a scalar: replicated
+    def _broadcast(self, transport, slot: int, copy: bool) -> list:
+        """Steps sending output `slot` from the process that makes it to every other process,
+        each receiving it replicated on its first rank's submesh. With `copy`, a copy is sent, so
+        the caller may donate the output while the transfer is in flight."""
+        if slot in self.draft.constants:
+            value, source = self.draft.constants[slot]
+            shape, dtype = np.shape(value), np.asarray(value).dtype
+        else:
+            fn, k = self.shapes.producer[slot]
+            source = fn.out_shardings[k] if isinstance(fn, CellSpec) else fn.targets[k]
+            shape, dtype = self.shapes.of(slot, self.moved_from)
+        rank = self.rank(source)
+        owner = self.procs[rank]
         steps = []
+        if copy and self.me == owner and jax.process_count() > 1:
+            sent = self.draft.new()
+            spec = CellSpec(_copy, (jax.ShapeDtypeStruct(shape, dtype, sharding=source),), (source,))
+            steps.append((spec, (slot,), (sent,), ()))
+            slot = sent
         for p in range(jax.process_count()):
             if p == owner:
                 continue
-            group = transport.new_group(f"the loss (rank {last_rank} -> process {p})", owner)
+            group = transport.new_group(f"output buffer {slot} (rank {rank} -> process {p})", owner)
             home = self.mesh.submesh(self.procs.index(p))
-            spec = jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=NamedSharding(home, PartitionSpec()))
+            spec = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(home, PartitionSpec()))
             if self.me == owner:
                 steps.append((transport.send_step(group, p, [source], [spec]), (slot,), (), ()))
             elif self.me == p:
                 steps.append((transport.recv_step(group, owner, [source], [spec]), (), (slot,), ()))
         return steps
+
+
+def _copy(x):
+    return (x,)  # a compiled identity makes a new buffer
 
 
 def localize(draft: Draft, layout: Layout, compiler, keep: set) -> set:

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._trace.cells import StageCells, StageIO
-from .._trace.split import StageGraph
 from .layout import Layout, PlanArgs
 
 
@@ -34,11 +33,17 @@ class StageProgram:
     forwards: dict = field(default_factory=dict)  # (keep residuals, donated positions) -> spec
 
 
-def stage_ios(graph: StageGraph, args: PlanArgs, m: int) -> list[StageIO]:
-    last = len(graph.stages) - 1
+def stage_ios(layout: Layout, args: PlanArgs, m: int) -> list[StageIO]:
+    graph = layout.graph
     return [
         StageIO.build(
-            graph, s, set(args.params), set(args.batch), loss=(s == last), microbatches=m, keys=args.keys
+            graph,
+            s,
+            set(args.params),
+            set(args.batch),
+            loss=layout.is_loss(s),
+            microbatches=m,
+            keys=args.keys,
         )
         for s in range(len(graph.stages))
     ]
@@ -59,7 +64,7 @@ def input_specs(layout: Layout, io: StageIO, s: int, args: PlanArgs) -> list:
 def programs_of(layout: Layout, args: PlanArgs, m: int, remat: bool) -> list[StageProgram]:
     """Every stage's program record, no cell spec built yet."""
     programs = []
-    for s, io in enumerate(stage_ios(layout.graph, args, m)):
+    for s, io in enumerate(stage_ios(layout, args, m)):
         specs = input_specs(layout, io, s, args)
         programs.append(StageProgram(io, StageCells(io, m, remat, specs, args.reduce), specs))
     return programs
@@ -78,9 +83,9 @@ def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, do
     return p.forwards[key]
 
 
-def loss_spec(layout: Layout, p: StageProgram) -> CellSpec:
-    """The last stage's fused value-and-grad cell."""
-    s, io = layout.last, p.io
+def loss_spec(layout: Layout, p: StageProgram, s: int) -> CellSpec:
+    """Loss stage `s`'s fused value-and-grad cell."""
+    io = p.io
     acc_sh = [layout.param(a, s) for a in io.params]
     acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
     ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]

@@ -41,10 +41,7 @@ def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata)
         if isinstance(key, Input) and (local is None or key.rank in local)
     ]
     input_shardings = [
-        NamedSharding(
-            layout.mesh.submesh(key.rank),
-            (layout.param_specs.get(key.leaf) if key.kind == "param" else None) or REPLICATED,
-        )
+        NamedSharding(layout.mesh.submesh(key.rank), _input_spec(draft, layout, key) or REPLICATED)
         for _, key in input_keys
     ]
     compiler.prefetch([st.fn for st in draft.steps if isinstance(st.fn, CellSpec)])
@@ -75,6 +72,12 @@ def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata)
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
+
+
+def _input_spec(draft: Draft, layout: Layout, key: Input):
+    if key.kind == "param":
+        return layout.param_specs.get(key.leaf)
+    return draft.input_specs.get(key)
 
 
 def _slots(value) -> list[int]:
@@ -120,7 +123,7 @@ def describe_training(draft: Draft, layout: Layout, programs: list[StageProgram]
 
 def _kept_for_backward(layout: Layout, programs: list[StageProgram], e) -> bool:
     """Whether the activation `e` brings to its stage is kept for that stage's backward."""
-    if e.dst == layout.last:
+    if layout.is_loss(e.dst):
         return False
     io = programs[e.dst].io
     position = io.n_in - len(io.stage.edge_inputs) + io.stage.edge_inputs.index(e)

@@ -8,7 +8,9 @@ from .._trace.split import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_action
+from .epilogue import emit_epilogue
 from .gradients import accumulator_cells, reduce_gradients
+from .hoist import hoist
 from .layout import Layout, PlanArgs
 from .order import order_actions
 from .programs import StageProgram, backward_specs, forward_spec, loss_spec, programs_of
@@ -17,6 +19,7 @@ from .seal import describe_training, seal
 
 def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler: Compiler) -> Plan:
     """Layout -> stage programs -> each action's steps in issue order -> gradient reduction ->
+    the epilogue on the gradients, if any -> those issued as early as their inputs allow ->
     localize and seal."""
     _check_loss_stage(graph)
     layout = Layout.of(graph, schedule, mesh, args, schedule.microbatches)
@@ -26,9 +29,13 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     stage_programs(layout, programs, [spec for spec, _ in setup], compiler)
     for spec, outs in setup:
         draft.add(spec, (), outs)
-    for rank, action in order_actions(schedule, layout.n, graph):
+    for rank, action in order_actions(schedule, layout.n, layout.graph):
         emit_action(draft, layout, programs, rank, action)
+    tail = len(draft.steps)
     draft.outputs = reduce_gradients(draft, layout, programs, args)
+    if args.epilogue is not None:
+        draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
+    hoist(draft, tail)
     return seal(draft, layout, compiler, schedule, **describe_training(draft, layout, programs))
 
 
@@ -36,16 +43,18 @@ def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, co
     """Build every stage's cell specs. When some output shardings are only known once compiled
     (a sharded submesh), the programs that need no other program's output are compiled
     together first."""
-    last = programs[layout.last]
-    last.specs["FB"] = loss_spec(layout, last)
+    losses = []
+    for s in layout.loss_stages:
+        programs[s].specs["FB"] = loss_spec(layout, programs[s], s)
+        losses.append(programs[s].specs["FB"])
+    inner = [s for s in range(len(programs)) if not layout.is_loss(s)]
     if not all(layout.free(s) is not None for s in range(len(programs))):
         forwards = [
-            forward_spec(layout, programs[s], s, residuals=not programs[s].cells.remat)
-            for s in range(layout.last)
+            forward_spec(layout, programs[s], s, residuals=not programs[s].cells.remat) for s in inner
         ]
-        compiler.prefetch([*forwards, *setup, last.specs["FB"]])
+        compiler.prefetch([*forwards, *setup, *losses])
     splits = layout.splits()
-    for s in range(layout.last):
+    for s in inner:
         backward_specs(layout, programs[s], s, compiler, splits)
 
 

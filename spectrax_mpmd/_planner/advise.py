@@ -174,13 +174,17 @@ def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
         for m in microbatches:
             for v in virtual_stages:
                 try:
-                    if cls is S.DualPipeV:
-                        schedule = cls(microbatches=m) if v == 2 else None
+                    if cls is S.DualPipe:  # n model stages run twice: not the cut of an n x v profile
+                        made = []
+                    elif cls.layout == "v":
+                        made = [cls(microbatches=m)] if v == 2 else []
                     elif cls.layout == "loop":
-                        schedule = cls(microbatches=m, virtual_stages=v) if v >= 2 else None
+                        made = [cls(microbatches=m, virtual_stages=v)] if v >= 2 else []
+                    elif cls is S.ZeroBubbleH2:  # built for 0, ½ and 1 slot of transfer latency
+                        made = [cls(microbatches=m, latency=x) for x in (0.0, 0.5, 1.0)] if v == 1 else []
                     else:
-                        schedule = cls(microbatches=m) if v == 1 else None
-                    if schedule is not None:
+                        made = [cls(microbatches=m)] if v == 1 else []
+                    for schedule in made:
                         schedule.validate(n)
                         out.append(schedule)
                 except ValueError:

@@ -137,7 +137,7 @@ def _live(buffers, sizer: Sizer, ranks: int) -> list[int]:
     total = [0] * ranks
     seen: set = set()
     for array in buffers:
-        if array is None or id(array) in seen:
+        if array is None or id(array) in seen or array.is_deleted():  # donated: its buffer is reused
             continue
         seen.add(id(array))
         for rank, nbytes in sizer(array).items():
@@ -146,13 +146,15 @@ def _live(buffers, sizer: Sizer, ranks: int) -> list[int]:
 
 
 def measure_peak_bytes(plan, placed_inputs: Sequence) -> tuple[int, ...]:
-    """Run `plan` once and return, per rank, the most bytes alive between actions: the plan's
+    """Run `plan` once and return, per rank, the most bytes alive between actions (and between
+    the steps after the schedule: the gradient reduction, an optimizer update): the plan's
     buffers, and the placed arguments and constants, which stay alive (held by the caller and
-    the plan) after the plan's last read of them."""
+    the plan) after the plan's last read of them unless a step consumed them (donation)."""
     ranks = 1 + max(plan.stage_ranks)
     sizer = Sizer(plan.device_rank)
     samples = {b - 1 for _, _, a, b in plan.action_steps if b > a}
     samples.add(min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps)) - 1)
+    samples.update(range(max((b for *_, b in plan.action_steps), default=0), len(plan.steps)))
     held = [*placed_inputs, *plan.const_slots.values()]
     peaks = [0] * ranks
 
@@ -175,7 +177,7 @@ def _memory_kind(key, plan) -> tuple[str, str, int] | None:
     if isinstance(key, GradAccumulator):
         return ("rank", "accumulators", plan.stage_ranks[key.stage])
     if isinstance(key, LossAccumulator):
-        return ("rank", "accumulators", plan.stage_ranks[-1])
+        return ("rank", "accumulators", plan.stage_ranks[key.stage])
     if isinstance(key, ZeroGrad):
         return ("rank", "accumulators", plan.stage_ranks[0])
     if isinstance(key, (Residual, Stash)):

@@ -116,8 +116,10 @@ class Plan:
 
     def grad_shardings(self, n_leaves: int) -> dict:
         """`leaf -> sharding` of each parameter leaf's gradient in a training plan (where the step
-        keeps that leaf): the sharding its gradient is made with, else its first reader's."""
+        keeps that leaf): the sharding its gradient is made with (in a multi-process run, for a leaf
+        of another process's rank, the sharding of its global array here), else its first reader's."""
         produced = self.produced_shardings()
+        produced.update((slot, value.sharding) for slot, value in self.remote_outputs)
         readers: dict = {}
         for (_, key), sharding in zip(self.input_keys, self.input_shardings):
             if key.kind == "param":

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 class Input(NamedTuple):
     """An argument leaf placed on a rank; `kind` is "param" (differentiated), "fixed"
-    (broadcast) or "batch" (split into microbatches)."""
+    (broadcast), "batch" (split into microbatches) or "input" (read only after the backward,
+    e.g. an optimizer state's leaf)."""
 
     kind: str
     leaf: int
@@ -38,7 +39,9 @@ class GradAccumulator:
 
 @dataclass(frozen=True)
 class LossAccumulator:
-    """The loss summed over microbatches (on the last stage's rank)."""
+    """The loss summed over the microbatches loss stage `stage` runs (on its rank)."""
+
+    stage: int
 
 
 @dataclass(frozen=True)

@@ -156,15 +156,15 @@ def _cost(compiled) -> dict:
 
 def _cell_seconds(plan, spans) -> dict:
     """`(stage, kind) -> seconds of each` single-part action among one round's spans."""
-    last = len(plan.stage_ranks) - 1
     times: dict = {}
     for rank, action, start, end in spans:
         parts = getattr(action, "parts", None)
         if parts is None or len(parts) != 1:
             continue
         part = parts[0]
-        kind = "FB" if part.stage == last else part.kind
-        if part.stage == last and part.kind != "F":
+        loss = (part.stage, "FB") in plan.cells
+        kind = "FB" if loss else part.kind
+        if loss and part.kind != "F":
             continue
         times.setdefault((part.stage, kind), []).append(end - start)
     return times

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
-from .jaxpr import eval_eqns, inline_calls, needed_eqns, read, resolve
+from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
 from .split import Stage, StageGraph
 
 
@@ -247,7 +247,9 @@ class StageCells:
             return (*gP, *gA)
 
         closed = jax.make_jaxpr(flat_bwd)(*res_avals, *ct_avals)
-        eqns, mapping, inner_consts, _ = inline_calls(closed.jaxpr, lambda eqn: True)
+        eqns, mapping, inner_consts, _ = inline_calls(
+            closed.jaxpr, lambda eqn: eqn.primitive.name in CALL_PRIMITIVES
+        )
         outvars = [resolve(v, mapping) for v in closed.jaxpr.outvars]
         consts = dict(zip(closed.jaxpr.constvars, closed.consts)) | inner_consts
         invars = list(closed.jaxpr.invars)

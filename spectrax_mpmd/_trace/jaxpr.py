@@ -8,6 +8,9 @@ from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
 CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 CONTROL_FLOW_PRIMITIVES = frozenset({"scan", "while", "cond"})
+# calls with a differentiation rule of their own: inlined only where nothing differentiates them again
+CUSTOM_CALL_PRIMITIVES = frozenset({"custom_jvp_call", "custom_vjp_call"})
+EVERY_CALL = CALL_PRIMITIVES | CUSTOM_CALL_PRIMITIVES
 
 
 def sub_jaxprs(eqn: JaxprEqn) -> Iterator[Jaxpr]:
@@ -85,8 +88,9 @@ def inline_calls(
     def walk(eqns: Sequence[JaxprEqn], mapping: dict, fresh: bool, prefix: str) -> None:
         for eqn in eqns:
             scope = "/".join(x for x in (prefix, name_stack(eqn)) if x)
-            if eqn.primitive.name in CALL_PRIMITIVES and should_inline(eqn):
-                body = eqn.params["jaxpr"]
+            name = eqn.primitive.name
+            if (name in CALL_PRIMITIVES or name in CUSTOM_CALL_PRIMITIVES) and should_inline(eqn):
+                body = eqn.params["call_jaxpr" if name in CUSTOM_CALL_PRIMITIVES else "jaxpr"]
                 inner = body.jaxpr if isinstance(body, ClosedJaxpr) else body
                 inner_map: dict = {}
                 for cv, val in zip(inner.constvars, getattr(body, "consts", ())):

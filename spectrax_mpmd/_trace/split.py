@@ -24,6 +24,7 @@ from spectrax_core.schedules import Flow
 
 from ..errors import StageSplitError
 from .jaxpr import (
+    CALL_PRIMITIVES,
     contains_primitive,
     eval_eqns,
     inline_calls,
@@ -144,6 +145,8 @@ def _opens_region(jaxpr) -> bool:
 
 def _inline(eqn: JaxprEqn) -> bool:
     """Calls whose bodies hold a marker or open a region are flattened into the stage split."""
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return False
     return _has_marker(eqn) or any(_opens_region(j) for j in sub_jaxprs(eqn))
 
 

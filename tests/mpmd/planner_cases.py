@@ -67,7 +67,7 @@ def profiled(schedule, remat: bool = False):
     one build per configuration for the whole session; `outputs` from a plain step before the
     profile and the measurement ran."""
     step = mp.sxvalue_and_grad(
-        lm_loss(4 * schedule.virtual_stages), mesh=MESH, schedule=schedule, remat=remat
+        lm_loss(schedule.num_model_stages(4)), mesh=MESH, schedule=schedule, remat=remat
     )
     args = init()
     outputs = step(*args)

@@ -105,17 +105,17 @@ def saved(tmp_path_factory):
     handed = []
     import orbax.checkpoint as ocp
 
-    original = ocp.args.StandardSave
+    original = ocp.args.PyTreeSave
 
     def recording(item, *args, **kw):
         handed.append(item)
         return original(item, *args, **kw)
 
-    ocp.args.StandardSave = recording
+    ocp.args.PyTreeSave = recording
     try:
         mp.save_checkpoint(directory, SAVED_AT, params=params, opt_state=state, extra={"data": SAVED_AT})
     finally:
-        ocp.args.StandardSave = original
+        ocp.args.PyTreeSave = original
     at_save = (_params_by_path(params), *_adam_by_path(params, state))
     final, _, losses = _train(step, opt, params, state, batches[SAVED_AT:])
     return dict(

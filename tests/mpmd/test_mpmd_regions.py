@@ -331,3 +331,9 @@ def test_region_ranks_without_regions_is_an_error():
     _fails(
         plain, 2, "region_ranks places sxstage_regions, but the function opens none", region_ranks={"a": (0,)}
     )
+
+
+def test_a_region_refuses_a_schedule_that_copies_its_stages():
+    towers = (("vision", S.DualPipe(M), 2),)  # two copies of each stage: a region holds its own
+    loss, ranks = towers_loss(towers, ("text", None, 2)), {"vision": (0, 1), "text": (2, 3)}
+    _fails(loss, 4, "runs copies of the model's stages", towers=towers, region_ranks=ranks)

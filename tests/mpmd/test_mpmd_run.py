@@ -82,6 +82,7 @@ TRAIN_CONFIGS = {
         "pp2",
         lambda: {"schedule": S.InterleavedH1(microbatches=4, virtual_stages=2)},
     ),
+    "mpmd2-DualPipe-m4": ("pp2", lambda: {"schedule": S.DualPipe(microbatches=4)}),  # each stage twice
     "spmd-m4": ("spmd", lambda: {"microbatches": 4}),
 }
 

@@ -1,0 +1,155 @@
+"""Optimizer steps on pipelined gradients against the same update unsplit on one device.
+
+The main job's model (TransformerLM, vocab 256, d=128, 4 layers, d_ff 512: 1.12 M
+parameters) on 4 pipeline ranks (Std1F1B, m=4); AdamW with global-norm clipping at 1.0.
+Contenders, each given the same gradients every round:
+
+  unsplit   one `jax.jit` of clip + adamw + apply_updates over the unstaged model, one device
+  staged    `mp.StagedOptimizer(adamw, max_grad_norm=1.0).update` on the pipelined gradients
+  eager     `spx.Optimizer(model, adamw).update` on `spx.run`'s pipelined gradients (an eager
+            MLP of 8 Linear(128, 128) blocks on 4 ranks), next to the same optimizer given
+            gradients already on the parameters' device (`eager-local`)
+
+For each: the first call (compiles included) and the second (a second compile shows
+here), then `--rounds` interleaved rounds of `--calls` calls each, waited for: wall time
+min, median and spread, and the issuing thread's CPU time. Writes
+benchmarks/results/optimizer.json.
+
+    python benchmarks/optimizer.py [--rounds 7] [--calls 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import time
+
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; affects the CPU backend only
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from _timing import summary  # noqa: E402
+
+import spectrax_core as sc  # noqa: E402
+import spectrax_eager as spx  # noqa: E402
+import spectrax_mpmd as mp  # noqa: E402
+from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
+from spectrax_core.models import TransformerLM  # noqa: E402
+from spectrax_core.schedules import Std1F1B  # noqa: E402
+
+OUT = pathlib.Path(__file__).parent / "results" / "optimizer.json"
+
+
+def lm_contenders() -> dict:
+    lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    tokens = jax.random.randint(jax.random.key(1), (16, 32), 0, 256)
+    targets = jnp.roll(tokens, -1, axis=1)
+    mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")
+    step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=Std1F1B(microbatches=4))
+    params = mp.stage_blocks(lm, 4)
+    _, grads = step(params, tokens, targets)
+    staged = mp.StagedOptimizer(optax.adamw(1e-3), max_grad_norm=1.0)
+    state = {"s": staged.init(params, grads), "p": params}
+
+    def run_staged():
+        state["p"], state["s"] = staged.update(grads, state["s"], state["p"])
+        return state["p"], state["s"]
+
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    dev = jax.devices()[0]
+    u_params = jax.device_put(lm, dev)
+    u_grads = jax.device_put(jax.grad(lambda p: softmax_cross_entropy(sc.apply(p, tokens), targets))(lm), dev)
+
+    @jax.jit
+    def unsplit(grads, opt_state, params):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    u_state = {"s": jax.jit(tx.init)(u_params), "p": u_params}
+
+    def run_unsplit():
+        state_out = unsplit(u_grads, u_state["s"], u_state["p"])
+        u_state["p"], u_state["s"] = state_out
+        return state_out
+
+    return {"unsplit": run_unsplit, "staged": run_staged}
+
+
+class Net(spx.Module):
+    def __init__(self, rngs):
+        self.blocks = spx.nn.ModuleList([spx.nn.Linear(128, 128, rngs=rngs) for _ in range(8)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = jnp.tanh(block(x))
+        return x
+
+
+def eager_contenders() -> dict:
+    mse = lambda out, y: jnp.mean((out - y) ** 2)  # noqa: E731
+    x = jax.random.normal(jax.random.key(2), (32, 128))
+    mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")
+    model, local_model = Net(spx.Rngs(0)), Net(spx.Rngs(0))
+    _, grads = spx.run(model, inputs=x, targets=x, mesh=mesh, loss_fn=mse, microbatches=4)
+    _, local_grads = spx.value_and_grad(lambda m: mse(m(x), x))(local_model)
+    opt, local_opt = spx.Optimizer(model, optax.adamw(1e-3)), spx.Optimizer(local_model, optax.adamw(1e-3))
+
+    def eager():
+        opt.update(model, grads)
+        return spx.tree_state(model)
+
+    def eager_local():
+        local_opt.update(local_model, local_grads)
+        return spx.tree_state(local_model)
+
+    return {"eager": eager, "eager-local": eager_local}
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--calls", type=int, default=10)
+    args = p.parse_args(argv)
+    contenders = {**lm_contenders(), **eager_contenders()}
+    firsts = {}
+    for name, fn in contenders.items():
+        calls = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            calls.append(time.perf_counter() - t0)
+        firsts[name] = calls
+    wall = {name: [] for name in contenders}
+    cpu = {name: [] for name in contenders}
+    for _ in range(args.rounds):
+        for name, fn in contenders.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(args.calls):
+                jax.block_until_ready(fn())
+            wall[name].append((time.perf_counter() - t0) / args.calls)
+            cpu[name].append((time.thread_time() - c0) / args.calls)
+    records = []
+    print(
+        f"{'contender':12} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
+        f"{'cpu ms':>7}"
+    )
+    for name in contenders:
+        row = {"contender": name, "first_s": firsts[name][0], "second_ms": firsts[name][1] * 1e3}
+        row.update(summary(wall[name], cpu[name]))
+        records.append(row)
+        print(
+            f"{name:12} {row['first_s']:10.2f} {row['second_ms']:8.1f} {row['min_ms']:8.2f} "
+            f"{row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}"
+        )
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(records, indent=1))
+    return records
+
+
+if __name__ == "__main__":
+    main()

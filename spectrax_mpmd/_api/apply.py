@@ -1,0 +1,119 @@
+"""`sxvalue_and_grad_and_apply`: the loss, its gradients and an optax update as one plan.
+
+It is `sxjit` of the train step one would write by hand around
+`sxvalue_and_grad`: the update is split by ownership (`train_step`), each leaf's
+update on its rank; clipping and non-finite skips are synchronous or validated
+after the fact (`validation`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import optax
+
+from .._trace.args import as_tuple
+from ..errors import MpmdError
+from .grad import sxvalue_and_grad
+from .jit import sxjit
+from .validation import VALIDATIONS, guarded_update
+
+
+def sxvalue_and_grad_and_apply(
+    fn: Callable,
+    tx: optax.GradientTransformation,
+    *,
+    mesh,
+    schedule,
+    has_aux: bool = False,
+    remat: bool = False,
+    rules=None,
+    batch_argnums: int | Sequence[int] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    reduce: str = "mean",
+    region_ranks: dict | None = None,
+    donate: bool = True,
+    max_grad_norm: float | None = None,
+    skip_nonfinite: bool = False,
+    validation: str = "sync",
+) -> Callable:
+    """One pipelined training step: `step(params, opt_state, *args) -> (loss, params, opt_state)`.
+
+    `fn(params, *args)` is the loss, as for `sxvalue_and_grad` (whose other
+    arguments this takes, with `argnums=0`). After the backward, `tx` (any optax
+    transformation: chains, `clip_by_global_norm`, `apply_if_finite`,
+    `multi_transform`, a hand-written per-matrix update) updates the
+    parameters exactly as `tx.update` + `optax.apply_updates` on the whole tree
+    would, each leaf on the rank that owns it. `opt_state` is `tx.init(params)`;
+    the step returns it laid out where it is updated, and takes it back there.
+    With `donate=True` (default) the step consumes `params` and `opt_state`
+    (as `jax.jit(donate_argnums=...)`): keep only what it returns.
+    With `has_aux=True` the first result is `(loss, aux)`, aux stacked over
+    microbatches. It is `sxjit` of the train step one would write by hand
+    around `sxvalue_and_grad` (see `docs/mpmd.md`).
+
+    `max_grad_norm` clips the gradients to that global norm (as
+    `optax.clip_by_global_norm` before `tx`) and `skip_nonfinite=True` drops a
+    step whose gradients are not finite (parameters and state unchanged).
+    `validation="sync"` waits for the global norm before any rank updates;
+    `"post"` updates each rank as soon as its backward ends and recomputes
+    only when clipping triggers or a value is not finite: the same numbers,
+    without the wait (see `spectrax_mpmd._api.validation`).
+    """
+    name = "sxvalue_and_grad_and_apply"
+    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+        raise MpmdError(
+            f"{name}: tx must be an optax.GradientTransformation (with init and update), got {type(tx).__name__}."
+        )
+    grad_step = sxvalue_and_grad(
+        fn,
+        mesh=mesh,
+        schedule=schedule,
+        has_aux=has_aux,
+        remat=remat,
+        rules=rules,
+        batch_argnums=batch_argnums,
+        static_argnums=static_argnums,
+        reduce=reduce,
+        region_ranks=region_ranks,
+    )
+    if validation not in VALIDATIONS:
+        raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {validation!r}.")
+    grad_step.name = name
+
+    def train_step(*call_args):
+        if len(call_args) < 2:
+            raise MpmdError(f"{name}: call the step as step(params, opt_state, *batch).")
+        params, opt_state, *args = call_args
+        check_state(name, tx, params, opt_state)
+        value, grads = grad_step(params, *args)
+        params, opt_state = guarded_update(
+            tx,
+            params,
+            opt_state,
+            grads,
+            max_grad_norm=max_grad_norm,
+            skip_nonfinite=skip_nonfinite,
+            validation=validation,
+        )
+        return value, params, opt_state
+
+    shifted = tuple(k + 1 if k > 0 else k for k in as_tuple(static_argnums))
+    return sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())
+
+
+def check_state(name: str, tx, params, opt_state) -> None:
+    """Raise unless `opt_state` has the structure and leaf types of `tx.init(params)`."""
+    expected = jax.eval_shape(tx.init, params)
+    got, want = jax.tree.structure(opt_state), jax.tree.structure(expected)
+    if got != want or any(
+        (jax.typeof(x).shape, jax.typeof(x).dtype) != (y.shape, y.dtype)
+        for x, y in zip(jax.tree.leaves(opt_state), jax.tree.leaves(expected))
+    ):
+        leaves = [f"{y.dtype}{list(y.shape)}" for y in jax.tree.leaves(expected)]
+        raise MpmdError(
+            f"{name}: opt_state (argument 1) does not match tx.init(params): expected the structure "
+            f"{want} with leaves {leaves}, got {got}. Create it with tx.init(params) for these "
+            "parameters and this tx."
+        )

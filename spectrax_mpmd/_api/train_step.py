@@ -1,0 +1,54 @@
+"""The whole training step as one traced function: the pipeline, then any JAX code on its results.
+
+Inside `sxjit`, a `sxvalue_and_grad` step called on the function's arguments
+is one equation (`spectrax_mpmd._trace.pipelined`, bound by `bind`).
+`build_train_step` makes one plan of the function: the pipeline's cells, then
+every other equation (an optax update, clipping, metrics) split by ownership and
+appended as an `Epilogue`, so each leaf's update runs on the rank holding it,
+right after that rank's last backward, and only the small values several ranks
+need cross.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._plan import Epilogue, build_train_plan
+from .._trace.ownership import Program
+from .._trace.pipelined import FoundCall, PipelineCall
+from .entry import Entry, build_plan
+
+
+def build_train_step(owner, sig, found: FoundCall, out_tree, donated_leaves: frozenset) -> Entry:
+    """The plan of a traced training step: `found`'s pipeline, then the rest of the function.
+
+    The plan reads the function's leaves: a leaf the pipeline reads keeps its role there
+    (a parameter's placement is shared with its update), every other leaf the rest reads
+    is placed on each rank that reads it."""
+    call: PipelineCall = found.call
+    pipe = call.pipeline
+    eqn = found.eqns[found.index]
+    invars = list(found.invars)
+    leaf_of = {v: j for j, v in enumerate(invars)}
+    step_to_fn = [leaf_of[v] for v in eqn.invars]  # the function leaf each pipeline leaf reads
+    params = [a for k in pipe.argnums for a in pipe.ranges[k]]
+    param_of = {step_to_fn[a]: a for a in params}
+    roles = [("param", param_of[j]) if j in param_of else ("input", j) for j in range(len(invars))]
+    roles += [("loss",), *(("aux", j) for j in range(1, call.n_aux + 1)), *(("grad", a) for a in params)]
+    donated = {("input", j) for j in donated_leaves} | {
+        ("param", param_of[j]) for j in donated_leaves if j in param_of
+    }
+    program = Program(
+        tuple(e for k, e in enumerate(found.eqns) if k != found.index),
+        (*invars, *eqn.outvars),
+        tuple(found.outvars),
+        found.consts,
+    )
+    args = dataclasses.replace(pipe.args, epilogue=Epilogue(program, tuple(roles), frozenset(donated)))
+    plan = build_plan(owner.compiler, build_train_plan, pipe.graph, pipe.schedule, owner.mesh, args)
+    plan.input_keys = [
+        (slot, key if key.kind == "input" else key._replace(leaf=step_to_fn[key.leaf]))
+        for slot, key in plan.input_keys
+    ]
+    owner.last_graph = pipe.graph
+    return Entry(plan, out_tree, donated=donated_leaves)

@@ -1,0 +1,72 @@
+"""A 2-process training run saves and resumes: on one process with another layout, and on two
+processes with another schedule and layout, the losses equal the uninterrupted run's.
+
+Every job runs `resume_worker.py` (under `python -m spectrax_mpmd.launch` for 2 processes) in its own
+process group, killed at its time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from mpmd_cases import RTOL
+from test_mpmd_multihost import _env, _Job
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "resume_worker.py")
+STEPS, SAVE_AT = 4, 2
+
+
+def _job(nproc: int, out, ckpt, *args: str, limit: float = 240) -> list[dict]:
+    """Run the worker on `nproc` processes of 2 devices (one process: 4 devices); each process's record."""
+    out.mkdir()
+    worker = [WORKER, str(out), str(ckpt), "--steps", str(STEPS), *args]
+    if nproc == 1:
+        cmd = [sys.executable, *worker]
+        env = _env()
+        env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+    else:
+        cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc", "2"]
+        cmd, env = cmd + ["--timeout", "60", *worker], None
+    code, text, _ = _Job(cmd, limit, env).wait()
+    assert code == 0, text[-4000:]
+    records = []
+    for p in range(nproc):
+        with open(out / f"p{p}.json") as f:
+            records.append(json.load(f))
+    return records
+
+
+def _losses(records: list[dict]) -> dict[int, float]:
+    """The losses by step, the same on every process."""
+    for r in records[1:]:
+        assert r["losses"] == records[0]["losses"]
+    return {int(k): v for k, v in records[0]["losses"].items()}
+
+
+def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = _job(2, tmp_path / "a", ckpt, "--ranks", "4", "--schedule", "Std1F1B", "--save-at", str(SAVE_AT))
+    full = _losses(first)
+    assert sorted(full) == list(range(STEPS))
+    for r in first:
+        assert r["steps"] == [SAVE_AT]
+        for step in r["kinds"]:  # each leaf held here and updated, or a global array without local shards
+            for kinds in step.values():
+                assert kinds["other"] == 0 and kinds["unchanged"] == 0, step
+                assert kinds["held"] > 0 and kinds["remote"] > 0, step
+        assert r["kinds"][0]["params"]["held"] + r["kinds"][0]["params"]["remote"] == len(r["gathered"])
+    # every process gathered the same parameters: the other process's leaves arrived
+    np.testing.assert_array_equal(first[0]["gathered"], first[1]["gathered"])
+
+    one = _job(1, tmp_path / "b", ckpt, "--ranks", "2", "--schedule", "GPipe", "--resume")
+    two = _job(2, tmp_path / "c", ckpt, "--ranks", "2", "--schedule", "ZeroBubbleH1", "--resume")
+    for resumed in (one, two):
+        losses = _losses(resumed)
+        assert sorted(losses) == list(range(SAVE_AT, STEPS))
+        np.testing.assert_allclose([losses[s] for s in losses], [full[s] for s in losses], rtol=RTOL)
+    np.testing.assert_array_equal(two[0]["gathered"], two[1]["gathered"])
+    np.testing.assert_allclose(sorted(one[0]["gathered"]), sorted(two[0]["gathered"]), rtol=RTOL, atol=1e-6)
