@@ -17,7 +17,7 @@ from .nn._batchnorm import group_norm
 from .nn._conv import conv, conv_transpose
 from .nn._dropout import _dropout
 from .nn._norm import _layer_norm, _rms_norm
-from .nn._pool import adaptive_avg_pool, avg_pool, max_pool
+from .nn._pool import adaptive_avg_pool, avg_pool, max_pool, pool
 from .nn._sdpa import scaled_dot_product_attention
 
 relu = jax.nn.relu
@@ -112,6 +112,7 @@ __all__ = [
     "max_pool",
     "mish",
     "one_hot",
+    "pool",
     "prelu",
     "relu",
     "relu6",

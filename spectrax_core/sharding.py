@@ -86,8 +86,7 @@ def _mesh_axes_of(token: str, value: Any, mode: str) -> MeshAxes:
     for name in names:
         if not isinstance(name, str):
             raise TypeError(
-                f"Rules: the {mode!r} rule for {token!r} must list mesh axis names (str); "
-                f"received {value!r}."
+                f"Rules: the {mode!r} rule for {token!r} must list mesh axis names (str); received {value!r}."
             )
     if len(set(names)) != len(names):
         raise ValueError(
@@ -217,22 +216,44 @@ def _mesh_sizes(mesh: Mesh | AbstractMesh | None) -> dict[str, int] | None:
     return dict(mesh.shape)
 
 
+UNKNOWN = ("error", "replicate")
+
+
+def _token_axes(
+    token: str, table: Mapping[str, MeshAxes], sizes: dict[str, int] | None, unknown: str
+) -> MeshAxes:
+    """The mesh axes of one token: its rule; else the mesh axis of that name; else per `unknown`."""
+    if token in table:
+        return table[token]
+    if sizes is not None and token in sizes:
+        return (token,)
+    if unknown == "replicate":
+        return ()
+    mesh_note = f" and the mesh has no axis of that name (its axes: {tuple(sizes)})" if sizes else ""
+    raise ValueError(
+        f"sharding: unknown logical axis token {token!r}: no rule maps it{mesh_note}; known tokens are "
+        f"{tuple(table)} (or None for an unsharded axis). Add a rule for it, or fix the name."
+    )
+
+
 def _resolve(
     axes: tuple[str | None, ...],
     table: Mapping[str, MeshAxes],
     sizes: dict[str, int] | None,
     shape: tuple[int, ...] | None,
+    unknown: str = "error",
 ) -> PartitionSpec:
+    if unknown not in UNKNOWN:
+        raise ValueError(f"sharding: unknown={unknown!r}; use one of {UNKNOWN}.")
     used: set[str] = set()
     entries: list[str | tuple[str, ...] | None] = []
     for i, token in enumerate(axes):
         if token is None:
             entries.append(None)
             continue
-        _check_token(token, table)
         kept = tuple(
             name
-            for name in table[token]
+            for name in _token_axes(token, table, sizes, unknown)
             if name not in used and (sizes is None or sizes.get(name, 1) > 1)
         )
         if kept and shape is not None and sizes is not None:
@@ -250,12 +271,16 @@ def spec(
     mesh: Mesh | AbstractMesh | None = None,
     *,
     shape: Sequence[int] | None = None,
+    unknown: str = "error",
 ) -> PartitionSpec:
     """The `PartitionSpec` of an array whose axes mean `axes` (tokens or None).
 
     `mesh=None` resolves against the active mesh (`jax.set_mesh`), or keeps
     every mesh axis of the rules when none is active. With `shape` (and a
     known mesh), an axis not divisible by its mesh axes' product is replicated.
+    A token no rule names but the mesh has an axis of that name means that mesh
+    axis; any other unknown token raises (`unknown="error"`) or is left
+    unsharded (`unknown="replicate"`).
     """
     axes = _check_axes(axes, "spec")
     table = rules.table(mode)
@@ -266,7 +291,7 @@ def spec(
                 f"spec: axes {axes} name {len(axes)} axes but shape {shape} has {len(shape)}; "
                 "give one token (or None) per array axis."
             )
-    return _resolve(axes, table, _mesh_sizes(mesh), shape)
+    return _resolve(axes, table, _mesh_sizes(mesh), shape, unknown)
 
 
 def _declared_table(node: Any, cache: dict[int, dict[str, tuple]]) -> dict[str, tuple]:
@@ -330,6 +355,8 @@ def param_specs(
     rules: Rules,
     mode: str = "train",
     mesh: Mesh | AbstractMesh | None = None,
+    *,
+    unknown: str = "error",
 ) -> Any:
     """A pytree of `PartitionSpec` with the structure of `params`.
 
@@ -354,7 +381,7 @@ def param_specs(
                 f"{shape}; declare one token (or None) per axis (stacked fields add a leading "
                 "None automatically)."
             )
-        return _resolve(axes, table, sizes, shape)
+        return _resolve(axes, table, sizes, shape, unknown)
 
     return jax.tree_util.tree_map_with_path(leaf_spec, params)
 
@@ -370,8 +397,7 @@ def named_shardings(params: Any, rules: Rules, mesh: Mesh, mode: str = "train") 
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(
-            f"named_shardings: mesh must be a concrete jax.sharding.Mesh; received "
-            f"{type(mesh).__name__}."
+            f"named_shardings: mesh must be a concrete jax.sharding.Mesh; received {type(mesh).__name__}."
         )
     specs = param_specs(params, rules, mode, mesh)
     return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
@@ -383,6 +409,8 @@ def constrain(
     rules: Rules,
     mesh: Mesh | AbstractMesh | None,
     mode: str = "train",
+    *,
+    unknown: str = "error",
 ) -> Array:
     """`jax.lax.with_sharding_constraint` of `x` to the spec of `axes` on `mesh`.
 
@@ -401,10 +429,8 @@ def constrain(
             "constrain: mesh=None needs an active mesh; pass a jax.sharding.Mesh or call "
             "inside `with jax.set_mesh(mesh):`."
         )
-    resolved = _resolve(axes, rules.table(mode), sizes, tuple(x.shape))
-    target: NamedSharding | PartitionSpec = (
-        resolved if mesh is None else NamedSharding(mesh, resolved)
-    )
+    resolved = _resolve(axes, rules.table(mode), sizes, tuple(x.shape), unknown)
+    target: NamedSharding | PartitionSpec = resolved if mesh is None else NamedSharding(mesh, resolved)
     return jax.lax.with_sharding_constraint(x, target)
 
 

@@ -90,6 +90,10 @@ def value_and_grad(
     wrt: Any = "parameters",
     has_aux: bool = False,
     mutable: Any = None,
+    argnum: int | None = None,
+    holomorphic: bool = False,
+    allow_int: bool = False,
+    reduce_axes: Sequence[Any] = (),
 ) -> Callable:
     """Like `jax.value_and_grad`, for functions that take modules.
 
@@ -99,14 +103,21 @@ def value_and_grad(
         wrt: selector of the variables of module arguments to differentiate.
         has_aux: whether `fn` returns `(loss, aux)`.
         mutable: selector of variables `fn` may write (written back after the call).
+        argnum: the same as `argnums` with one int (the spelling of the seed library).
+        holomorphic, allow_int: as in `jax.value_and_grad`.
+        reduce_axes: named axes (of an enclosing `vmap` / `shard_map`) the gradients are
+            summed over.
 
     Returns:
         `wrapped(*args, **kwargs) -> (value, grads)`; `grads` is one entry (or
         a tuple for tuple `argnums`): a `State` for a module, a pytree otherwise.
     """
+    opts = dict(wrt=wrt, has_aux=has_aux, mutable=mutable, holomorphic=holomorphic, allow_int=allow_int)
     if fn is None:
-        return functools.partial(value_and_grad, argnums=argnums, wrt=wrt, has_aux=has_aux, mutable=mutable)
-    nums, single = _norm_argnums(argnums)
+        return functools.partial(
+            value_and_grad, argnums=argnums, argnum=argnum, reduce_axes=reduce_axes, **opts
+        )
+    nums, single = _norm_argnums(argnums if argnum is None else argnum)
     where = f"spx.value_and_grad({getattr(fn, '__name__', 'fn')})"
 
     @functools.wraps(fn)
@@ -129,9 +140,11 @@ def value_and_grad(
 
         diff_vals, rest_vals = d.values()
         arrays = tuple(d.diff_arrays[k] for k in array_nums)
-        (loss, (aux, updates)), (g_vals, g_arrays) = jax.value_and_grad(pure, argnums=(0, 1), has_aux=True)(
-            diff_vals, arrays, rest_vals, split.leaves
-        )
+        (loss, (aux, updates)), (g_vals, g_arrays) = jax.value_and_grad(
+            pure, argnums=(0, 1), has_aux=True, holomorphic=holomorphic, allow_int=allow_int
+        )(diff_vals, arrays, rest_vals, split.leaves)
+        if reduce_axes:
+            g_vals, g_arrays = jax.lax.psum((g_vals, g_arrays), tuple(reduce_axes))
         if updates:
             split.write_back(updates)
         grads = d.outputs(g_vals, dict(zip(array_nums, g_arrays)))
@@ -148,14 +161,19 @@ def grad(
     wrt: Any = "parameters",
     has_aux: bool = False,
     mutable: Any = None,
+    argnum: int | None = None,
+    holomorphic: bool = False,
+    allow_int: bool = False,
+    reduce_axes: Sequence[Any] = (),
 ) -> Callable:
     """Like `jax.grad` for functions that take modules; see `value_and_grad` for the arguments.
 
     Returns `grads` (or `(grads, aux)` with `has_aux=True`).
     """
+    opts = dict(wrt=wrt, has_aux=has_aux, mutable=mutable, holomorphic=holomorphic, allow_int=allow_int)
     if fn is None:
-        return functools.partial(grad, argnums=argnums, wrt=wrt, has_aux=has_aux, mutable=mutable)
-    vg = value_and_grad(fn, argnums, wrt=wrt, has_aux=has_aux, mutable=mutable)
+        return functools.partial(grad, argnums=argnums, argnum=argnum, reduce_axes=reduce_axes, **opts)
+    vg = value_and_grad(fn, argnums, argnum=argnum, reduce_axes=reduce_axes, **opts)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -184,12 +202,24 @@ def _module_tangents(d: _Diff, k: int, t: Any, where: str) -> dict[int, Any]:
 
 
 def jvp(
-    fn: Callable, primals: tuple, tangents: tuple, *, wrt: Any = "parameters", mutable: Any = None
-) -> tuple:
+    fn: Callable | None = None,
+    primals: tuple | None = None,
+    tangents: tuple | None = None,
+    *,
+    wrt: Any = "parameters",
+    has_aux: bool = False,
+    mutable: Any = None,
+) -> Any:
     """Like `jax.jvp`; a module primal's tangent is a `State` of its `wrt` variables.
 
-    Returns `(fn(*primals), tangent_out)`.
+    Returns `(fn(*primals), tangent_out)` (and `aux` third with `has_aux=True`, `fn`
+    then returning `(out, aux)`). Without `primals` and `tangents` it returns
+    `lambda primals, tangents: jvp(fn, primals, tangents, ...)`.
     """
+    if fn is None:
+        return functools.partial(jvp, wrt=wrt, has_aux=has_aux, mutable=mutable)
+    if primals is None and tangents is None:
+        return lambda p, t: jvp(fn, p, t, wrt=wrt, has_aux=has_aux, mutable=mutable)
     where = f"spx.jvp({getattr(fn, '__name__', 'fn')})"
     primals, tangents = tuple(primals), tuple(tangents)
     if len(primals) != len(tangents):
@@ -214,25 +244,40 @@ def jvp(
             diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
         )
         out = fn(*call_args)
-        return out, changes(static, roots, new_vars, values, ok, where, mutable)
+        out, aux = out if has_aux else (out, None)
+        return out, (aux, changes(static, roots, new_vars, values, ok, where, mutable))
 
     diff_vals, rest_vals = d.values()
     arrays = tuple(d.diff_arrays[k] for k in array_nums)
-    (out, updates), (t_out, _) = jax.jvp(
-        lambda dv, da: pure(dv, da, rest_vals, split.leaves), (diff_vals, arrays), (t_vals, t_arrays)
+    out, t_out, (aux, updates) = jax.jvp(
+        lambda dv, da: pure(dv, da, rest_vals, split.leaves),
+        (diff_vals, arrays),
+        (t_vals, t_arrays),
+        has_aux=True,
     )
     if updates:
         split.write_back(updates)
-    return out, t_out
+    return (out, t_out, aux) if has_aux else (out, t_out)
 
 
 def vjp(
-    fn: Callable, *primals: Any, wrt: Any = "parameters", has_aux: bool = False, mutable: Any = None
-) -> tuple:
+    fn: Callable | None = None,
+    *primals: Any,
+    wrt: Any = "parameters",
+    has_aux: bool = False,
+    mutable: Any = None,
+    reduce_axes: Sequence[Any] = (),
+) -> Any:
     """Like `jax.vjp`; the pullback returns one cotangent per primal, a `State` for a module.
 
-    Returns `(out, pullback)` (or `(out, pullback, aux)` with `has_aux=True`).
+    Returns `(out, pullback)` (or `(out, pullback, aux)` with `has_aux=True`). Without
+    primals it returns `lambda *primals: vjp(fn, *primals, ...)`. `reduce_axes`: named
+    axes the cotangents are summed over.
     """
+    if fn is None:
+        return functools.partial(vjp, wrt=wrt, has_aux=has_aux, mutable=mutable, reduce_axes=reduce_axes)
+    if not primals:
+        return lambda *p: vjp(fn, *p, wrt=wrt, has_aux=has_aux, mutable=mutable, reduce_axes=reduce_axes)
     where = f"spx.vjp({getattr(fn, '__name__', 'fn')})"
     d = _Diff(primals, {}, tuple(range(len(primals))), wrt, where)
     split, static = d.split, d.split.static
@@ -259,6 +304,8 @@ def vjp(
 
     def pullback(ct: Any) -> tuple:
         g_vals, g_arrays = pull(ct)
+        if reduce_axes:
+            g_vals, g_arrays = jax.lax.psum((g_vals, g_arrays), tuple(reduce_axes))
         return tuple(d.outputs(g_vals, dict(zip(array_nums, g_arrays))))
 
     return (out, pullback, aux) if has_aux else (out, pullback)

@@ -134,8 +134,25 @@ def remat_scan(
     return scan(f, init, xs, length, reverse, unroll, mutable=mutable, _checkpoint=ckpt)
 
 
-def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, *, mutable: Any = None) -> Any:
-    """`jax.lax.while_loop` where `init_val` may contain modules (carried; `cond_fun` may not write)."""
+_NO_CARRY = object()
+
+
+def while_loop(
+    cond_fun: Callable, body_fun: Callable, init_val: Any, init_carry: Any = _NO_CARRY, *, mutable: Any = None
+) -> Any:
+    """`jax.lax.while_loop` where `init_val` may contain modules (carried; `cond_fun` may not write).
+
+    With `init_carry`, `init_val` is a module passed to `cond_fun(module, carry)` and
+    `body_fun(module, carry) -> carry`, and the final carry is returned.
+    """
+    if init_carry is not _NO_CARRY:
+        _, out = while_loop(
+            lambda mc: cond_fun(*mc),
+            lambda mc: (mc[0], body_fun(*mc)),
+            (init_val, init_carry),
+            mutable=mutable,
+        )
+        return out
     where = f"spx.while_loop({_name(body_fun)})"
     carry = _Carry(init_val, mutable)
     reader = _Carry(init_val, False)
@@ -160,11 +177,26 @@ def fori_loop(
     upper: int,
     body_fun: Callable,
     init_val: Any,
+    init_carry: Any = _NO_CARRY,
     *,
     mutable: Any = None,
     unroll: int | bool | None = None,
 ) -> Any:
-    """`jax.lax.fori_loop` where `init_val` may contain modules (carried)."""
+    """`jax.lax.fori_loop` where `init_val` may contain modules (carried).
+
+    With `init_carry`, `init_val` is a module passed to `body_fun(i, module, carry) -> carry`,
+    and the final carry is returned.
+    """
+    if init_carry is not _NO_CARRY:
+        _, out = fori_loop(
+            lower,
+            upper,
+            lambda i, mc: (mc[0], body_fun(i, *mc)),
+            (init_val, init_carry),
+            mutable=mutable,
+            unroll=unroll,
+        )
+        return out
     where = f"spx.fori_loop({_name(body_fun)})"
     carry = _Carry(init_val, mutable)
 
@@ -216,27 +248,62 @@ def switch(index: Any, branches: Sequence[Callable], *operands: Any, mutable: An
 
 
 def remat(
-    fn: Callable | None = None,
+    fn: Callable | type | None = None,
     *,
     policy: Callable | None = None,
     prevent_cse: bool = True,
     mutable: Any = None,
+    static_argnums: int | tuple[int, ...] = (),
 ) -> Callable:
-    """`jax.checkpoint` for functions that take modules: recompute `fn` in the backward pass."""
+    """`jax.checkpoint` for functions that take modules: recompute `fn` in the backward pass.
+
+    Given a Module subclass, returns a subclass whose `forward` is checkpointed.
+    `static_argnums` positions are passed as they are (Python values the function
+    branches on), not traced.
+    """
+    opts = dict(policy=policy, prevent_cse=prevent_cse, mutable=mutable, static_argnums=static_argnums)
     if fn is None:
-        return functools.partial(remat, policy=policy, prevent_cse=prevent_cse, mutable=mutable)
+        return functools.partial(remat, **opts)
+    if isinstance(fn, type):
+        return _remat_class(fn, opts)
+    fixed = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        split = Split(args, kwargs)
+        held = {i: args[i] for i in fixed}
+
+        def call(*traced: Any, **kw: Any) -> Any:
+            it = iter(traced)
+            return fn(*(held[i] if i in held else next(it) for i in range(len(args))), **kw)
+
+        split = Split(tuple(a for i, a in enumerate(args) if i not in held), kwargs)
         ok = allowed(split.plan, mutable)
-        pure = _pure_call(fn, split, ok, f"spx.remat({_name(fn)})", mutable, False)
+        pure = _pure_call(call, split, ok, f"spx.remat({_name(fn)})", mutable, False)
         out, upd = jax.checkpoint(pure, policy=policy, prevent_cse=prevent_cse)(split.values, split.leaves)
         if upd:
             split.write_back(upd)
         return out
 
     return wrapped
+
+
+def _remat_class(cls: type, opts: dict) -> type:
+    """A subclass of Module class `cls` whose `forward` runs under `remat`."""
+    if not issubclass(cls, Module):
+        raise TypeError(f"spx.remat: a class must be an spx.Module subclass; received {cls.__name__}.")
+    if cls.forward is Module.forward:
+        raise TypeError(
+            f"spx.remat({cls.__name__}): the class checkpoints `forward`, which {cls.__name__} does not define "
+            "(it defines `__call__`); wrap the function that calls it with spx.remat(fn) instead."
+        )
+    checkpointed = remat(cls.forward, **opts)
+
+    def forward(self: Module, *args: Any, **kwargs: Any) -> Any:
+        return checkpointed(self, *args, **kwargs)
+
+    return type(
+        cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__doc__": cls.__doc__}
+    )
 
 
 def eval_shape(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -248,6 +315,28 @@ def eval_shape(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
+class StateAxes:
+    """A module's `in_axes` entry for `spx.vmap` per collection: `StateAxes({"parameters": 0,
+    "rngs": None})` maps the parameters along axis 0 and broadcasts the rest (collections not
+    named are broadcast)."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: dict[str, int | None]):
+        for kind, axis in dict(axes).items():
+            if not isinstance(kind, str) or not (axis is None or isinstance(axis, int)):
+                raise TypeError(
+                    f"StateAxes: entries are collection name -> int axis or None; received {kind!r}: {axis!r}."
+                )
+        self.axes = dict(axes)
+
+    def axis_of(self, kind: str) -> int | None:
+        return self.axes.get(kind)
+
+    def __repr__(self) -> str:
+        return f"StateAxes({self.axes!r})"
+
+
 def vmap(
     fn: Callable | None = None,
     in_axes: int | None | Sequence[Any] = 0,
@@ -257,12 +346,14 @@ def vmap(
     axis_size: int | None = None,
     spmd_axis_name: Any = None,
     mutable: Any = None,
+    sum_match: bool = False,
 ) -> Callable:
-    """`jax.vmap` for functions that take modules.
+    """`jax.vmap` for functions that take modules (`sum_match` as in `jax.vmap`).
 
     A module argument is broadcast (its variables are shared by every batch
     element) unless `in_axes` is a tuple whose entry for it is an int: then
-    all its variables are mapped along that axis (an ensemble). Writes allowed
+    all its variables are mapped along that axis (an ensemble); a `StateAxes`
+    entry chooses per collection. Writes allowed
     by `mutable` come back with the module's axis.
     """
     if fn is None:
@@ -274,6 +365,7 @@ def vmap(
             axis_size=axis_size,
             spmd_axis_name=spmd_axis_name,
             mutable=mutable,
+            sum_match=sum_match,
         )
     where = f"spx.vmap({_name(fn)})"
 
@@ -295,7 +387,7 @@ def vmap(
             for a, ax in zip(args, per_arg):
                 if isinstance(a, Module) and isinstance(in_axes, list | tuple) and ax is not None:
                     for v in plan_of(a).vars:
-                        var_axes[index[id(v)]] = ax
+                        var_axes[index[id(v)]] = ax.axis_of(v.kind) if isinstance(ax, StateAxes) else ax
         arg_axes = tuple(None if isinstance(a, Module) else ax for a, ax in zip(args, per_arg))
         static = split.static
 
@@ -314,6 +406,7 @@ def vmap(
             axis_name=axis_name,
             axis_size=axis_size,
             spmd_axis_name=spmd_axis_name,
+            sum_match=sum_match,
         )
         out, new = mapped(split.values, *holes, **khole)
         write_allowed(split, ok, new)
@@ -348,3 +441,32 @@ def _fill_holes(tree: Any, roots: list) -> Any:
     return jax.tree.map(
         lambda x: next(it) if isinstance(x, _Hole) else x, tree, is_leaf=lambda x: isinstance(x, _Hole)
     )
+
+
+def associative_scan(
+    fn: Callable, module: Module, elems: Any, *, reverse: bool = False, axis: int = 0, mutable: Any = ()
+) -> Any:
+    """`jax.lax.associative_scan` of `fn(module, a, b)`, an associative combine that reads `module`.
+
+    The combines run in a tree, not in order, so `module` is read-only: each combine sees a
+    fresh copy of it and a write raises `IllegalMutationError`; `mutable` must stay empty.
+    """
+    from ._errors import IllegalMutationError
+    from ._state import bind, export, tree_state
+
+    if mutable:
+        raise ValueError(
+            "spx.associative_scan: mutable= must be empty; combines run in a tree, so a write has no order. "
+            "Use spx.scan for a carried module."
+        )
+    graphdef, state = export(module)
+
+    def combine(a: Any, b: Any) -> Any:
+        copy = bind(graphdef, state)
+        out = fn(copy, a, b)
+        written = [p for (_, p, v), w in zip(tree_state(copy).items(), state._values) if v is not w]
+        if written:
+            raise IllegalMutationError(f"spx.associative_scan({_name(fn)}): the combine wrote {written}.")
+        return out
+
+    return jax.lax.associative_scan(combine, elems, reverse=reverse, axis=axis)

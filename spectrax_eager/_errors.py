@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 
-class IllegalMutationError(RuntimeError):
+class SpecTraxError(Exception):
+    """Base of the facade's own errors (each also derives from the builtin error it refines)."""
+
+
+class IllegalMutationError(SpecTraxError, RuntimeError):
     """A transform's function wrote a Variable that its `mutable=` selector does not allow."""
 
 
-class StructureChangeError(RuntimeError):
+class StructureChangeError(SpecTraxError, RuntimeError):
     """A transform's function added, removed or replaced a sub-module or Variable while traced."""
 
 
-class CyclicGraphError(ValueError):
+class CyclicGraphError(SpecTraxError, ValueError):
     """A module is reachable from itself (a sub-module refers back to an ancestor)."""
 
 
-class SelectorError(TypeError):
+class SelectorError(SpecTraxError, TypeError):
     """A value given where a selector is expected is not one (see `spx.as_selector`)."""
 
 
-class StaticEditError(TypeError):
+class StaticEditError(SpecTraxError, TypeError):
     """An in-place edit of a module's static list, dict or set (or a Variable's metadata container).
 
     They are stored immutable; assign a new value to the attribute instead.
     """
+
+
+#: A lazy layer first called inside a transform is a structure change (call it once eagerly first).
+LazyInitUnderTransformError = StructureChangeError

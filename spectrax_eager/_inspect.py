@@ -18,14 +18,17 @@ def _leaves(model: Module, select: Any) -> list:
     return [l for v, k in zip(plan.vars, mask(plan, select)) if k for l in jax.tree.leaves(v.value)]
 
 
-def count_parameters(model: Module, select: Any = "parameters") -> int:
-    """Number of scalars in the selected variables (default: the `"parameters"` collection)."""
-    return sum(int(l.size) for l in _leaves(model, select))
+def count_parameters(model: Module, select: Any = "parameters", *, collection: str | None = None) -> int:
+    """Number of scalars in the selected variables (default: the `"parameters"` collection;
+    `collection=` names one collection)."""
+    return sum(int(l.size) for l in _leaves(model, select if collection is None else collection))
 
 
-def count_bytes(model: Module, select: Any = True) -> int:
-    """Bytes held by the selected variables (default: all)."""
-    return sum(int(l.size) * l.dtype.itemsize for l in _leaves(model, select) if hasattr(l, "dtype"))
+def count_bytes(model: Module, select: Any = "parameters", *, collection: str | None = None) -> int:
+    """Bytes held by the selected variables (default: the `"parameters"` collection; `True`: all
+    of them; `collection=` names one collection)."""
+    chosen = select if collection is None else collection
+    return sum(int(l.size) * l.dtype.itemsize for l in _leaves(model, chosen) if hasattr(l, "dtype"))
 
 
 def summary(model: Module, *example_args: Any, **example_kwargs: Any) -> str:
@@ -67,5 +70,5 @@ def summary(model: Module, *example_args: Any, **example_kwargs: Any) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(4)]
     line = "-+-".join("-" * w for w in widths)
     fmt = lambda r: " | ".join(x.ljust(w) for x, w in zip(r, widths))  # noqa: E731
-    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model):,} bytes"
+    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model, True):,} bytes"
     return "\n".join([fmt(head), line] + [fmt(r) for r in table[1:]] + [line, total])

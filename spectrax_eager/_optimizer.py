@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import optax
 
 from ._module import Module, plan_of
-from ._state import State, state_of, trainable, update
+from ._selector import as_selector
+from ._state import State, clone, state_of, trainable, update
 from ._variable import Variable
 from .nn._containers import ModuleList
 
@@ -48,6 +49,16 @@ class Optimizer(Module):
         self.state = OptState(tx.init(self._params(model)))
         self.step = OptStep(jnp.zeros((), jnp.int32))
 
+    @property
+    def opt_state(self) -> Any:
+        """The optax state (the value of `state`)."""
+        return self.state.value
+
+    @property
+    def selector(self) -> Any:
+        """`wrt` as an `spx.Selector`."""
+        return as_selector(self.wrt)
+
     @classmethod
     def create(cls, model: Module, tx: optax.GradientTransformation, *, wrt: Any = "parameters") -> Optimizer:
         """`Optimizer(model, tx, wrt=wrt)`, spelled as a named constructor."""
@@ -57,15 +68,19 @@ class Optimizer(Module):
         plan = plan_of(model)
         return state_of(plan, trainable(plan, self.wrt))
 
-    def update(self, model: Module, grads: State) -> None:
-        """Apply one optax step to `model`'s `wrt` variables with `grads`."""
+    def update(self, model: Module | State, grads: State) -> tuple[State, Optimizer] | None:
+        """Apply one optax step with `grads` (the State from `spx.grad(..., wrt=wrt)`).
+
+        * `opt.update(model, grads)` writes the new values into `model` and this
+          optimizer (returns None);
+        * `new_params, new_opt = opt.update(params, grads)` with `params` a State
+          (e.g. `spx.tree_state(model).filter("parameters")`) changes nothing: it
+          returns `params` with the updated entries and a new optimizer.
+        """
+        if isinstance(model, State):
+            return self._functional_update(model, grads)
         params = self._params(model)
-        if not isinstance(grads, State) or grads._infos != params._infos:
-            raise ValueError(
-                "Optimizer.update: grads must be the State of exactly the optimizer's variables "
-                f"(spx.grad(..., wrt={self.wrt!r})); expected paths {[i.path for i in params._infos][:6]}..., "
-                f"received {[i.path for i in grads._infos][:6] if isinstance(grads, State) else type(grads).__name__}."
-            )
+        self._check(params, grads)
         grads = _follow(grads, params)
         if _one_placement(params):  # committed like its outputs, so step 1 reuses step 0's program
             grads, state, params = _committed((grads, self.state.value, params))
@@ -74,6 +89,27 @@ class Optimizer(Module):
             new_params, self.state.value = _apply(self.tx, grads, self.state.value, params)
         update(model, new_params)
         self.step.value = self.step.value + 1
+
+    def apply_eager(self, model: Module, grads: State) -> Optimizer:
+        """`opt.update(model, grads)` (in place); returns this optimizer."""
+        self.update(model, grads)
+        return self
+
+    def _functional_update(self, params: State, grads: State) -> tuple[State, Optimizer]:
+        chosen = _trainable_part(params.filter(self.wrt))
+        self._check(chosen, grads)
+        new_params, opt_state = _apply(self.tx, _follow(grads, chosen), self.state.value, chosen)
+        new = clone(self)
+        new.state.value, new.step.value = opt_state, self.step.value + 1
+        return params.overlay(new_params), new
+
+    def _check(self, params: State, grads: Any) -> None:
+        if not isinstance(grads, State) or grads._infos != params._infos:
+            raise ValueError(
+                "Optimizer.update: grads must be the State of exactly the optimizer's variables "
+                f"(spx.grad(..., wrt={self.wrt!r})); expected paths {[i.path for i in params._infos][:6]}..., "
+                f"received {[i.path for i in grads._infos][:6] if isinstance(grads, State) else type(grads).__name__}."
+            )
 
 
 class MultiOptimizer(Module):
@@ -126,8 +162,27 @@ class MultiOptimizer(Module):
         self.wrt = tuple(sel for sel, _ in pairs)
         self.optimizers = ModuleList(Optimizer(model, tx, sel) for sel, tx in pairs)
 
-    def update(self, model: Module, grads: State) -> None:
-        """Apply each transformation to its own variables with the matching part of `grads`."""
+    @classmethod
+    def create(
+        cls,
+        model: Module,
+        by_selector: Mapping[Any, optax.GradientTransformation]
+        | Sequence[tuple[Any, optax.GradientTransformation]],
+    ) -> MultiOptimizer:
+        """`MultiOptimizer(model, by_selector)`, spelled as a named constructor."""
+        return cls(model, by_selector)
+
+    def update(self, model: Module | State, grads: State) -> tuple[State, MultiOptimizer] | None:
+        """Apply each transformation to its own variables with the matching part of `grads`:
+        in place on a model, or on a State of parameters returning `(new params, new optimizer)`
+        (as `Optimizer.update`)."""
+        if isinstance(model, State):
+            new = clone(self)
+            params = model
+            for j, opt in enumerate(self.optimizers):
+                chosen = _trainable_part(params.filter(opt.wrt))
+                params, new.optimizers[j] = opt.update(params, _pick(grads, chosen))
+            return params, new
         if not isinstance(grads, State):
             raise TypeError(
                 f"MultiOptimizer.update: grads must be the spx.State from spx.grad(..., wrt=opt.wrt); "
@@ -146,6 +201,25 @@ class MultiOptimizer(Module):
             opt.update(
                 model, State(tuple(grads._infos[j] for j in picked), [grads._values[j] for j in picked])
             )
+
+
+def _trainable_part(params: State) -> State:
+    """The entries of `params` not frozen (`trainable=False` metadata)."""
+    keep = [(i, v) for i, v in zip(params._infos, params._values) if dict(i.metadata).get("trainable", True)]
+    return State(tuple(i for i, _ in keep), [v for _, v in keep])
+
+
+def _pick(grads: Any, like: State) -> State:
+    """The entries of `grads` at `like`'s (collection, path) pairs, in `like`'s order."""
+    if not isinstance(grads, State):
+        raise TypeError(
+            f"MultiOptimizer.update: grads must be an spx.State; received {type(grads).__name__}."
+        )
+    flat = grads.flatten()
+    missing = [k for k in like.flatten() if k not in flat]
+    if missing:
+        raise ValueError(f"MultiOptimizer.update: grads lack {[f'{c}/{p}' for c, p in missing[:4]]}.")
+    return State(like._infos, [flat[k] for k in like.flatten()])
 
 
 def _apply(tx: optax.GradientTransformation, grads, state, params):

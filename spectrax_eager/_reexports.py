@@ -1,6 +1,6 @@
 """Pipeline names re-exported by `spx`: the schedule classes from `spectrax_core.schedules`.
 
-`sxstage_iter` and `create_mesh` come from `spectrax_mpmd`,
+`sxstage_iter`, `sxjit`, ... come from `spectrax_mpmd`,
 imported on first use (`spx.__getattr__`), so `import spectrax_eager` never
 depends on the MPMD runtime being importable.
 """
@@ -13,6 +13,7 @@ from spectrax_core.schedules import (
     InterleavedGPipe,
     InterleavedH1,
     KimiK2,
+    Schedule,
     Std1F1B,
     ZeroBubbleH1,
 )
@@ -25,8 +26,18 @@ __all__ = [
     "InterleavedGPipe",
     "InterleavedH1",
     "KimiK2",
+    "Schedule",
     "Std1F1B",
     "ZeroBubbleH1",
 ]
 
-MPMD_NAMES = ("sxstage_iter", "sxstage_region", "create_mesh", "gather", "stage_sizes")
+MPMD_NAMES = (
+    "sxstage_iter",
+    "sxstage_region",
+    "gather",
+    "stage_sizes",
+    "sxjit",
+    "sxgrad",
+    "sxvalue_and_grad",
+    "MpmdMesh",
+)

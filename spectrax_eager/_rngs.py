@@ -7,6 +7,8 @@ counter. The counter is a Variable write, so transforms always let the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -31,12 +33,12 @@ class RngCount(Variable):
 
 
 class RngStream(Module):
-    """One named stream: `stream()` returns a fresh key."""
+    """One named stream: `stream()` returns a fresh key (`counter`: the draws already made)."""
 
-    def __init__(self, seed: int | jax.Array):
+    def __init__(self, seed: int | jax.Array, *, counter: int = 0):
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         self.key = RngKey(key)
-        self.count = RngCount(jnp.zeros((), jnp.uint32))
+        self.count = RngCount(jnp.asarray(counter, jnp.uint32))
 
     def __call__(self) -> jax.Array:
         count = self.count.value
@@ -113,3 +115,36 @@ def seed(value: int | jax.Array) -> Rngs:
 def current_rngs() -> Rngs | None:
     """The `Rngs` of the innermost `with spx.seed(...)` / `with rngs:` block, or None."""
     return _ambient[-1] if _ambient else None
+
+
+def resolve_rngs(rngs: Rngs | int | None = None) -> Rngs:
+    """An `Rngs` from what a layer was given: an `Rngs` as is, an int seed, or (None) the
+    innermost `with spx.seed(...)` block's, else an error naming the fix."""
+    if isinstance(rngs, Rngs):
+        return rngs
+    if isinstance(rngs, int) and not isinstance(rngs, bool):
+        return Rngs(rngs)
+    if rngs is None and current_rngs() is not None:
+        return current_rngs()
+    raise TypeError(
+        f"resolve_rngs: expected an spx.Rngs or an int seed (or a `with spx.seed(n):` block); received {rngs!r}."
+    )
+
+
+def split_stream_keys(stream: RngStream, axis_size: int) -> jax.Array:
+    """`axis_size` independent keys from one draw of `stream` (stacked on a leading axis)."""
+    return jax.random.split(stream(), axis_size)
+
+
+@contextlib.contextmanager
+def split_rngs(rngs: Rngs, *, axis_size: int, only: tuple[str, ...] | None = None) -> Iterator[list[Rngs]]:
+    """`axis_size` `Rngs`, one per member of a vmapped or stacked group: the streams in `only`
+    (default: all) draw independent keys per member, the others give every member the same key."""
+    members: list[dict[str, jax.Array]] = [{} for _ in range(axis_size)]
+    for name, stream in rngs.streams().items():
+        keys = (
+            split_stream_keys(stream, axis_size) if only is None or name in only else [stream()] * axis_size
+        )
+        for i in range(axis_size):
+            members[i][name] = keys[i]
+    yield [Rngs(**m) for m in members]

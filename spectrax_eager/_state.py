@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -88,26 +89,50 @@ class State(Mapping):
         """`{(collection, path): value}` in variable order; `State.from_flat` rebuilds a State."""
         return self.flat()
 
-    def paths(self) -> tuple[str, ...]:
-        """The dotted path of every entry, in variable order (a path names one variable)."""
-        return tuple(i.path for i in self._infos)
+    def paths(self, collection: str | None = None) -> tuple[tuple[str, str], ...]:
+        """`(collection, path)` of every entry (of one collection when given), in variable order."""
+        return tuple((i.kind, i.path) for i in self._infos if collection is None or i.kind == collection)
 
-    def items(self) -> list[tuple[str, Any]]:
-        """`(path, value)` of every entry, in variable order (`state[collection]` groups them)."""
-        return [(i.path, v) for i, v in zip(self._infos, self._values)]
+    def items(self) -> list[tuple[str, str, Any]]:
+        """`(collection, path, value)` of every entry, in variable order."""
+        return [(i.kind, i.path, v) for i, v in zip(self._infos, self._values)]
 
-    def map(self, fn: Callable[..., Any], *, with_path: bool = False) -> State:
-        """A State of the same entries holding `fn(value)` (or `fn(path, value)` with `with_path`)."""
-        if with_path:
-            return State(self._infos, [fn(i.path, v) for i, v in zip(self._infos, self._values)])
-        return State(self._infos, [fn(v) for v in self._values])
+    def collections(self) -> set[str]:
+        """The collection names present."""
+        return {i.kind for i in self._infos}
 
-    def set(self, path: str | tuple[str, str], value: Any) -> State:
-        """A copy with the entry at `path` holding `value`.
+    def get(self, collection: str, path: str, default: Any = None) -> Any:
+        """The value at `(collection, path)`, or `default`."""
+        for i, v in zip(self._infos, self._values):
+            if i.kind == collection and i.path == path:
+                return v
+        return default
 
-        `path` is a dotted path or a `(collection, path)` pair; a pair naming an
-        entry the State lacks adds it.
-        """
+    def map(
+        self, fn: Callable[..., Any], *collections: str, with_path: bool | None = None, copy: bool = True
+    ) -> State:
+        """A State of the same entries holding `fn(value)`, or `fn(path, value)` when `with_path`
+        (by default: when `fn` takes two required arguments). Given collections, only their
+        entries are mapped; the others are kept as they are. (`copy` is accepted for code
+        written for the seed library: a State never changes in place, so every method
+        returns a new one.)"""
+        if with_path is None:
+            with_path = _required_positional(fn) == 2
+        values = [
+            (fn(i.path, v) if with_path else fn(v)) if not collections or i.kind in collections else v
+            for i, v in zip(self._infos, self._values)
+        ]
+        return State(self._infos, values)
+
+    def set(self, *where: Any, copy: bool = True) -> State:
+        """A copy with one entry holding a new value: `set(collection, path, value)` (adds the
+        entry when absent), or `set(path, value)` with a dotted path or a `(collection, path)` pair."""
+        if len(where) == 3:
+            path, value = (where[0], where[1]), where[2]
+        elif len(where) == 2:
+            path, value = where
+        else:
+            raise TypeError("State.set: call set(collection, path, value) or set(path, value).")
         j = self._find(path, allow_new=isinstance(path, tuple))
         if j is None:
             kind, p = path
@@ -115,6 +140,14 @@ class State(Mapping):
         values = list(self._values)
         values[j] = value
         return State(self._infos, values)
+
+    def merge(self, other: State, *, copy: bool = True) -> State:
+        """`overlay(other)`: `other`'s entries replace or join this State's."""
+        return self.overlay(other)
+
+    def copy(self) -> State:
+        """A State of the same entries (values are shared; arrays are immutable)."""
+        return State(self._infos, list(self._values))
 
     def overlay(self, other: State) -> State:
         """A copy where `other`'s entries replace this State's (same path) or are appended."""
@@ -158,15 +191,33 @@ class State(Mapping):
         """A plain nested dict `{collection: {path: value}}`."""
         return {k: self[k] for k in self}
 
-    def filter(self, selector: Any) -> State:
-        """The sub-State of the entries `selector` matches."""
-        sel = as_selector(selector)
+    raw = to_dict
+
+    def filter(self, *selectors: Any, copy: bool = True) -> State:
+        """The sub-State of the entries any of `selectors` matches (collection names, globs, ...)."""
+        sel = as_selector(list(selectors) if len(selectors) != 1 else selectors[0])
         keep = [(i, v) for i, v in zip(self._infos, self._values) if sel.match(i, info_variable(i, v))]
+        return State(tuple(i for i, _ in keep), [v for _, v in keep])
+
+    def exclude(self, *selectors: Any, copy: bool = True) -> State:
+        """The sub-State of the entries none of `selectors` matches."""
+        sel = as_selector(list(selectors))
+        keep = [(i, v) for i, v in zip(self._infos, self._values) if not sel.match(i, info_variable(i, v))]
         return State(tuple(i for i, _ in keep), [v for _, v in keep])
 
     def __repr__(self) -> str:
         lines = [f"  {i.kind}/{i.path}: {_short(v)}" for i, v in zip(self._infos, self._values)]
         return "State(\n" + "\n".join(lines) + "\n)" if lines else "State()"
+
+
+def _required_positional(fn: Callable[..., Any]) -> int | None:
+    """How many positional arguments `fn` requires (None when it cannot be told)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
 def _new_info(kind: str, path: str) -> VarInfo:
@@ -286,10 +337,10 @@ def clone(model: Module) -> Module:
     return bind(*export(model))
 
 
-def iter_variables(model: Module, select: Any = True) -> Iterator[tuple[str, Variable]]:
-    """Yield `(path, variable)` for each variable `select` matches, in plan order."""
+def iter_variables(model: Module, select: Any = None) -> Iterator[tuple[str, Variable]]:
+    """Yield `(path, variable)` for each variable `select` matches (None: every one), in plan order."""
     plan = plan_of(_require_module(model, "iter_variables"))
-    for info, var, keep in zip(plan.infos, plan.vars, mask(plan, select)):
+    for info, var, keep in zip(plan.infos, plan.vars, mask(plan, True if select is None else select)):
         if keep:
             yield info.path, var
 
@@ -341,28 +392,56 @@ def trainable(plan: Plan, wrt: Any) -> tuple[bool, ...]:
     return out
 
 
-def iter_modules(model: Module) -> Iterator[tuple[str, Module]]:
-    """Yield `(path, module)` for `model` (path `""`) and every sub-module, in definition order.
+def iter_modules(
+    model: Module, *, with_path: bool = True, skip_root: bool = False, select: Any = None
+) -> Iterator[tuple[str, Module]] | Iterator[Module]:
+    """Yield `(path, module)` (or the module alone, `with_path=False`) for `model` (path `""`,
+    unless `skip_root`) and every sub-module, in definition order. `select`: a Module subclass
+    (or tuple of them) or a predicate `fn(path, module)` keeps only those modules.
 
     A module reachable along several paths is yielded once, at its first path.
     """
-    yield from plan_of(_require_module(model, "iter_modules")).modules
+    keep = _module_filter(select, "iter_modules")
+    for path, module in plan_of(_require_module(model, "iter_modules")).modules:
+        if (skip_root and path == "") or not keep(path, module):
+            continue
+        yield (path, module) if with_path else module
 
 
-def find(model: Module, what: type | Callable[[str, Module], bool]) -> list[tuple[str, Module]]:
-    """The `(path, module)` pairs of `model`'s modules that are instances of `what` (a Module
-    subclass, or a tuple of them) or for which the predicate `what(path, module)` is true."""
-    _require_module(model, "find")
-    if isinstance(what, type | tuple) and all(
-        isinstance(t, type) and issubclass(t, Module) for t in (what if isinstance(what, tuple) else (what,))
-    ):
-        return [(p, m) for p, m in iter_modules(model) if isinstance(m, what)]
-    if callable(what):
-        return [(p, m) for p, m in iter_modules(model) if what(p, m)]
+def _module_filter(what: Any, where: str) -> Callable[[str, Module], bool]:
+    if what is None:
+        return lambda p, m: True
+    if _is_module_types(what):
+        return lambda p, m: isinstance(m, what)
+    if callable(what) and not isinstance(what, type):
+        return what
     raise TypeError(
-        f"find: expected a Module subclass (or a tuple of them) or a predicate fn(path, module); "
+        f"{where}: select a Module subclass (or a tuple of them) or a predicate fn(path, module); "
         f"received {what!r}."
     )
+
+
+def _is_module_types(what: Any) -> bool:
+    types = what if isinstance(what, tuple) else (what,)
+    return bool(types) and all(isinstance(t, type) and issubclass(t, Module) for t in types)
+
+
+def find(model: Module, select: Any = None) -> tuple[str, Module | Variable] | None:
+    """The first `(path, target)` that `select` picks, or None.
+
+    A Module subclass (or tuple of them) looks for a module; any other selector
+    (a collection name, a Variable subclass, a glob, `spx.select()...` with
+    `| & - ~`, a predicate `fn(path, variable)`) looks for a variable. Modules
+    and variables come in definition order. `spx.iter_modules(model, select=...)`
+    and `spx.iter_variables(model, select=...)` give every match.
+    """
+    _require_module(model, "find")
+    if select is None:
+        raise TypeError(
+            "find: give what to look for, e.g. spx.find(model, nn.Linear) or spx.find(model, 'lora')."
+        )
+    found = iter_modules(model, select=select) if _is_module_types(select) else iter_variables(model, select)
+    return next(iter(found), None)
 
 
 def live_variables(model: Module, select: Any = True) -> list[Variable]:
@@ -386,4 +465,29 @@ def pop(model: Module, select: Any) -> State:
                 del mod.__dict__[name]
     if chosen:
         _graph.bump()
+    return out
+
+
+def check_unintentional_sharing(model: Module) -> list[tuple[str, str]]:
+    """`(alias path, first path)` for every variable reachable along more than one path whose
+    metadata has no `tie_group` entry (deliberate ties, such as a shared embedding, set one)."""
+    first: dict[int, str] = {}
+    out: list[tuple[str, str]] = []
+
+    def visit(module: Module, prefix: str, seen: frozenset) -> None:
+        for name, value in module.__dict__.items():
+            path = f"{prefix}{name}"
+            if name.startswith("_spx_"):
+                continue
+            if isinstance(value, Variable):
+                if id(value) in first:
+                    if "tie_group" not in value.metadata:
+                        out.append((path, first[id(value)]))
+                else:
+                    first[id(value)] = path
+            elif isinstance(value, Module) and id(value) not in seen:
+                visit(value, path + ".", seen | {id(value)})
+
+    plan_of(_require_module(model, "check_unintentional_sharing"))  # refuses a cyclic graph first
+    visit(model, "", frozenset({id(model)}))
     return out

@@ -15,6 +15,7 @@ import jax
 
 from . import _graph
 from ._assign import stamp
+from ._sharding_rules import Sharding, annotation_axes
 from ._static import immutable
 
 
@@ -66,9 +67,27 @@ class Variable:
         super().__init_subclass__(**kwargs)
         register_variable_class(cls)
 
-    def __init__(self, value: Any, *, kind: str | None = None, **metadata: Any):
+    def __init__(
+        self,
+        value: Any,
+        *,
+        kind: str | None = None,
+        dtype: Any = None,
+        sharding: Any = None,
+        axis_names: Any = None,
+        metadata: dict | None = None,
+        **more: Any,
+    ):
+        """`sharding=` / `axis_names=` (logical names, one per axis) are stored as `axes`
+        metadata; `dtype=` casts the value; `metadata=` is a dict of more entries."""
         if isinstance(value, Variable):
             value = value.value
+        if dtype is not None:
+            value = jax.numpy.asarray(value, dtype)
+        metadata = {**(metadata or {}), **more}
+        names = sharding if sharding is not None else axis_names
+        if names is not None:
+            metadata["axes"] = annotation_axes(type(self).__name__, names)
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "kind", kind if kind is not None else type(self).default_kind)
         object.__setattr__(self, "metadata", stamp(_immutable_metadata(type(self), metadata)))
@@ -107,6 +126,17 @@ class Variable:
             return object.__getattribute__(self, "metadata")[name]
         except (KeyError, AttributeError):
             raise AttributeError(f"{type(self).__name__} has no attribute or metadata {name!r}") from None
+
+    @property
+    def axis_names(self) -> tuple | None:
+        """The logical axis names (`axes` metadata), or None."""
+        return self.metadata.get("axes")
+
+    @property
+    def sharding(self) -> Sharding | None:
+        """The `axes` metadata as an `spx.Sharding`, or None."""
+        axes = self.metadata.get("axes")
+        return None if axes is None else Sharding(axis_names=axes)
 
     @property
     def shape(self) -> tuple[int, ...]:

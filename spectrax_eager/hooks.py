@@ -41,4 +41,14 @@ def hooks_of(module: Module) -> tuple[Hook, ...]:
     return tuple(_module(module, "hooks_of").__dict__.get("_spx_hooks", ()))
 
 
-__all__ = ["Hook", "RemovableHandle", "hooks_of", "register_forward_hook", "register_forward_pre_hook"]
+#: The handle a registration returns (`handle.remove()` unregisters).
+Handle = RemovableHandle
+
+__all__ = [
+    "Handle",
+    "Hook",
+    "RemovableHandle",
+    "hooks_of",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+]

@@ -16,6 +16,7 @@ from ._inspect import count_bytes, count_parameters, summary
 from ._lift import Split, rebuild
 from ._module import Module, _walk, plan_of
 from ._rngs import Rngs, RngStream
+from ._state import tree_state
 
 
 def _shapes(out: Any) -> str:
@@ -69,10 +70,10 @@ def tabulate(model: Module, *inputs: Any, **kwargs: Any) -> str:
                 type(mod).__name__,
                 outputs[0].get(j, "-"),
                 f"{count_parameters(mod):,}",
-                f"{count_bytes(mod):,}",
+                f"{count_bytes(mod, True):,}",
             )
         )
-    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model):,} bytes"
+    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model, True):,} bytes"
     return _table(("path", "module", "output", "params", "bytes"), rows, total)
 
 
@@ -81,17 +82,20 @@ def display(model: Module) -> None:
     if not isinstance(model, Module):
         raise TypeError(f"display: expected an spx.Module, received {type(model).__name__}.")
     print(repr(model))
-    print(f"total: {count_parameters(model):,} parameters, {count_bytes(model):,} bytes")
+    print(f"total: {count_parameters(model):,} parameters, {count_bytes(model, True):,} bytes")
 
 
 def hlo_cost(fn: Callable, *args: Any, **kwargs: Any) -> dict[str, float]:
-    """XLA's cost analysis of `fn(*args, **kwargs)` compiled (modules may be arguments).
+    """XLA's cost analysis of `fn(*args, **kwargs)` compiled (modules may be arguments;
+    `hlo_cost(model, x)` costs the call `model(x)`).
 
     Returns `{"flops", "bytes_accessed", "transcendentals"}` (0.0 where the backend
     reports nothing) plus every other figure the backend reports, under its own name.
     """
+    if isinstance(fn, Module):  # a module's own call: its values are arguments, not constants
+        fn, args = _call_module, (fn, *args)
     if not callable(fn):
-        raise TypeError(f"hlo_cost: expected a function, received {type(fn).__name__}.")
+        raise TypeError(f"hlo_cost: expected a function or a module, received {type(fn).__name__}.")
     split = Split(args, kwargs)
     static = split.static
 
@@ -114,4 +118,33 @@ def hlo_cost(fn: Callable, *args: Any, **kwargs: Any) -> dict[str, float]:
     }
 
 
-__all__ = ["count_bytes", "count_parameters", "display", "hlo_cost", "summary", "tabulate"]
+def _call_module(module: Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
+
+
+def format_parameters(n: int) -> str:
+    """`n` in short form: `999`, `1.2K`, `12.3M`, `4.5B`."""
+    for size, suffix in ((10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return str(n)
+
+
+def repr_module(module: Module) -> str:
+    """The module tree as `repr` prints it: classes, static attributes, Variables with shapes."""
+    if not isinstance(module, Module):
+        raise TypeError(f"repr_module: expected an spx.Module, received {type(module).__name__}.")
+    return repr(module)
+
+
+__all__ = [
+    "count_bytes",
+    "count_parameters",
+    "display",
+    "format_parameters",
+    "hlo_cost",
+    "repr_module",
+    "summary",
+    "tabulate",
+    "tree_state",
+]

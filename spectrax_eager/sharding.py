@@ -1,34 +1,44 @@
-"""`spx.sharding`: the logical-sharding vocabulary over `spectrax_core.sharding`.
+"""`spx.sharding`: logical sharding annotations, the rules that resolve them, and mesh helpers.
 
-One mechanism: every name here resolves logical axis tokens (`"BATCH"`,
-`"EMBED"`, ...) with `spectrax_core.sharding.spec` / `param_specs` /
-`constrain` and a `spectrax_core.sharding.Rules`. This module adds the
-context a PyTorch-shaped model reads them from:
-
-* `with spx.sharding.logical_axis_rules(rules, mode="train"):` sets the rules
-  (a `Rules`, a `PartitionAxis`, or a `{token: mesh axes}` mapping) that
-  `current_axis_rules()` returns (default: `Rules.default()`);
-* `with mesh:` (an `spx.create_mesh(...)` mesh, or `jax.set_mesh(mesh)`) sets
-  the mesh that `current_mesh()` returns.
-
-A layer given logical axes for a weight (`sharding=("EMBED", "MLP")`) places
-it with `apply_logical_sharding(weight, axes)`: on the current mesh under the
-current rules, unchanged when no mesh is set.
+Layers and Variables carry logical axis names as metadata (`sharding=("embed",
+"mlp")`, any names); nothing is resolved when they are built. Names become mesh
+axes when a spec is needed, under the innermost
+`with spx.sharding.logical_axis_rules([(name, mesh axes), ...]):` block and the
+active mesh (`with mesh:` for an `spx.create_mesh` mesh, or `jax.set_mesh`):
+a rule maps a name; a name with no rule that is a mesh axis is that axis; any
+other name is unsharded — or, inside a rules block with a mesh active, an
+error naming it (a typo). The rules start from the core's defaults
+(`spectrax_core.sharding.Rules.default()`: `EMBED`, `MLP`, ...), which the
+built-in layers use when given no `sharding=`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+import contextvars
+from typing import Any, Callable, Sequence
 
 import jax
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 import spectrax_core as sc
 from spectrax_core.sharding import BATCH, EMBED, EXPERT, HEAD, KV_HEAD, LENGTH, MLP, VOCAB, Rules
 
 from ._module import Module, plan_of
+from ._sharding_mesh import *  # noqa: F401,F403  (mesh helpers)
+from ._sharding_mesh import __all__ as _mesh_names
+from ._sharding_mesh import get_current_stage_mesh, place
+from ._sharding_rules import (
+    PartitionAxis,
+    Sharding,
+    annotation_axes,
+    as_jax_mesh,
+    current_axis_rules,
+    current_mesh,
+    current_mode,
+    current_rules,
+    logical_axis_rules,
+    resolve,
+)
 from ._state import state_of
 from ._variable import set_value
 
@@ -67,149 +77,42 @@ ExpertRowWise = LogicalAxes("ExpertRowWise", (EXPERT, MLP, EMBED))
 ExpertActivations = LogicalAxes("ExpertActivations", (EXPERT, None, EMBED))  # (experts, capacity, d)
 
 
-def _axes_for(axes: Sequence[str | None], ndim: int | None) -> tuple[str | None, ...]:
-    if isinstance(axes, PartitionSpec):
-        raise TypeError("a PartitionSpec is already resolved; pass it to jax directly, not as logical axes.")
-    if isinstance(axes, str):
-        raise TypeError(f"axes must be a tuple of tokens (one per array axis); write ({axes!r},).")
-    axes = tuple(axes)
-    if not axes and ndim is not None:  # Replicated: any rank
-        return (None,) * ndim
-    return axes
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionAxis:
-    """Which mesh axes each kind of array axis is split over, per mode.
-
-    Each field is a mesh axis name, a tuple of names, or None; the defaults are
-    those of `Rules.default()`. `rules()` gives the `spectrax_core.sharding.Rules`.
-    """
-
-    batch_axis: MeshAxes = ("dp", "fsdp")
-    sequence_axis: MeshAxes = "sp"
-    hidden_state_axis: MeshAxes = "fsdp"
-    head_axis: MeshAxes = "tp"
-    kv_head_axis: MeshAxes = "tp"
-    mlp_axis: MeshAxes = "tp"
-    vocab_axis: MeshAxes = "tp"
-    expert_axis: MeshAxes = "ep"
-    decode_batch_axis: MeshAxes = ("dp", "fsdp")
-    decode_sequence_axis: MeshAxes = None
-    decode_hidden_state_axis: MeshAxes = None
-
-    def rules(self) -> Rules:
-        """The `Rules` these axes describe (train and decode tables)."""
-        train = {
-            BATCH: self.batch_axis,
-            LENGTH: self.sequence_axis,
-            EMBED: self.hidden_state_axis,
-            HEAD: self.head_axis,
-            KV_HEAD: self.kv_head_axis,
-            MLP: self.mlp_axis,
-            VOCAB: self.vocab_axis,
-            EXPERT: self.expert_axis,
-        }
-        decode = {
-            **train,
-            BATCH: self.decode_batch_axis,
-            LENGTH: self.decode_sequence_axis,
-            EMBED: self.decode_hidden_state_axis,
-        }
-        return Rules(train=train, decode=decode)
-
-
-def _as_rules(rules: Rules | PartitionAxis | Mapping[str, MeshAxes]) -> Rules:
-    if isinstance(rules, Rules):
-        return rules
-    if isinstance(rules, PartitionAxis):
-        return rules.rules()
-    if isinstance(rules, Mapping):
-        return Rules.default().replace(**dict(rules))
-    raise TypeError(
-        "logical_axis_rules: expected a spectrax_core.sharding.Rules, an spx.sharding.PartitionAxis "
-        f"or a {{token: mesh axes}} mapping; received {type(rules).__name__}."
-    )
-
-
-_rules_stack: list[tuple[Rules, str]] = []  # innermost last
-
-
-@contextlib.contextmanager
-def logical_axis_rules(
-    rules: Rules | PartitionAxis | Mapping[str, MeshAxes], mode: str = "train"
-) -> Iterator[Rules]:
-    """Within the block, `current_axis_rules()` is `rules` and `current_mode()` is `mode`.
-
-    A mapping adjusts the default rules: `logical_axis_rules({"EMBED": None})`.
-    """
-    resolved = _as_rules(rules)
-    resolved.table(mode)  # an unknown mode fails here, with the core's message
-    _rules_stack.append((resolved, mode))
-    try:
-        yield resolved
-    finally:
-        _rules_stack.pop()
-
-
-def current_axis_rules() -> Rules:
-    """The rules of the innermost `logical_axis_rules` block, else `Rules.default()`."""
-    return _rules_stack[-1][0] if _rules_stack else Rules.default()
-
-
-def current_mode() -> str:
-    """The mode of the innermost `logical_axis_rules` block, else `"train"`."""
-    return _rules_stack[-1][1] if _rules_stack else "train"
-
-
-def current_mesh() -> Mesh | AbstractMesh | None:
-    """The mesh set by `with mesh:` / `jax.set_mesh(mesh)`, or None (an MPMD axis is kept).
-
-    While a function is traced only the mesh's shape is known: an `AbstractMesh` then.
-    """
-    try:
-        mesh = jax.sharding.get_mesh()
-    except ValueError:  # under a trace
-        mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh is None or mesh.empty else mesh
-
-
-def _mesh(mesh: Any) -> Mesh | None:
-    if mesh is None:
-        return current_mesh()
-    return getattr(mesh, "jax_mesh", mesh)
+def _var_axes(var: Any) -> tuple | None:
+    axes = var.metadata.get("axes")
+    return None if axes is None else annotation_axes("variable metadata", axes, var.ndim)
 
 
 def get_partition_spec(
     x_or_axes: Any, *, rules: Rules | None = None, mode: str | None = None, mesh: Any = None
 ) -> Any:
-    """The `PartitionSpec` for logical axes, or the specs of what an object holds.
+    """The `PartitionSpec` of logical axes, or the specs of what an object holds.
 
-    * a tuple of tokens (or a prebuilt name such as `ColumnWise`): its spec under the
-      current (or given) rules and mesh;
-    * an `spx.Module`: a `State` of the spec of every variable with `axes` metadata
-      (others `PartitionSpec()`), resolved with the variable's shape;
+    * a tuple of names (or a prebuilt name such as `ColumnWise`): its spec under the
+      rules and mesh in force (or given);
+    * an `spx.Module`: a `State` `{collection: {path: spec}}` of every variable, from
+      its `axes` metadata (`PartitionSpec()` without), resolved with its shape;
     * a `jax.Array`: the spec of its current sharding;
     * any other pytree (core params): `spectrax_core.sharding.param_specs`.
     """
-    rules = current_axis_rules() if rules is None else rules
-    mode = current_mode() if mode is None else mode
-    mesh = _mesh(mesh)
+    mesh = as_jax_mesh(mesh)
+    kw = {"rules": rules, "mode": mode, "mesh": mesh}
     if isinstance(x_or_axes, Module):
         plan = plan_of(x_or_axes)
-        specs = [
-            sc.sharding.spec(_axes_for(v.metadata["axes"], v.ndim), rules, mode, mesh, shape=v.shape)
-            if "axes" in v.metadata
-            else PartitionSpec()
-            for v in plan.vars
-        ]
+        specs = []
+        for var in plan.vars:
+            axes = _var_axes(var)
+            specs.append(PartitionSpec() if axes is None else resolve(axes, shape=var.shape, **kw))
         return state_of(plan, values=specs)
     if isinstance(x_or_axes, jax.Array):
         sharding = x_or_axes.sharding
         return sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+    if isinstance(x_or_axes, Sharding):
+        return resolve(x_or_axes.axes or (), **kw)
     if isinstance(x_or_axes, tuple | list) and all(a is None or isinstance(a, str) for a in x_or_axes):
-        return sc.sharding.spec(_axes_for(x_or_axes, None), rules, mode, mesh)
-    return sc.sharding.param_specs(x_or_axes, rules, mode, mesh)
+        return resolve(annotation_axes("get_partition_spec", x_or_axes), **kw)
+    return sc.sharding.param_specs(
+        x_or_axes, current_rules() if rules is None else rules, current_mode() if mode is None else mode, mesh
+    )
 
 
 def _is_spec(x: Any) -> bool:
@@ -220,7 +123,7 @@ def get_named_sharding(
     x_or_axes: Any, mesh: Any = None, *, rules: Rules | None = None, mode: str | None = None
 ) -> Any:
     """`get_partition_spec` wrapped in `NamedSharding`s over `mesh` (default: the current mesh)."""
-    mesh = _mesh(mesh)
+    mesh = as_jax_mesh(mesh)
     if mesh is None:
         raise ValueError(
             "get_named_sharding: no mesh; pass mesh= or call inside `with mesh:` (spx.create_mesh) "
@@ -230,63 +133,197 @@ def get_named_sharding(
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
+def _target(x: Any, sharding: Any, mesh: Any, rules: Rules | None, mode: str | None, fit: bool = True) -> Any:
+    """The sharding `x` is constrained to: a `NamedSharding` as given, else one on `mesh` from a
+    `PartitionSpec` or from logical names (resolved with `x`'s shape when `fit`: an axis that does
+    not divide evenly stays whole)."""
+    if isinstance(sharding, jax.sharding.Sharding):
+        return sharding
+    if isinstance(sharding, PartitionSpec):
+        return NamedSharding(mesh, sharding)
+    axes = annotation_axes("with_sharding_constraint", sharding, x.ndim)
+    return NamedSharding(
+        mesh, resolve(axes, shape=x.shape if fit else None, mesh=mesh, rules=rules, mode=mode)
+    )
+
+
 def with_sharding_constraint(
-    x: jax.Array,
-    axes: Sequence[str | None] | PartitionSpec,
+    x: Any,
+    sharding: Any,
     *,
+    mesh: Any = None,
+    stage: Any = None,
+    stage_mesh: Any = None,
+    metadata: Any = None,
+    ignore_mpmd: bool = False,
     rules: Rules | None = None,
     mode: str | None = None,
-) -> jax.Array:
-    """Constrain `x`'s sharding to logical `axes` (or a `PartitionSpec`) on the current mesh.
+) -> Any:
+    """Constrain `x` (an array or a pytree of arrays) to `sharding`: logical names (one per axis,
+    resolved under the rules in force; mesh axis names stand for themselves), a `PartitionSpec`,
+    or a `NamedSharding`. Under a trace it is a sharding constraint, eagerly a `jax.device_put`.
 
-    With no mesh set it returns `x` unchanged, so a model runs on one device as written.
+    With no mesh (given or active) it returns `x` unchanged, so a model runs on one device as
+    written. On an MPMD mesh the constraint is on one stage's submesh (`stage`, `stage_mesh` or
+    the `"stage"` of `metadata`); with no stage known, or `ignore_mpmd=True`, `x` is returned.
     """
-    mesh = current_mesh()
-    if mesh is None:
+    if isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree.map(lambda a: place(a, sharding), x)
+    given = current_mesh() if mesh is None else mesh
+    if ignore_mpmd and getattr(given, "is_mpmd", False):
         return x
-    if isinstance(axes, PartitionSpec):
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, axes))
-    rules = current_axis_rules() if rules is None else rules
-    mode = current_mode() if mode is None else mode
-    return sc.sharding.constrain(x, _axes_for(axes, x.ndim), rules, mesh, mode)
+    target = get_current_stage_mesh(given, stage=stage, stage_mesh=stage_mesh, metadata=metadata)
+    if target is None:
+        return x
+    return jax.tree.map(lambda a: place(a, _target(a, sharding, target, rules, mode)), x)
+
+
+def with_sharding_constraint_by_name(x: Any, axis_names: Sequence[str | None]) -> Any:
+    """Constrain `x` to logical `axis_names` under the rules and mesh in force (no mesh: `x`)."""
+    return with_sharding_constraint(x, tuple(axis_names))
+
+
+def lax_reshard(
+    arr: Any,
+    sharding: Any,
+    *,
+    mesh: Any = None,
+    stage: Any = None,
+    stage_mesh: Any = None,
+    metadata: Any = None,
+    ignore_mpmd: bool = False,
+) -> Any:
+    """`with_sharding_constraint` over a pytree: one sharding for every leaf, or a pytree of them
+    like `arr` (`stage`, `stage_mesh`, `metadata`, `ignore_mpmd` as there)."""
+    stage = dict(stage=stage, stage_mesh=stage_mesh, metadata=metadata, ignore_mpmd=ignore_mpmd)
+    single = isinstance(sharding, jax.sharding.Sharding | PartitionSpec | Sharding | tuple | list)
+    if single or sharding is None:
+        return arr if sharding is None else with_sharding_constraint(arr, sharding, mesh=mesh, **stage)
+    return jax.tree.map(lambda a, s: with_sharding_constraint(a, s, mesh=mesh, **stage), arr, sharding)
+
+
+def with_partitioning(init: Callable[..., jax.Array], axis_names: Any) -> Callable[..., jax.Array]:
+    """`init` annotated with logical `axis_names`: a layer given it as its weight initializer
+    (without `sharding=`) stores those names on the weight."""
+
+    def annotated(key: jax.Array, shape: Sequence[int], dtype: Any = None) -> jax.Array:
+        return init(key, shape) if dtype is None else init(key, shape, dtype)
+
+    annotated.sharding = Sharding(axis_names=annotation_axes("with_partitioning", axis_names))
+    return annotated
 
 
 def apply_logical_sharding(
     x: Any,
-    axes: Sequence[str | None] | None = None,
+    partition_manager: PartitionManager | None = None,
+    axes: Any = None,
+    mode: str | None = None,
+    dynamic_axes: Any = None,
+    auto_correct: bool = True,
     *,
     mesh: Any = None,
     rules: Rules | None = None,
-    mode: str | None = None,
 ) -> Any:
     """Place `x` as its logical axes say, on the current (or given) mesh.
 
     * an array with `axes`: traced, a sharding constraint; concrete, `jax.device_put`
       to its `NamedSharding`; returned unchanged when no mesh is set;
     * an `spx.Module`: every variable with `axes` metadata is placed in place; returns it.
+
+    `partition_manager` takes the rules from that manager; the axes may also come as
+    `dynamic_axes` (a sequence, or an object with `axes` and optionally `mode`). With
+    `auto_correct=False` an axis that does not divide evenly is an error, not left whole.
+    `apply_logical_sharding(x, axes)` (axes second) is accepted too.
     """
-    mesh = _mesh(mesh)
-    rules = current_axis_rules() if rules is None else rules
-    mode = current_mode() if mode is None else mode
+    if partition_manager is not None and not isinstance(partition_manager, PartitionManager):
+        if isinstance(axes, str) and mode is None:  # apply_logical_sharding(x, axes, mode)
+            axes, mode = None, axes
+        axes, partition_manager = partition_manager, None
+    if axes is None and dynamic_axes is not None:
+        mode = getattr(dynamic_axes, "mode", None) if mode is None else mode
+        axes = tuple(getattr(dynamic_axes, "axes", dynamic_axes))
+    if partition_manager is not None and rules is None:
+        rules = partition_manager.paxis.rules()
+    mesh = as_jax_mesh(mesh)
     if isinstance(x, Module):
         if mesh is not None:
             plan = plan_of(x)
-            for var, spec in zip(plan.vars, get_partition_spec(x, rules=rules, mode=mode, mesh=mesh)._values):
+            specs = get_partition_spec(x, rules=rules, mode=mode, mesh=mesh)._values
+            for var, spec in zip(plan.vars, specs):
                 if "axes" in var.metadata:
                     set_value(var, jax.device_put(var.value, NamedSharding(mesh, spec)))
         return x
     if axes is None:
-        raise TypeError("apply_logical_sharding: give the array's logical axes, e.g. axes=('EMBED', 'MLP').")
+        raise TypeError("apply_logical_sharding: give the array's logical axes, e.g. axes=('embed', 'mlp').")
     if mesh is None:
         return x
-    axes = _axes_for(axes, x.ndim)
-    if isinstance(x, jax.core.Tracer):
-        return sc.sharding.constrain(x, axes, rules, mesh, mode)
-    spec = sc.sharding.spec(axes, rules, mode, mesh, shape=x.shape)
-    return jax.device_put(x, NamedSharding(mesh, spec))
+    return place(x, _target(x, axes, mesh, rules, mode, auto_correct))
+
+
+class PartitionManager:
+    """Rules from a `PartitionAxis`, entered as a context (`with PartitionManager(paxis):`).
+
+    Inside the block its rules are in force (as with `logical_axis_rules`), and
+    `get_current_partition_manager()` returns it; the latest one made is
+    `get_partition_manager()`.
+    """
+
+    def __init__(self, paxis: PartitionAxis):
+        self.paxis = paxis
+        self._blocks: list = []
+        _latest[0] = self
+
+    def resolve(self, axes: Sequence[str | None], mode: str = "train", shape: Sequence[int] | None = None):
+        """The `PartitionSpec` of `axes` under this manager's rules and the active mesh."""
+        return resolve(
+            annotation_axes("PartitionManager.resolve", axes),
+            shape=shape,
+            rules=self.paxis.rules(),
+            mode=mode,
+        )
+
+    def shard(self, x: Any, axes: Sequence[str | None], mode: str = "train") -> Any:
+        """`x` placed by `axes` under this manager's rules (unchanged with no mesh)."""
+        return apply_logical_sharding(x, axes=tuple(axes), mode=mode, rules=self.paxis.rules())
+
+    def __enter__(self) -> PartitionManager:
+        block = logical_axis_rules(self.paxis.rules())
+        block.__enter__()
+        self._blocks.append((block, _current.set(self)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        block, token = self._blocks.pop()
+        _current.reset(token)
+        block.__exit__(*exc)
+
+
+_current: contextvars.ContextVar[PartitionManager | None] = contextvars.ContextVar(
+    "spx_partition_manager", default=None
+)
+_latest: list[PartitionManager | None] = [None]  # the latest manager made, process-wide
+
+
+def get_current_partition_manager() -> PartitionManager | None:
+    """The `PartitionManager` of the innermost `with manager:` block, or None."""
+    return _current.get()
+
+
+def get_partition_manager() -> PartitionManager | None:
+    """The active `PartitionManager`, else the latest one made, else None."""
+    return _current.get() or _latest[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SpxMesh":  # the mesh type of `create_mesh`, from the MPMD runtime
+        import spectrax_mpmd
+
+        return spectrax_mpmd.MpmdMesh
+    raise AttributeError(f"module 'spectrax_eager.sharding' has no attribute {name!r}")
 
 
 __all__ = [
+    "SpxMesh",  # noqa: F405  (module __getattr__)
     "AttnKVSharding",
     "AttnQSharding",
     "ColumnWise",
@@ -297,15 +334,24 @@ __all__ = [
     "LogicalAxes",
     "LogitsSharding",
     "PartitionAxis",
+    "PartitionManager",
     "Replicated",
     "RowWise",
     "Rules",
+    "Sharding",
     "apply_logical_sharding",
     "current_axis_rules",
     "current_mesh",
     "current_mode",
+    "current_rules",
+    "get_current_partition_manager",
     "get_named_sharding",
+    "get_partition_manager",
     "get_partition_spec",
+    "lax_reshard",
     "logical_axis_rules",
+    "with_partitioning",
     "with_sharding_constraint",
+    "with_sharding_constraint_by_name",
+    *_mesh_names,
 ]

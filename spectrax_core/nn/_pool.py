@@ -9,9 +9,10 @@ axis of length `L`.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array
 
@@ -75,13 +76,33 @@ def _window_args(where, x, window, stride, padding):
     return dims, strides, pad
 
 
+def _identity(value: Any, dtype: Any) -> np.ndarray:
+    """The reduction's initial value as a NumPy constant: `jax.grad` of a max / sum window
+    reduction needs to recognise it, which a jax array made under `jit` (a traced value) defeats."""
+    return np.asarray(value, dtype)
+
+
+def pool(
+    x: Array,
+    init_value: Any,
+    reduce_fn: Callable[[Array, Array], Array],
+    window: Sequence[int],
+    stride: int | Sequence[int] | None = None,
+    padding: Padding = "VALID",
+) -> Array:
+    """`reduce_fn` (associative, with identity `init_value`) over each window of `x`
+    `(batch, *spatial, channels)`; `stride` defaults to `window`."""
+    dims, strides, pad = _window_args("pool", x, window, stride, padding)
+    return lax.reduce_window(x, _identity(init_value, x.dtype), reduce_fn, dims, strides, pad)
+
+
 def max_pool(
     x: Array, window: Sequence[int], stride: int | Sequence[int] | None = None, padding: Padding = "VALID"
 ) -> Array:
     """Maximum over each window; padded positions never win. `stride` defaults to `window`."""
     dims, strides, pad = _window_args("max_pool", x, window, stride, padding)
     init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, dims, strides, pad)
+    return lax.reduce_window(x, _identity(init, x.dtype), lax.max, dims, strides, pad)
 
 
 def avg_pool(
@@ -95,7 +116,7 @@ def avg_pool(
     """Mean over each window. `count_include_pad=True` divides by the window size (padded zeros
     count); False divides by the number of real elements in the window."""
     dims, strides, pad = _window_args("avg_pool", x, window, stride, padding)
-    zero = jnp.zeros((), x.dtype)
+    zero = _identity(0, x.dtype)
     total = lax.reduce_window(x, zero, lax.add, dims, strides, pad)
     if count_include_pad:
         return total / math.prod(dims)

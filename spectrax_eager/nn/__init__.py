@@ -11,7 +11,7 @@ from ._containers import (
     Sequential,
     StackedModuleList,
 )
-from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from ._conv import Conv, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._fp8 import Fp8Linear, Fp8Meta, fp8_update, to_fp8
 from ._general import Bilinear, DenseGeneral, Einsum
 from ._layers import (
@@ -25,11 +25,12 @@ from ._layers import (
     Linear,
     RMSNorm,
 )
-from ._lora import LoRALinear, LoRAParam, inject_lora, merge_lora, wrap_lora
+from ._lora import LoRA, LoRALinear, LoRAParam, LoraParameter, inject_lora, merge_lora, wrap_lora
 from ._norms import BatchNorm1d, BatchNorm2d, BatchStat, GroupNorm, InstanceNorm
 from ._pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
@@ -37,9 +38,24 @@ from ._pooling import (
     MaxPool2d,
     MaxPool3d,
 )
-from ._recurrent import RNN, GRUCell, LSTMCell, SimpleRNNCell
+from ._recurrent import (
+    RNN,
+    Bidirectional,
+    ConvLSTMCell,
+    GRUCell,
+    LSTMCell,
+    OptimizedLSTMCell,
+    RNNCellBase,
+    SimpleRNNCell,
+)
 
 __all__ = [
+    "AdaptiveAvgPool3d",
+    "Bidirectional",
+    "Conv",
+    "ConvLSTMCell",
+    "OptimizedLSTMCell",
+    "RNNCellBase",
     "Attention",
     "Block",
     "Conv1d",
@@ -94,7 +110,9 @@ __all__ = [
     "Tanh",
     "Fp8Linear",
     "Fp8Meta",
+    "LoRA",
     "LoRALinear",
+    "LoraParameter",
     "LoRAParam",
     "fp8_update",
     "inject_lora",

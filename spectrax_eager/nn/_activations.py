@@ -32,9 +32,12 @@ class ReLU(Module):
 
 
 class GELU(Module):
-    """`x · Φ(x)`; `approximate="none"` (default, exact, as PyTorch) or `"tanh"` (the tanh form)."""
+    """`x · Φ(x)`; `approximate="none"` (default, exact, as PyTorch) or `"tanh"` (the tanh form);
+    `False` / `True` mean the same two."""
 
-    def __init__(self, approximate: str = "none"):
+    def __init__(self, approximate: str | bool = "none"):
+        if isinstance(approximate, bool):
+            approximate = "tanh" if approximate else "none"
         if approximate not in ("none", "tanh"):
             raise ValueError(f"GELU: approximate must be 'none' or 'tanh', received {approximate!r}.")
         self.approximate = approximate

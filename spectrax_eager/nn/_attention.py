@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from
+from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
 from ._layers import MLP
 
 
@@ -52,6 +52,14 @@ def _torch_mask(mask: jax.Array | None, target: tuple[int, ...], what: str) -> t
     return None, mask
 
 
+def _annotate_projections(layer: CoreLayer, qkv: Any, out: Any, qkv_bias: Any, out_bias: Any) -> None:
+    """`*_sharding=` of an attention layer: the q/k/v projections share `qkv`, the output one `out`."""
+    where = type(layer).__name__
+    annotate(layer, where, q__weight=qkv, k__weight=qkv, v__weight=qkv, o__weight=out)
+    annotate(layer, where, q__bias=qkv_bias, k__bias=qkv_bias, v__bias=qkv_bias, o__bias=out_bias)
+
+
+@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class MultiheadAttention(CoreLayer):
     """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
     `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
@@ -86,6 +94,10 @@ class MultiheadAttention(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        qkv_sharding: Any = None,
+        out_sharding: Any = None,
+        qkv_bias_sharding: Any = None,
+        out_bias_sharding: Any = None,
     ):
         self._adopt(
             sc.nn.MultiHeadAttention.init(
@@ -98,6 +110,7 @@ class MultiheadAttention(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        _annotate_projections(self, qkv_sharding, out_sharding, qkv_bias_sharding, out_bias_sharding)
         self.dropout = _check_rate(type(self).__name__, dropout)
         self.batch_first = bool(batch_first)
         self.rngs = rngs
@@ -147,6 +160,7 @@ class MultiheadAttention(CoreLayer):
         return y, weights
 
 
+@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class CausalSelfAttention(CoreLayer):
     """GPT-2 style causal self-attention over `(batch, length, embed_dim)`: query `i` attends
     positions `<= i`; `dropout` applies to the attention weights and to the output.
@@ -169,6 +183,10 @@ class CausalSelfAttention(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        qkv_sharding: Any = None,
+        out_sharding: Any = None,
+        qkv_bias_sharding: Any = None,
+        out_bias_sharding: Any = None,
     ):
         self._adopt(
             sc.nn.MultiHeadAttention.init(
@@ -179,6 +197,7 @@ class CausalSelfAttention(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        _annotate_projections(self, qkv_sharding, out_sharding, qkv_bias_sharding, out_bias_sharding)
         self.dropout = _check_rate("CausalSelfAttention", dropout)
         self.rngs = rngs
 
@@ -193,27 +212,45 @@ class CausalSelfAttention(CoreLayer):
         return sc.functional.dropout(y, self.dropout, out_key)
 
 
+@also_named(d_model=("features", None), d_ff=("hidden_features", None))
 class MLPBlock(MLP):
     """`dropout(down(activation(up(x))))`: the transformer feed-forward block with its dropout
-    (active in `train()` mode, keys from `rngs.dropout()`)."""
+    (active in `train()` mode, keys from `rngs.dropout()`). `hidden_features` defaults to
+    `4 * features`; `fc1` / `fc2` read `up` / `down`."""
+
+    fc1 = property(lambda self: self.up, doc="`up`.")
+    fc2 = property(lambda self: self.down, doc="`down`.")
+    features = property(lambda self: self.d_model, doc="`d_model`.")
+    hidden_features = property(lambda self: self.d_ff, doc="`d_ff`.")
+    out_features = property(lambda self: self.d_model, doc="`d_model` (the block maps back to it).")
 
     def __init__(
         self,
-        d_model: int,
-        d_ff: int,
+        features: int,
+        hidden_features: int | None = None,
         activation: str = "gelu",
         dropout: float = 0.0,
         *,
+        out_features: int | None = None,
         use_bias: bool = True,
         dtype: Any = None,
         param_dtype: Any = PARAM_DTYPE,
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        fc1_sharding: Any = None,
+        fc2_sharding: Any = None,
+        fc1_bias_sharding: Any = None,
+        fc2_bias_sharding: Any = None,
     ):
+        if out_features not in (None, features):
+            raise ValueError(
+                f"MLPBlock: out_features={out_features} differs from features={features}; the block maps "
+                "back to its input width (stack an nn.Linear after it to change the width)."
+            )
         super().__init__(
-            d_model,
-            d_ff,
+            features,
+            4 * features if hidden_features is None else hidden_features,
             activation=activation,
             use_bias=use_bias,
             dtype=dtype,
@@ -221,6 +258,14 @@ class MLPBlock(MLP):
             w_init=w_init,
             b_init=b_init,
             rngs=rngs,
+        )
+        annotate(
+            self,
+            "MLPBlock",
+            up__weight=fc1_sharding,
+            down__weight=fc2_sharding,
+            up__bias=fc1_bias_sharding,
+            down__bias=fc2_bias_sharding,
         )
         self.dropout = _check_rate("MLPBlock", dropout)
         self.rngs = rngs

@@ -11,6 +11,8 @@ always the core's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, ClassVar
 
 import jax
@@ -20,8 +22,9 @@ import spectrax_core as sc
 
 from .._module import Module
 from .._rngs import current_rngs
-from .._variable import Parameter, Variable
-from ..sharding import apply_logical_sharding, current_axis_rules
+from .._sharding_rules import annotation_axes
+from .._variable import Buffer, Parameter, Variable, set_value
+from ..sharding import apply_logical_sharding
 
 _EAGER_OF: dict[type, type] = {}
 
@@ -50,7 +53,7 @@ class CoreLayer(Module):
             if isinstance(value, jax.Array):
                 meta = {"axes": tuple(axes[f.name])} if f.name in axes else {}
                 if meta:
-                    value = apply_logical_sharding(value, meta["axes"])
+                    value = apply_logical_sharding(value, axes=meta["axes"])
                 setattr(self, f.name, self.variable_types.get(f.name, Parameter)(value, **meta))
             elif type(value) in _EAGER_OF:
                 setattr(self, f.name, from_core(value))
@@ -93,24 +96,13 @@ def from_core(params: Any) -> CoreLayer:
     return layer
 
 
-def sharding_axes(where: str, sharding: Any, ndim: int) -> tuple | None:
-    """Check `sharding=` (one logical axis token or None per weight axis, or `Replicated`)
-    against the rules in force; returns the axes."""
+def sharding_axes(where: str, sharding: Any, ndim: int, init: Any = None) -> tuple | None:
+    """The logical names of `sharding=` (one name or None per weight axis, an `spx.Sharding`,
+    or `Replicated`), else those of an initializer wrapped by `spx.sharding.with_partitioning`.
+    Names are metadata: they are resolved when the weight is placed, not here."""
     if sharding is None:
-        return None
-    if isinstance(sharding, str) or not isinstance(sharding, tuple | list):
-        raise TypeError(
-            f"{where}: sharding= takes a tuple with one logical axis token (or None) per weight axis, "
-            f"e.g. ('EMBED', 'MLP'); received {sharding!r}."
-        )
-    axes = tuple(sharding) or (None,) * ndim  # `spx.sharding.Replicated` is () for any rank
-    if len(axes) != ndim:
-        raise ValueError(
-            f"{where}: sharding={axes} names {len(axes)} axes but the weight has {ndim}; "
-            "give one token (or None) per weight axis."
-        )
-    sc.sharding.spec(axes, current_axis_rules())  # unknown tokens fail here, naming the known ones
-    return axes
+        sharding = getattr(init, "sharding", None)
+    return annotation_axes(where, sharding, ndim)
 
 
 def dtype_kwargs(dtype: Any, param_dtype: Any, w_init: Any = None, b_init: Any = None) -> dict:
@@ -139,3 +131,67 @@ def key_from(rngs: Any, where: str) -> jax.Array:
             "to initialise the parameters."
         )
     return rngs.params()
+
+
+def also_named(**aliases: str):
+    """Class decorator: each `alias="ours"` makes `alias` a constructor keyword meaning `ours` and a
+    read-only attribute reading `ours` (the names code written for the seed library uses, e.g.
+    `Linear(in_features=...)` and `linear.in_features` for `d_in`). `alias=("keyword", "attribute")`
+    names the two separately; an attribute of None adds the keyword only."""
+    attrs = {a: o[1] if isinstance(o, tuple) else o for a, o in aliases.items()}
+    aliases = {a: o[0] if isinstance(o, tuple) else o for a, o in aliases.items()}
+
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            for alias, ours in aliases.items():
+                if alias in kwargs and ours in sig.parameters:
+                    if ours in kwargs:
+                        raise TypeError(f"{cls.__name__}: give {ours}= or {alias}=, not both.")
+                    kwargs[ours] = kwargs.pop(alias)
+            init(self, *args, **kwargs)
+
+        extra = [
+            inspect.Parameter(alias, inspect.Parameter.KEYWORD_ONLY, default=None)
+            for alias, ours in aliases.items()
+            if ours in sig.parameters and alias not in sig.parameters
+        ]
+        params = list(sig.parameters.values())
+        tail = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        __init__.__signature__ = sig.replace(parameters=[p for p in params if p not in tail] + extra + tail)
+        cls.__init__ = __init__
+        for alias, ours in attrs.items():
+            if ours is not None and alias not in cls.__dict__:
+                setattr(cls, alias, property(lambda self, _o=ours: getattr(self, _o), doc=f"`{ours}`."))
+        return cls
+
+    return decorate
+
+
+def annotate(layer: Module, where: str, **fields: Any) -> None:
+    """Store `*_sharding=` annotations on `layer`'s arrays: `field=names` (a dotted path to a
+    Variable, `__` for `.` in the keyword) sets its `axes` metadata and places it under the
+    mesh in force. None leaves a field as built; a field the layer does not have is skipped
+    (no bias when `use_bias=False`)."""
+    for field, sharding in fields.items():
+        if sharding is None:
+            continue
+        var = layer
+        for part in field.split("__"):
+            var = getattr(var, part, None)
+        if not isinstance(var, Variable):
+            continue
+        axes = annotation_axes(f"{where}: {field.replace('__', '.')}", sharding, var.ndim)
+        var.set_metadata(axes=axes)
+        set_value(var, apply_logical_sharding(var.value, axes=axes))
+
+
+def fix_constant(layer: Module, *fields: str) -> None:
+    """Hold the named arrays of `layer` as `Buffer`s (same value and metadata): kept at their
+    initial value, not trained (a norm without an elementwise affine, or without a bias)."""
+    for field in fields:
+        var = layer.__dict__[field]
+        setattr(layer, field, Buffer(var.value, **var.metadata))

@@ -20,8 +20,8 @@ from .._variable import Parameter, Variable
 class ModuleList(Module):
     """An indexable, appendable list of modules; `len`, iteration and `[i]` as for a list."""
 
-    def __init__(self, modules: Iterable[Module] = ()):
-        for m in modules:
+    def __init__(self, items: Iterable[Module] = ()):
+        for m in items:
             self.append(m)
 
     def append(self, module: Module) -> None:
@@ -88,8 +88,8 @@ class PipelineSequential(ModuleList):
 class ModuleDict(Module):
     """A string-keyed mapping of modules; `[key]`, `keys()`, `items()`, iteration as a dict."""
 
-    def __init__(self, modules: Mapping[str, Module] | None = None):
-        for k, m in (modules or {}).items():
+    def __init__(self, items: Mapping[str, Module] | None = None):
+        for k, m in (items or {}).items():
             self[k] = m
 
     def __setitem__(self, key: str, module: Module) -> None:
@@ -126,8 +126,8 @@ class ModuleDict(Module):
 class ParameterList(Module):
     """An indexable, appendable list of Parameters (arrays are wrapped); paths `"0"`, `"1"`, ..."""
 
-    def __init__(self, values: Iterable[Any] = ()):
-        for v in values:
+    def __init__(self, items: Iterable[Any] = ()):
+        for v in items:
             self.append(v)
 
     def append(self, value: Any) -> None:
@@ -167,8 +167,8 @@ class StackedModuleList(Module):
     `stack[i]` is a copy of layer `i`, for inspection.
     """
 
-    def __init__(self, modules: Iterable[Module]):
-        modules = list(modules)
+    def __init__(self, items: Iterable[Module] = ()):
+        modules = list(items)
         if not modules or not all(isinstance(m, Module) for m in modules):
             raise TypeError("StackedModuleList: expected a non-empty list of spx.Module instances.")
         graphdef = export(modules[0])[0]

@@ -2,7 +2,7 @@
 
 Inputs are `(batch, *spatial, channels)`; weights `(*kernel, c_in, c_out)`
 (the core layout). `sharding=` names the logical axes of the (in, out) channel
-axes of the weight; kernel axes are never sharded.
+axes of the weight (kernel axes unsharded), or of every weight axis.
 """
 
 from __future__ import annotations
@@ -12,9 +12,22 @@ from typing import Any
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, key_from, sharding_axes
+from .._sharding_rules import annotation_axes
+from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
 
 
+def _weight_sharding(where: str, sharding: Any, w_init: Any) -> tuple[Any, tuple]:
+    """`(names for the whole weight or None, (in, out) channel names)` from `sharding=`, which
+    names either the two channel axes or every axis of the `(*kernel, in, out)` weight."""
+    names = annotation_axes(where, sharding if sharding is not None else getattr(w_init, "sharding", None))
+    if names is None:
+        return None, (None, None)
+    if len(names) == 2:
+        return None, names
+    return names, (None, None)
+
+
+@also_named(in_channels="c_in", out_channels="c_out")
 class _ConvLayer(CoreLayer):
     def __init__(
         self,
@@ -22,7 +35,7 @@ class _ConvLayer(CoreLayer):
         c_out: int,
         kernel_size: int | tuple[int, ...],
         stride: int | tuple[int, ...] = 1,
-        padding: Any = "SAME",
+        padding: Any = "VALID",
         dilation: int | tuple[int, ...] = 1,
         groups: int = 1,
         *,
@@ -33,9 +46,10 @@ class _ConvLayer(CoreLayer):
         b_init: Any = None,
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
+        bias_sharding: Any = None,
     ):
         where = type(self).__name__
-        axes = sharding_axes(where, sharding, 2) or (None, None)
+        whole, axes = _weight_sharding(where, sharding, w_init)
         self._adopt(
             self.core_cls.init(
                 key_from(rngs, where),
@@ -51,11 +65,13 @@ class _ConvLayer(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        annotate(self, where, weight=whole, bias=bias_sharding)
 
 
 class Conv1d(_ConvLayer):
-    """1-d convolution over `(batch, length, c_in)`. `padding`: "SAME" (default), "VALID", an int
-    (both sides, as PyTorch) or one int / (low, high) pair per axis; `groups` as PyTorch."""
+    """1-d convolution over `(batch, length, c_in)`. `padding`: "VALID" (default), "SAME", an int
+    (both sides, as PyTorch) or one int / (low, high) pair per axis; `groups` as PyTorch.
+    `sharding` names the (in, out) channel axes or every weight axis; `bias_sharding` the bias's."""
 
     core_cls = sc.nn.Conv1d
 
@@ -72,6 +88,21 @@ class Conv3d(_ConvLayer):
     core_cls = sc.nn.Conv3d
 
 
+class Conv(_ConvLayer):
+    """A convolution whose spatial rank is that of `kernel_size`: an int is 1-d, a tuple of `n`
+    sizes is `n`-d (1 to 3); otherwise as `Conv1d`."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _ConvLayer:
+        kernel = args[2] if len(args) > 2 else kwargs.get("kernel_size")
+        rank = 1 if isinstance(kernel, int) else len(tuple(kernel))
+        if rank not in (1, 2, 3):
+            raise ValueError(
+                f"Conv: kernel_size={kernel!r} gives a {rank}-d convolution; 1 to 3 are supported."
+            )
+        return (Conv1d, Conv2d, Conv3d)[rank - 1](*args, **kwargs)
+
+
+@also_named(in_channels="c_in", out_channels="c_out")
 class _ConvTransposeLayer(CoreLayer):
     def __init__(
         self,
@@ -90,9 +121,10 @@ class _ConvTransposeLayer(CoreLayer):
         b_init: Any = None,
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
+        bias_sharding: Any = None,
     ):
         where = type(self).__name__
-        axes = sharding_axes(where, sharding, 2) or (None, None)
+        whole, axes = _weight_sharding(where, sharding, w_init)
         self._adopt(
             self.core_cls.init(
                 key_from(rngs, where),
@@ -108,6 +140,7 @@ class _ConvTransposeLayer(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        annotate(self, where, weight=whole, bias=bias_sharding)
 
 
 class ConvTranspose1d(_ConvTransposeLayer):

@@ -9,7 +9,7 @@ optimizer; under `spx.jit` let the step write `"fp8_meta"` (`mutable=`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from .._rngs import Rngs
 from .._selector import as_selector
 from .._state import State
 from .._variable import Variable
-from ._base import CoreLayer, key_from
+from ._base import CoreLayer, also_named, annotate, dtype_kwargs, key_from, sharding_axes
 from ._layers import Linear
 from ._lora import module_matcher, replace_modules
 
@@ -35,6 +35,7 @@ class Fp8Meta(Variable):
     default_kind = META
 
 
+@also_named(in_features="d_in", out_features="d_out", amax_history_length=("history_len", None))
 class Fp8Linear(CoreLayer):
     """`y = x @ weight + bias` with e4m3 operands and e5m2 output gradients (delayed scaling).
 
@@ -54,19 +55,24 @@ class Fp8Linear(CoreLayer):
         history_len: int = 16,
         margin: int = 0,
         rngs: Rngs | None = None,
+        w_init: Any = None,
+        b_init: Any = None,
+        param_dtype: Any = None,
+        sharding: Any = None,
+        bias_sharding: Any = None,
     ):
-        self._adopt(
-            sc.nn.Fp8Linear.init(
-                key_from(rngs, "Fp8Linear"),
-                d_in,
-                d_out,
-                use_bias=use_bias,
-                dtype=dtype,
-                axes=axes,
-                history_len=history_len,
-                margin=margin,
-            )
+        """`dtype` (or `param_dtype`, which wins) is the stored dtype; `sharding` replaces `axes`."""
+        axes = sharding_axes("Fp8Linear", sharding, 2, w_init) or axes
+        linear = sc.nn.Linear.init(
+            key_from(rngs, "Fp8Linear"),
+            d_in,
+            d_out,
+            use_bias=use_bias,
+            axes=axes,
+            **dtype_kwargs(None, dtype if param_dtype is None else param_dtype, w_init, b_init),
         )
+        self._adopt(sc.nn.Fp8Linear.from_linear(linear, history_len=history_len, margin=margin))
+        annotate(self, "Fp8Linear", bias=bias_sharding)
 
     @classmethod
     def from_linear(cls, linear: Module, *, history_len: int = 16, margin: int = 0) -> "Fp8Linear":

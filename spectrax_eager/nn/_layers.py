@@ -15,9 +15,20 @@ import jax
 import spectrax_core as sc
 
 from .._rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, init_key, key_from, sharding_axes
+from ._base import (
+    PARAM_DTYPE,
+    CoreLayer,
+    also_named,
+    annotate,
+    dtype_kwargs,
+    fix_constant,
+    init_key,
+    key_from,
+    sharding_axes,
+)
 
 
+@also_named(in_features="d_in", out_features="d_out")
 class Linear(CoreLayer):
     """`y = x @ weight + bias`, weight `(d_in, d_out)`; `Linear(None, d_out, rngs=rngs)` infers
     `d_in` on the first call.
@@ -27,6 +38,7 @@ class Linear(CoreLayer):
     """
 
     core_cls = sc.nn.Linear
+    use_bias = property(lambda self: self.__dict__.get("bias") is not None, doc="Whether there is a bias.")
 
     def __init__(
         self,
@@ -40,26 +52,32 @@ class Linear(CoreLayer):
         b_init: Any = None,
         sharding: tuple | None = None,
         rngs: Rngs | None = None,
+        bias_sharding: Any = None,
     ):
-        axes = sharding_axes("Linear", sharding, 2) or ("EMBED", "MLP")
+        axes = sharding_axes("Linear", sharding, 2, w_init) or ("EMBED", "MLP")
         kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         if d_in is None:
             self.d_out, self.rngs = d_out, rngs
-            self.init_kwargs = tuple(kw.items())
+            self.init_kwargs = (*kw.items(), ("bias_sharding", bias_sharding))
             self.d_in = None
             key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
         self._adopt(sc.nn.Linear.init(key_from(rngs, "Linear"), d_in, d_out, **kw))
+        annotate(self, "Linear", bias=bias_sharding)
 
     def forward(self, x: jax.Array) -> jax.Array:
         if self.d_in is None:
-            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **dict(self.init_kwargs))
+            kw = dict(self.init_kwargs)
+            bias_sharding = kw.pop("bias_sharding")
+            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **kw)
             for name in ("init_kwargs", "rngs"):
                 delattr(self, name)
             self._adopt(params)
+            annotate(self, "Linear", bias=bias_sharding)
         return super().forward(x)
 
 
+@also_named(num_embeddings="vocab_size", features="d_model", weight="table")
 class Embed(CoreLayer):
     """Token embedding table `(vocab_size, d_model)`; `attend(x)` is the tied output head."""
 
@@ -78,7 +96,7 @@ class Embed(CoreLayer):
     ):
         kw = dtype_kwargs(dtype, param_dtype, w_init)
         del kw["b_init"]
-        axes = sharding_axes("Embed", sharding, 2)
+        axes = sharding_axes("Embed", sharding, 2, w_init)
         if axes is not None:
             kw["axes"] = axes
         self._adopt(sc.nn.Embed.init(key_from(rngs, "Embed"), vocab_size, d_model, **kw))
@@ -88,8 +106,11 @@ class Embed(CoreLayer):
         return sc.nn.attend(self.core_params(), x)
 
 
+@also_named(features="d", weight="scale")
 class LayerNorm(CoreLayer):
-    """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`."""
+    """Layer normalisation over the last axis (scale and bias); `rngs` only feeds `w_init` / `b_init`.
+    `elementwise_affine=False` (or `use_bias=False`) keeps the scale (bias) at its initial value as
+    a `Buffer`, not trained."""
 
     core_cls = sc.nn.LayerNorm
 
@@ -103,13 +124,25 @@ class LayerNorm(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        elementwise_affine: bool = True,
+        use_bias: bool = True,
+        sharding: Any = None,
+        bias_sharding: Any = None,
     ):
         key = init_key(rngs, "LayerNorm", w_init, b_init)
         self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
+        fix_constant(
+            self,
+            *(() if elementwise_affine else ("scale",)),
+            *(() if use_bias and elementwise_affine else ("bias",)),
+        )
+        annotate(self, "LayerNorm", scale=sharding, bias=bias_sharding)
 
 
+@also_named(features="d", weight="scale")
 class RMSNorm(CoreLayer):
-    """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`."""
+    """RMS normalisation over the last axis (scale only); `rngs` only feeds `w_init`;
+    `elementwise_affine=False` keeps the scale fixed (a `Buffer`)."""
 
     core_cls = sc.nn.RMSNorm
 
@@ -122,10 +155,14 @@ class RMSNorm(CoreLayer):
         param_dtype: Any = PARAM_DTYPE,
         w_init: Any = None,
         rngs: Rngs | None = None,
+        elementwise_affine: bool = True,
+        sharding: Any = None,
     ):
         kw = dtype_kwargs(dtype, param_dtype, w_init)
         del kw["b_init"]
         self._adopt(sc.nn.RMSNorm.init(init_key(rngs, "RMSNorm", w_init), d, eps=eps, **kw))
+        fix_constant(self, *(() if elementwise_affine else ("scale",)))
+        annotate(self, "RMSNorm", scale=sharding)
 
 
 class Dropout(CoreLayer):
@@ -133,7 +170,7 @@ class Dropout(CoreLayer):
 
     core_cls = sc.nn.Dropout
 
-    def __init__(self, rate: float, *, rngs: Rngs | None = None):
+    def __init__(self, rate: float = 0.5, *, rngs: Rngs | None = None):
         self._adopt(sc.nn.Dropout.init(None, rate))
         self.rngs = rngs
 

@@ -8,7 +8,7 @@ them alone while the base `Linear`'s parameters stay frozen.
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
@@ -28,6 +28,9 @@ class LoRAParam(Variable):
     default_kind = "lora"
 
 
+LoraParameter = LoRAParam
+
+
 class LoRALinear(CoreLayer):
     """A frozen `base` Linear plus `(alpha/rank)·(x a) b`; build it with `wrap_lora` or `inject_lora`.
 
@@ -38,6 +41,52 @@ class LoRALinear(CoreLayer):
     """
 
     core_cls = sc.nn.LoRA
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        rank: int,
+        alpha: float | None = None,
+        use_bias: bool = True,
+        w_init: Any = None,
+        b_init: Any = None,
+        rngs: Rngs | None = None,
+        a_init: Any = None,
+        lora_b_init: Any = None,
+        dtype: Any = None,
+    ):
+        """A new `Linear(in_features, out_features)` (`w_init`, `b_init`) with rank-`rank` factors
+        (`a_init`, `lora_b_init`, stored in `dtype`): `wrap_lora` of it."""
+        base = Linear(in_features, out_features, use_bias=use_bias, w_init=w_init, b_init=b_init, rngs=rngs)
+        self._wrap(base, rank, alpha, rngs, "LoRALinear", a_init, lora_b_init, dtype)
+
+    def _wrap(
+        self,
+        base: Linear,
+        rank: int,
+        alpha: float | None,
+        rngs: Rngs | None,
+        where: str = "",
+        a_init: Any = None,
+        b_init: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        """Wrap `base`; `a_init` / `b_init` replace the factors' initializers (Lecun-normal `a`,
+        zero `b`: the wrapped layer starts as `base`), `dtype` their storage dtype."""
+        where = where or type(self).__name__
+        if type(base) is not Linear or getattr(base, "d_in", None) is None:
+            raise TypeError(f"{where}: received {type(base).__name__}; {_accepts('wrap_lora')}.")
+        self.base = base
+        core = sc.nn.LoRA.init(key_from(rngs, where), base.core_params(), rank=rank, alpha=alpha)
+        if a_init is not None or b_init is not None or dtype is not None:
+            dtype = core.a.dtype if dtype is None else dtype
+            ka, kb = jax.random.split(key_from(rngs, where)) if a_init or b_init else (None, None)
+            a = core.a.astype(dtype) if a_init is None else a_init(ka, core.a.shape, dtype)
+            b = core.b.astype(dtype) if b_init is None else b_init(kb, core.b.shape, dtype)
+            core = sc.nn.LoRA(base=core.base, a=a, b=b, rank=core.rank, alpha=core.alpha)
+        self._factors(core)
 
     def _adopt(self, params: sc.nn.LoRA) -> None:
         self.base = from_core(params.base)
@@ -70,18 +119,49 @@ def _accepts(where: str) -> str:
     )
 
 
-def wrap_lora(base: Module, *, rank: int, alpha: float | None = None, rngs: Rngs | None = None) -> LoRALinear:
-    """A `LoRALinear` around `base` (its parameters are shared, not copied) with rank-`rank` factors.
+class LoRA(LoRALinear):
+    """The adapter `wrap_lora` / `inject_lora` put in place of a `Linear`: `LoRA(d_in, rank, d_out)`
+    builds one around a new Linear, `LoRA(..., base_module=linear)` around an existing one."""
 
-    `b` starts at zero, so the wrapped layer computes exactly what `base` does.
-    `alpha` defaults to `rank` (scale 1).
+    def __init__(
+        self,
+        d_in: int,
+        rank: int,
+        d_out: int,
+        *,
+        base_module: Linear | None = None,
+        alpha: float | None = None,
+        rngs: Rngs | None = None,
+        a_init: Any = None,
+        b_init: Any = None,
+        dtype: Any = None,
+    ):
+        if base_module is None:
+            base_module = Linear(d_in, d_out, rngs=rngs)
+        elif (base_module.d_in, base_module.d_out) != (d_in, d_out):
+            raise ValueError(
+                f"LoRA: base_module is {base_module.d_in} -> {base_module.d_out}, not {d_in} -> {d_out}."
+            )
+        self._wrap(base_module, rank, alpha, rngs, "LoRA", a_init, b_init, dtype)
+
+
+def wrap_lora(
+    base: Module,
+    rank: int,
+    *,
+    alpha: float | None = None,
+    rngs: Rngs | None = None,
+    a_init: Any = None,
+    b_init: Any = None,
+    dtype: Any = None,
+) -> LoRA:
+    """A `LoRA` adapter around `base` (its parameters are shared, not copied) with rank-`rank` factors.
+
+    `b` starts at zero (unless `b_init` says otherwise), so the wrapped layer computes exactly
+    what `base` does. `alpha` defaults to `rank` (scale 1).
     """
-    if type(base) is not Linear or getattr(base, "d_in", None) is None:
-        raise TypeError(f"wrap_lora: received {type(base).__name__}; {_accepts('wrap_lora')}.")
-    core = sc.nn.LoRA.init(key_from(rngs, "wrap_lora"), base.core_params(), rank=rank, alpha=alpha)
-    layer = LoRALinear.__new__(LoRALinear)
-    layer.base = base
-    layer._factors(core)
+    layer = LoRA.__new__(LoRA)
+    layer._wrap(base, rank, alpha, rngs, "wrap_lora", a_init, b_init, dtype)
     return layer
 
 
@@ -100,23 +180,26 @@ def module_matcher(where: str | Callable | None) -> Callable[[str, Module], bool
 
 def replace_modules(
     model: Module,
-    cls: type,
+    cls: type | tuple[type, ...],
     where: str | Callable | None,
     make: Callable[[Module], Module],
     fn: str,
     skip: frozenset = frozenset(),
 ) -> list[str]:
-    """Replace each `cls` child of `model` whose dotted path `where` matches by `make(child)`.
+    """Replace each `cls` child (exactly of that class, or of one of a tuple of classes) of `model`
+    whose dotted path `where` matches by `make(child)`.
 
     Every replacement is built before any is installed, so a failing one leaves
     `model` unchanged. Children whose id is in `skip` are left alone. Returns the paths.
     """
     match = module_matcher(where)
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    cls = classes[0]
     found = []
     for parent_path, parent in plan_of(model).modules:
         for name, child in parent.__dict__.items():
             path = f"{parent_path}.{name}" if parent_path else name
-            if type(child) is cls and id(child) not in skip and match(path, child):
+            if type(child) in classes and id(child) not in skip and match(path, child):
                 found.append((parent, name, path, child))
     if not found:
         raise ValueError(
@@ -167,5 +250,5 @@ def merge_lora(module: Module) -> Module:
             f"merge_lora: {type(module).__name__} holds no LoRA layers (already merged?); it accepts a "
             "LoRALinear or a model returned by wrap_lora / inject_lora."
         )
-    replace_modules(module, LoRALinear, None, merge_lora, "merge_lora")
+    replace_modules(module, (LoRALinear, LoRA), None, merge_lora, "merge_lora")
     return module

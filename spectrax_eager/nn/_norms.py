@@ -18,7 +18,7 @@ import spectrax_core as sc
 
 from .._rngs import Rngs
 from .._variable import Variable
-from ._base import PARAM_DTYPE, CoreLayer, dtype_kwargs, init_key
+from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, init_key
 
 
 class BatchStat(Variable):
@@ -45,6 +45,9 @@ class _BatchNorm(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        sharding: Any = None,
+        bias_sharding: Any = None,
+        stats_sharding: Any = None,
     ):
         where = type(self).__name__
         self._adopt(
@@ -57,6 +60,7 @@ class _BatchNorm(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        annotate(self, where, scale=sharding, bias=bias_sharding, mean=stats_sharding, var=stats_sharding)
 
     def forward(self, x: jax.Array, *, use_running_average: bool | None = None) -> jax.Array:
         """Normalise `x`; `use_running_average` overrides the mode (default: `not self.training`)."""
@@ -103,6 +107,8 @@ class GroupNorm(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        sharding: Any = None,
+        bias_sharding: Any = None,
     ):
         self._adopt(
             sc.nn.GroupNorm.init(
@@ -114,8 +120,10 @@ class GroupNorm(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        annotate(self, "GroupNorm", scale=sharding, bias=bias_sharding)
 
 
+@also_named(num_channels="num_features")
 class InstanceNorm(CoreLayer):
     """Instance normalisation: each channel of each example over the spatial axes
     (`(batch, *spatial, channels)`); not affine by default, as PyTorch."""
@@ -133,6 +141,8 @@ class InstanceNorm(CoreLayer):
         w_init: Any = None,
         b_init: Any = None,
         rngs: Rngs | None = None,
+        sharding: Any = None,
+        bias_sharding: Any = None,
     ):
         self._adopt(
             sc.nn.InstanceNorm.init(
@@ -143,3 +153,4 @@ class InstanceNorm(CoreLayer):
                 **dtype_kwargs(dtype, param_dtype, w_init, b_init),
             )
         )
+        annotate(self, "InstanceNorm", scale=sharding, bias=bias_sharding)

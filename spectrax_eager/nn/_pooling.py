@@ -37,6 +37,16 @@ class _Pool(Module):
 
 
 class _MaxPool(_Pool):
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, ...],
+        stride: Any = None,
+        padding: Any = 0,
+        count_include_pad: bool = True,
+    ):
+        """`count_include_pad` is accepted as for the average pools; a maximum never sees padding."""
+        super().__init__(kernel_size, stride, padding)
+
     def forward(self, x: jax.Array) -> jax.Array:
         return sc.functional.max_pool(x, self.kernel_size, self.stride, self.padding)
 
@@ -119,3 +129,9 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPool):
     """Average `(batch, height, width, channels)` into `(batch, *output_size, channels)`."""
 
     ndim = 2
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPool):
+    """Average `(batch, depth, height, width, channels)` into `(batch, *output_size, channels)`."""
+
+    ndim = 3

@@ -56,14 +56,27 @@ X = jnp.arange(6.0).reshape(2, 3) / 6
 def test_iter_modules_find_live_variables():
     net = Net()
     assert [p for p, _ in spx.iter_modules(net)] == ["", "first", "first.fc", "second", "second.fc", "head"]
-    assert [p for p, _ in spx.find(net, Block)] == ["first", "second"]
-    assert [p for p, _ in spx.find(net, Lin)] == ["first.fc", "second.fc", "head"]
-    assert [p for p, _ in spx.find(net, lambda p, m: p.endswith("fc"))] == ["first.fc", "second.fc"]
+    assert [p for p, _ in spx.iter_modules(net, select=Block)] == ["first", "second"]
+    assert [p for p, _ in spx.iter_modules(net, select=Lin)] == ["first.fc", "second.fc", "head"]
+    assert [p for p, _ in spx.iter_modules(net, select=lambda p, m: p.endswith("fc"))] == [
+        "first.fc",
+        "second.fc",
+    ]
+    assert [p for p, _ in spx.iter_modules(net, skip_root=True)][0] == "first"
+    assert list(spx.iter_modules(net, with_path=False))[:2] == [net, net.first]
+    assert spx.find(net, Block) == ("first", net.first)  # the first match
+    assert spx.find(net, Lin) == ("first.fc", net.first.fc)
+    assert spx.find(net, "buffers") == ("first.scale", net.first.scale)
+    assert spx.find(net, spx.path_startswith("head") & spx.path_endswith("bias")) == (
+        "head.bias",
+        net.head.bias,
+    )
+    assert spx.find(net, "nothing_here") is None
     live = spx.live_variables(net, "buffers")
     assert live == [net.first.scale, net.second.scale]
     assert all(v is w for v, w in zip(spx.live_variables(net), [v for _, v in spx.iter_variables(net)]))
     with pytest.raises(TypeError, match="Module subclass"):
-        spx.find(net, 3)
+        list(spx.iter_modules(net, select=3))
 
 
 def test_sow_eager_then_pop():
@@ -72,7 +85,7 @@ def test_sow_eager_then_pop():
     want, hs = reference(net, X)
     np.testing.assert_allclose(out, want, rtol=1e-6)
     inter = spx.pop(net, "intermediates")
-    assert inter.paths() == ("first.hidden", "second.hidden")
+    assert [p for _, p in inter.paths()] == ["first.hidden", "second.hidden"]
     np.testing.assert_allclose(inter["intermediates"]["first.hidden"][0], hs[0], rtol=1e-6)
     np.testing.assert_allclose(inter["intermediates"]["second.hidden"][0], hs[1], rtol=1e-6)
     assert "hidden" not in net.first.__dict__  # popped: the structure is back to the original
@@ -88,7 +101,7 @@ def test_sow_under_jit_returns_intermediates_and_keeps_cache():
     for _ in range(3):
         np.testing.assert_allclose(fwd(net, X), want, rtol=1e-6)
         inter = spx.pop(net, "intermediates")
-        assert inter.paths() == ("first.hidden", "second.hidden")
+        assert [p for _, p in inter.paths()] == ["first.hidden", "second.hidden"]
         np.testing.assert_allclose(inter["intermediates"]["second.hidden"][0], hs[1], rtol=1e-6)
     assert len(fwd._cache) == 1  # popping restores the structure: one program
 
@@ -113,7 +126,7 @@ def test_sow_inside_grad_records_nothing_so_models_that_sow_still_train():
     _, g, _ = step(net)
     np.testing.assert_allclose(g["parameters"]["head.weight"], want_g, rtol=1e-5)
     inter = spx.pop(net, "intermediates")
-    assert inter.paths() == ("first.hidden", "second.hidden")
+    assert [p for _, p in inter.paths()] == ["first.hidden", "second.hidden"]
     assert len(inter["intermediates"]["first.hidden"]) == 1  # only the direct call
     g_eager = spx.grad(loss)(net)  # eager grad: traced values are not recorded either
     np.testing.assert_allclose(g_eager["parameters"]["head.weight"], want_g, rtol=1e-5)
@@ -128,16 +141,17 @@ def test_cycle_is_an_error():
     del net.first.back
     spx.tree_state(net)
     net.again = net.first  # sharing (not a cycle) stays allowed
-    assert [p for p, _ in spx.find(net, Block)] == ["first", "second"]
+    assert [p for p, _ in spx.iter_modules(net, select=Block)] == ["first", "second"]
 
 
 def test_state_constructor_and_methods():
     w, b = jnp.ones((2, 2)), jnp.zeros(2)
     s = spx.State({"parameters": {"fc.weight": w, "fc.bias": b}, "buffers": {"mean": jnp.ones(1)}})
     assert list(s) == ["parameters", "buffers"]
-    assert s.paths() == ("fc.weight", "fc.bias", "mean")
-    assert [p for p, _ in s.items()] == list(s.paths())
-    assert s.items()[0][1] is w
+    assert s.paths() == (("parameters", "fc.weight"), ("parameters", "fc.bias"), ("buffers", "mean"))
+    assert s.paths("buffers") == (("buffers", "mean"),) and s.collections() == {"parameters", "buffers"}
+    assert [(c, p) for c, p, _ in s.items()] == list(s.paths())
+    assert s.items()[0][2] is w and s.get("parameters", "fc.weight") is w and s.get("x", "y", 3) == 3
     flat = s.flatten()
     assert list(flat) == [("parameters", "fc.weight"), ("parameters", "fc.bias"), ("buffers", "mean")]
     back = spx.State.from_flat(flat)
@@ -146,15 +160,23 @@ def test_state_constructor_and_methods():
     np.testing.assert_allclose(doubled["parameters"]["fc.weight"], 2 * w)
     tagged = s.map(lambda p, v: p, with_path=True)
     assert tagged["buffers"]["mean"] == "mean"
+    assert s.map(lambda p, v: p)["buffers"]["mean"] == "mean"  # two required arguments: the path too
+    only = s.map(lambda v: v * 0, "buffers")
+    assert only["parameters"]["fc.weight"] is w and float(only["buffers"]["mean"][0]) == 0.0
+    assert (
+        s.filter("parameters", "buffers").paths() == s.paths()
+        and s.exclude("buffers").paths() == s.paths()[:2]
+    )
     t = s.set("fc.bias", jnp.ones(2))
     np.testing.assert_allclose(t["parameters"]["fc.bias"], 1.0)
     np.testing.assert_allclose(s["parameters"]["fc.bias"], 0.0)  # immutable: s unchanged
     added = s.set(("lora", "fc.a"), jnp.ones(3))
-    assert added.paths()[-1] == "fc.a" and "lora" in added
+    assert added.paths()[-1] == ("lora", "fc.a") and "lora" in added
+    assert s.set("lora", "fc.a", jnp.ones(3)).paths() == added.paths()
     with pytest.raises(KeyError, match="no entry 'nope'"):
         s.set("nope", 1)
     over = s.overlay(spx.State({"parameters": {"fc.bias": jnp.full(2, 5.0)}, "lora": {"x": jnp.ones(1)}}))
-    assert over.paths() == ("fc.weight", "fc.bias", "mean", "x")
+    assert [p for _, p in over.paths()] == ["fc.weight", "fc.bias", "mean", "x"]
     np.testing.assert_allclose(over["parameters"]["fc.bias"], 5.0)
     with pytest.raises(ValueError, match="one collection"):
         s.overlay(spx.State({"buffers": {"fc.bias": b}}))

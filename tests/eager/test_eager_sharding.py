@@ -64,14 +64,17 @@ def test_partition_axis_and_rules_context(mesh):
     assert shd.PartitionAxis().rules() == RULES
     custom = shd.PartitionAxis(hidden_state_axis=None, mlp_axis=("fsdp", "tp"))
     assert custom.rules() == RULES.replace(EMBED=None, mode="train").replace(MLP=("fsdp", "tp"))
-    assert shd.current_axis_rules() == RULES and shd.current_mode() == "train"
+    assert shd.current_rules() == RULES and shd.current_mode() == "train"
+    assert shd.current_axis_rules()["EMBED"] == "fsdp" and shd.current_axis_rules()["BATCH"] == ("dp", "fsdp")
     with shd.logical_axis_rules(custom) as rules:
-        assert shd.current_axis_rules() is rules
+        assert shd.current_rules() is rules and shd.current_axis_rules()["EMBED"] is None
         assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P(None, ("fsdp", "tp"))
-        with shd.logical_axis_rules({"MLP": None}):
+        with shd.logical_axis_rules({"MLP": None}):  # adjusts the enclosing rules (EMBED stays None)
+            assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P(None, None)
+        with shd.logical_axis_rules([("MLP", None), ("EMBED", "fsdp")]):  # pairs, as a list
             assert shd.get_partition_spec(shd.ColumnWise, mesh=mesh) == P("fsdp", None)
-        assert shd.current_axis_rules() is rules
-    assert shd.current_axis_rules() == RULES
+        assert shd.current_rules() is rules
+    assert shd.current_rules() == RULES
     with pytest.raises(ValueError, match="unknown mode"):
         with shd.logical_axis_rules(RULES, mode="serve"):
             pass
@@ -90,9 +93,9 @@ def test_with_mesh_is_current_and_shards_a_model(mesh):
         assert shd.current_mesh() is mesh.jax_mesh
         shd.apply_logical_sharding(block)
         specs = shd.get_partition_spec(block)
-        assert specs.paths() == ("up", "down", "norm", "count")
+        assert [p for _, p in specs.paths()] == ["up", "down", "norm", "count"]
         core_like = {"up": P("fsdp", "tp"), "down": P("tp", "fsdp"), "norm": P("fsdp"), "count": P()}
-        for path, spec in specs.items():
+        for _, path, spec in specs.items():
             assert spec == core_like[path]
             var = getattr(block, path)
             if "axes" in var.metadata:  # placed; the others are left where they are
@@ -121,7 +124,7 @@ def test_core_params_and_errors(mesh):
     with pytest.raises(ValueError, match="no mesh"):
         shd.get_named_sharding(shd.ColumnWise)
     with mesh:
-        with pytest.raises(TypeError, match="axes must be a tuple"):
+        with pytest.raises(TypeError, match="one logical axis name"):
             shd.with_sharding_constraint(jnp.ones(2), "EMBED")
         with pytest.raises(TypeError, match="give the array's logical axes"):
             shd.apply_logical_sharding(jnp.ones(2))
