@@ -11,7 +11,7 @@ from spectrax_core.schedules import Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile, action_spans, measured_timeline
+from .._runtime import HostProfile, action_spans, measure_peak_bytes, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
@@ -94,6 +94,15 @@ class _JitFunction:
         plan, n = entry.plan, self.mesh.mpmd_dim
         spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)())
         return measured_timeline(spans, n, repr(plan.schedule), plan.schedule.stage_labels(n))
+
+    def measure_peak_bytes(self, *args) -> tuple[int, ...]:
+        """Run one call and return, per rank, the most bytes alive on its devices between actions
+        and between the steps after the schedule (a training step's update: its parameters,
+        optimizer state, gradients and what the update makes); donated arguments are copied
+        first, not consumed. See `sxvalue_and_grad(...).measure_peak_bytes`."""
+        entry, leaves = cached_entry(self, args)
+        entry.plan.check_single_process(f"{self.name}.measure_peak_bytes")
+        return measure_peak_bytes(entry.plan, fresh_inputs(entry, self.placer, leaves)())
 
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""
