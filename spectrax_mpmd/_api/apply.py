@@ -25,7 +25,7 @@ def sxvalue_and_grad_and_apply(
     tx: optax.GradientTransformation,
     *,
     mesh,
-    schedule,
+    schedule=None,
     has_aux: bool = False,
     remat: bool = False,
     rules=None,

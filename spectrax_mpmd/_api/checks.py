@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._plan.regions import region_schedule
+from .._trace.args import traced_avals
+from .._trace.region import DEFAULT_REGION
+from .._trace.split import trace
 from ..errors import MpmdError
+
+WITHOUT_SCHEDULE = (
+    "schedule= may be omitted only when every stage sits in an sxstage_region with its own "
+    "schedule (sxstage_region(name, schedule=...)); "
+)
 
 
 def check_mesh(name: str, mesh) -> MpmdMesh:
@@ -42,6 +50,12 @@ def pipeline_schedule(owner, graph, regions: dict):
     Called twice: before the split with no graph (the trace opened no region, so the
     call's schedule must be valid on every rank) and after it."""
     if graph is not None and graph.has_regions:
+        outside = any(region == DEFAULT_REGION for region, _ in graph.stage_regions)
+        if owner.schedule is None and outside and getattr(owner, "microbatched", True):
+            raise MpmdError(
+                f"{owner.name}: {WITHOUT_SCHEDULE}some stages run outside every region; wrap that code "
+                "in a region too, or pass schedule= (the schedule of the code outside the regions)."
+            )
         return region_schedule(
             graph, regions, owner.schedule, owner.mesh.mpmd_dim, owner.region_ranks, owner.name
         )
@@ -55,3 +69,25 @@ def pipeline_schedule(owner, graph, regions: dict):
     if owner.schedule_error is not None:
         raise owner.schedule_error
     return owner.schedule
+
+
+def microbatches(owner, sig) -> int:
+    """How many microbatches a call splits its batch into: its schedule's or, with `schedule=`
+    omitted, its regions' (the function is traced once on the whole batch to read them; every
+    region must name a schedule, all with the same microbatches)."""
+    if owner.schedule is not None:
+        return owner.schedule.microbatches
+    _, _, _, regions = trace(sig.bind(owner.fn), sig.in_tree.unflatten(traced_avals(sig, None, 1)))
+    unnamed = sorted(name for name, schedule in regions.items() if schedule is None)
+    if not regions or unnamed:
+        where = f"region(s) {unnamed} name none" if unnamed else "the function opens no region"
+        raise MpmdError(
+            f"{owner.name}: {WITHOUT_SCHEDULE}{where}. Pass schedule=, e.g. Std1F1B(microbatches=8)."
+        )
+    counts = {schedule.microbatches for schedule in regions.values()}
+    if len(counts) != 1:
+        raise MpmdError(
+            f"{owner.name}: the regions' schedules split the batch into {sorted(counts)} microbatches; "
+            "every region runs the same number, so give each region's schedule the same microbatches=."
+        )
+    return counts.pop()

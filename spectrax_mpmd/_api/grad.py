@@ -29,7 +29,7 @@ from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
-from .checks import check_mesh, check_schedule, pipeline_schedule
+from .checks import check_mesh, check_schedule, microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 
 
@@ -69,8 +69,6 @@ class _StepFunction:
         self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
         self.static_argnums = as_tuple(static_argnums)
         self.mesh = check_mesh(self.name, mesh)
-        if schedule is None:
-            raise MpmdError(f"{self.name}: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
         if reduce not in ("mean", "sum"):
             raise MpmdError(
                 f"{self.name}: reduce must be 'mean' (the loss and gradients are averaged over "
@@ -106,7 +104,7 @@ class _StepFunction:
 
     def pipeline(self, sig: Signature) -> Pipeline:
         """Trace and split the loss for this signature: what a plan of it is built from."""
-        m = self.schedule.microbatches
+        m = microbatches(self, sig)
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
         micro = traced_avals(sig, kinds, m)
         with self.compiler.stats.timed("trace"):
@@ -251,7 +249,7 @@ def sxvalue_and_grad(
     argnums: int | Sequence[int] = 0,
     *,
     mesh,
-    schedule,
+    schedule=None,
     has_aux: bool = False,
     remat: bool = False,
     rules=None,
@@ -278,7 +276,9 @@ def sxvalue_and_grad(
     each stage's parameters over its submesh; default replicated.
 
     A function with `sxstage_region`s runs each region's stages on its own ranks
-    with its own schedule (`schedule` is the default region's); `region_ranks`
+    with its own schedule (`schedule` is the default region's: the code outside
+    every region; it may be omitted when there is none and every region names
+    its schedule, all with the same microbatches); `region_ranks`
     (`{region name: (rank, ...)}`, `"default"` for the code outside regions)
     places them, by default on consecutive ranks of their own.
     """
@@ -303,7 +303,7 @@ def sxgrad(
     argnums: int | Sequence[int] = 0,
     *,
     mesh,
-    schedule,
+    schedule=None,
     has_aux: bool = False,
     remat: bool = False,
     rules=None,

@@ -11,13 +11,12 @@ from spectrax_core.schedules import Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile, action_spans, measured_timeline
+from .._runtime import HostProfile, action_spans, measure_peak_bytes, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
-from ..errors import MpmdError
 from .agree import InputsCheck
-from .checks import check_mesh, check_schedule, pipeline_schedule
+from .checks import check_mesh, check_schedule, microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
 from .train_step import build_train_step
 
@@ -30,11 +29,7 @@ class _JitFunction:
         self.mesh = check_mesh("sxjit", mesh)
         self.v, self.schedule_error = check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
         self.schedule, self.region_ranks = schedule, region_ranks
-        if batch_argnums is not None and schedule is None:
-            raise MpmdError(
-                "sxjit: batch_argnums splits the batch into the schedule's microbatches; pass a "
-                "schedule too, e.g. schedule=GPipe(microbatches=4)."
-            )
+        self.microbatched = batch_argnums is not None  # then the batch splits as the schedule says
         self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
         self.static_argnums = as_tuple(static_argnums)
         self.donate_argnums = as_tuple(donate_argnums)
@@ -43,13 +38,14 @@ class _JitFunction:
         functools.update_wrapper(self, fn)
 
     def _build(self, sig: Signature) -> Entry:
-        kinds, split_batch = None, {}
+        kinds, split_batch, m = None, {}, 1
         if self.batch_argnums is not None:
-            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, self.schedule.microbatches)
+            m = microbatches(self, sig)
+            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, m)
             split_batch = dict(
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
-        avals = traced_avals(sig, kinds, self.schedule.microbatches if kinds is not None else 1)
+        avals = traced_avals(sig, kinds, m)
         with self.compiler.stats.timed("trace"), tracing_train_step(self):
             closed, _, out_tree, regions = trace(sig.bind(self.fn), sig.in_tree.unflatten(avals))
         donated = self._donated(sig)
@@ -95,6 +91,15 @@ class _JitFunction:
         spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)())
         return measured_timeline(spans, n, repr(plan.schedule), plan.schedule.stage_labels(n))
 
+    def measure_peak_bytes(self, *args) -> tuple[int, ...]:
+        """Run one call and return, per rank, the most bytes alive on its devices between actions
+        and between the steps after the schedule (a training step's update: its parameters,
+        optimizer state, gradients and what the update makes); donated arguments are copied
+        first, not consumed. See `sxvalue_and_grad(...).measure_peak_bytes`."""
+        entry, leaves = cached_entry(self, args)
+        entry.plan.check_single_process(f"{self.name}.measure_peak_bytes")
+        return measure_peak_bytes(entry.plan, fresh_inputs(entry, self.placer, leaves)())
+
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""
         return build_timings(self, args)
@@ -128,7 +133,8 @@ def sxjit(
     microbatches flow through the stages in the schedule's forward order, and
     every output (which must have a leading batch axis) comes back concatenated
     in batch order. Other arguments are broadcast to every microbatch, a PRNG
-    key folded with the microbatch index, as in `sxvalue_and_grad`.
+    key folded with the microbatch index, as in `sxvalue_and_grad`. `schedule`
+    may be omitted when every stage sits in an `sxstage_region` with its own.
 
     `sxstage_region`s and `region_ranks` work as in `sxvalue_and_grad`.
     """

@@ -9,10 +9,15 @@ process only, so a multi-process save sends each process's arrays to the first p
 to orbax as host arrays and writes them, with the `meta` and its checksums; the other
 processes pass placeholders of the same shapes (`numpy.empty`: address space only, never
 written) that orbax does not write. Restores read each array straight onto the devices of
-its target, in any process.
+its target, in any process. A save that fails leaves no uncommitted step folder behind
+(`removing_partial_steps`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -54,3 +59,20 @@ def read_held(ocp, read, wants: dict[str, dict]) -> dict[str, dict]:
         item: {n: got[item][n] if n in held[item] else remote_array(s) for n, s in want.items()}
         for item, want in wants.items()
     }
+
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax names a step folder so until it commits it
+
+
+@contextlib.contextmanager
+def removing_partial_steps(directory: Path):
+    """On an error (a save that failed), remove the uncommitted step folders in `directory`, so
+    that nothing partial stays where a restore or a later save of that step would look; then
+    raise. The writing process removes them; once orbax has raised, no save is in flight."""
+    try:
+        yield
+    except BaseException:
+        if jax.process_index() == PRIMARY:
+            for partial in directory.glob(f"*{TMP_SUFFIX}*"):
+                shutil.rmtree(partial, ignore_errors=True)
+        raise

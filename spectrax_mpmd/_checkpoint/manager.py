@@ -30,7 +30,7 @@ from spectrax_core import sharding as core_sharding
 
 from .digest import checksums_by_name as _checksums
 from .digest import verify as _verify
-from .hosts import PRIMARY, on_primary, read_held
+from .hosts import PRIMARY, on_primary, read_held, removing_partial_steps
 from .layout import CheckpointError, save_arrays
 from .target import staged_opt_target, tree_target
 
@@ -77,9 +77,11 @@ class CheckpointManager:
         names the step and the array that differs). False skips both, for
         speed; a step saved without checksums is restored unchecked.
 
-    A step becomes visible only when orbax has committed it: a save that is
-    interrupted leaves a temporary folder that `all_steps`, `latest_step` and
-    `restore` ignore.
+    A step becomes visible only when orbax has committed it. A save that fails
+    (raising from `save`, or for an asynchronous one from `wait_until_finished`
+    or `close`) removes its temporary folder before the error propagates; one
+    whose process was killed leaves it, `all_steps`, `latest_step` and `restore`
+    ignore it, and the next manager on the directory removes it.
     """
 
     def __init__(
@@ -121,11 +123,13 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
-        self._manager.wait_until_finished()
+        with removing_partial_steps(self.directory):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Finish pending saves and release orbax's resources."""
-        self._manager.close()
+        with removing_partial_steps(self.directory):
+            self._manager.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -166,7 +170,8 @@ class CheckpointManager:
         items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
-        return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+        with removing_partial_steps(self.directory):
+            return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
@@ -278,6 +283,7 @@ def _options(ocp, directory: Path, max_to_keep, save_interval_steps: int, async_
         save_interval_steps=save_interval_steps,
         enable_async_checkpointing=async_save,
         create=create and world == 1,
+        cleanup_tmp_directories=True,  # a save killed midway left its folder: removed on opening
         multiprocessing_options=processes,
     )
 

@@ -1,153 +1,35 @@
 """`advise`: which schedule, how many microbatches and virtual stages, under a memory budget.
 
 Every candidate `(schedule, microbatches, virtual stages)` is simulated with costs
-and bytes profiled from the compiled programs. Profiles are shared: a stage's
-cell times depend only on the stage cut (ranks x virtual stages) and the
-microbatch size, so one profile per cut and microbatch count serves every
-schedule; the bytes a plan holds per stage depend on the layout of stages on
-ranks and on whether the backward is split, so one profile per layout serves
-every schedule with it. Peak bytes follow the runtime's issue order, which is
-exact; step times follow the measured cell times (one profile's per cut and
-microbatch count, so schedules are compared on the same times; ZeroBubbleH1
-divides B into I and W as its split cells measured).
+and bytes profiled from the compiled programs, and the optimizer's update after
+it (`spectrax_mpmd._planner.optimizer`). Profiles are shared: a stage's cells
+depend only on the stage cut (ranks x virtual stages) and the microbatch size,
+and the bytes a plan holds per stage on the layout of stages on ranks. So one
+profile per layout and microbatch count serves every schedule with it: for the
+flat layout, ZeroBubbleH1's, whose split backward runs every stage program alone
+(F, I and W; B = I + W) and whose bytes less the I cells' stash are what an
+unsplit backward holds; for the interleaved layout InterleavedGPipe's; DualPipeV's
+V layout is profiled for its bytes only (its cells are timed on the interleaved
+cut's). Peak bytes follow the runtime's issue order, which is exact.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+import optax
 
 from spectrax_core import schedules as S
 
 from .._api import check_mesh, step_function
 from .._compile.compiler import Compiler
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
+from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
+from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds, with_sync_copy
 
 ALL = S.ALL_SCHEDULES
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One simulated configuration: `step_s` predicted seconds per step, `bubble` the idle
-    fraction, `peak_bytes[r]` rank r's predicted peak (per device), `fits` within the budget."""
-
-    schedule: object
-    microbatches: int
-    virtual_stages: int
-    step_s: float
-    bubble: float
-    peak_bytes: tuple[int, ...]
-    fits: bool
-
-    @property
-    def name(self) -> str:
-        return type(self.schedule).__name__
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A valid configuration that could not be profiled on these arguments, and why (e.g. a
-    microbatch count that does not divide the batch)."""
-
-    schedule: object
-    microbatches: int
-    virtual_stages: int
-    reason: str
-
-    @property
-    def name(self) -> str:
-        return type(self.schedule).__name__
-
-
-@dataclass(frozen=True)
-class Advice:
-    """Candidates ranked: those that fit the budget first, each group by predicted step time.
-
-    `smallest_peak` is the candidate whose largest per-rank peak is smallest, and
-    `binding_rank` its rank holding that peak: what a budget must at least allow.
-    `skipped` lists the configurations that could not be profiled, with the reason.
-    """
-
-    candidates: tuple[Candidate, ...]
-    memory_budget: int | None
-    smallest_peak: Candidate
-    skipped: tuple[Skipped, ...] = ()
-
-    @property
-    def binding_rank(self) -> int:
-        peaks = self.smallest_peak.peak_bytes
-        return peaks.index(max(peaks))
-
-    def under(self, memory_budget: int | None) -> Advice:
-        """The same candidates ranked for another budget (bytes per device; None: no limit)."""
-        _check_budget(memory_budget)
-        rows = [replace(c, fits=_fits(c.peak_bytes, memory_budget)) for c in self.candidates]
-        return _ranked(rows, memory_budget, self.skipped)
-
-    @property
-    def fitting(self) -> tuple[Candidate, ...]:
-        return tuple(c for c in self.candidates if c.fits)
-
-    def table(self) -> str:
-        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
-        lines = [f"memory budget per device: {budget}"]
-        lines.append(
-            f"{'schedule':24} {'m':>3} {'v':>2} {'step ms':>9} {'bubble':>7} {'fits':>5}  peak MiB per rank"
-        )
-        for c in self.candidates:
-            peaks = " ".join(f"{p / 2**20:.3f}" for p in c.peak_bytes)
-            lines.append(
-                f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
-                f"{c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
-            )
-        if not self.fitting:
-            s = self.smallest_peak
-            lines.append(
-                f"no configuration fits: the smallest peak is {max(s.peak_bytes) / 2**20:.3f} MiB on rank "
-                f"{self.binding_rank} ({s.name}, m={s.microbatches}, v={s.virtual_stages}; per rank "
-                + ", ".join(f"{p / 2**20:.3f}" for p in s.peak_bytes)
-                + " MiB); raise the budget to at least that, or use remat=True or more ranks."
-            )
-        for s in self.skipped:
-            lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict:
-        return {
-            "memory_budget": self.memory_budget,
-            "candidates": [
-                {
-                    "schedule": c.name,
-                    "microbatches": c.microbatches,
-                    "virtual_stages": c.virtual_stages,
-                    "step_s": c.step_s,
-                    "bubble": c.bubble,
-                    "peak_bytes": list(c.peak_bytes),
-                    "fits": c.fits,
-                }
-                for c in self.candidates
-            ],
-            "binding_rank": self.binding_rank,
-            "skipped": [
-                {
-                    "schedule": s.name,
-                    "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages,
-                    "reason": s.reason,
-                }
-                for s in self.skipped
-            ],
-        }
-
-
-def _check_budget(memory_budget) -> None:
-    if memory_budget is not None and (
-        isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or memory_budget <= 0
-    ):
-        raise MpmdError(
-            f"advise: memory_budget must be a positive number of bytes per device (or None), "
-            f"received {memory_budget!r}."
-        )
 
 
 def _check_rounds(rounds) -> None:
@@ -156,15 +38,6 @@ def _check_rounds(rounds) -> None:
             f"advise: rounds must be a positive int (each profile runs the step that many times, cell by "
             f"cell, to time its cells), received {rounds!r}. Pass rounds=1 or more."
         )
-
-
-def _fits(peaks: tuple[int, ...], memory_budget) -> bool:
-    return memory_budget is None or max(peaks) <= memory_budget
-
-
-def _ranked(rows: list[Candidate], memory_budget, skipped: tuple[Skipped, ...] = ()) -> Advice:
-    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
-    return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)), tuple(skipped))
 
 
 def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
@@ -192,33 +65,37 @@ def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
     return out
 
 
-def _cost_schedule(m: int, v: int):
-    """A schedule running every cell alone, for the cell times of an n x v cut."""
-    return S.Std1F1B(microbatches=m) if v == 1 else S.InterleavedGPipe(microbatches=m, virtual_stages=v)
-
-
-def _memory_schedule(schedule):
-    """The schedule whose plan holds the same bytes per stage as `schedule`'s (same layout, same
-    backward split)."""
+def _profile_schedule(schedule):
+    """The schedule whose profile gives `schedule`'s cell times and bytes per stage (the same
+    layout; for the flat layout the split backward, which times every stage program alone)."""
     m, v = schedule.microbatches, schedule.virtual_stages
     if schedule.layout == "flat":
-        return S.ZeroBubbleH1(microbatches=m) if schedule.splits_backward else S.Std1F1B(microbatches=m)
+        return S.ZeroBubbleH1(microbatches=m)
     if schedule.layout == "loop":
         return S.InterleavedGPipe(microbatches=m, virtual_stages=v)
     return schedule
 
 
-def _split_like(cost: S.StageCost, split: S.StageCost) -> S.StageCost:
-    """`cost` with each stage's B divided into I and W in the proportions `split` measured, so that
-    schedules of one cut are compared on the same backward times."""
-    shares = [i / (i + w) if i + w > 0 else 0.5 for i, w in zip(split.I, split.W)]
-    return S.StageCost(
-        cost.F,
-        cost.B,
-        tuple(b * k for b, k in zip(cost.B, shares)),
-        tuple(b * (1 - k) for b, k in zip(cost.B, shares)),
-        cost.comm,
-    )
+def _cost_schedule(schedule):
+    """The profile whose measured cells time `schedule` (the V layout's cells are timed on the
+    interleaved cut of the same stages, as its fused cells cannot be timed apart)."""
+    if schedule.layout == "v":
+        return S.InterleavedGPipe(microbatches=schedule.microbatches, virtual_stages=2)
+    return _profile_schedule(schedule)
+
+
+def _optimizer_note(tx, optimizer_states) -> str:
+    if optimizer_states is not None:
+        return (
+            f"state estimated as {optimizer_states:g} copies of each rank's parameters (optimizer_states); "
+            "update not timed"
+        )
+    if tx is None:
+        return (
+            "assumed Adam (no tx given): two moments per parameter and a step count, on each parameter's "
+            "rank, and Adam's update timed; pass tx= for your optimizer"
+        )
+    return "from tx: tx.init's state on each parameter's rank, and its update timed"
 
 
 def advise(
@@ -229,30 +106,41 @@ def advise(
     schedules: Sequence[type] = ALL,
     microbatches: Sequence[int] = (4, 8),
     virtual_stages: Sequence[int] = (1, 2),
-    optimizer_states: float = 0.0,
+    tx: optax.GradientTransformation | None = None,
+    optimizer_states: float | None = None,
     comm: float = 0.0,
     rounds: int = 2,
     **step_kwargs,
 ) -> Advice:
     """Simulate every valid `(schedule, microbatches, virtual stages)` with profiled costs and
-    bytes, and rank them (`Advice`; print `.table()`).
+    bytes and the optimizer's update, and rank them (`Advice`; print `.table()`).
 
-    `fn(*args)` is the loss as for `sxvalue_and_grad`, its markers cutting it into
-    as many stages as some `ranks x virtual stages` (other cuts are skipped); or,
-    with no `args`, `fn(n_stages)` returns `(loss_fn, args)` for a model cut into
-    `n_stages`. `memory_budget` is bytes per device; `optimizer_states` estimates
-    the optimizer's state as that many copies of each rank's parameters (2 for
-    Adam); `comm` is one transfer's seconds; `rounds` how many timed runs each
-    profile takes. `step_kwargs` go to `sxvalue_and_grad` (e.g. `remat=True`).
-    A configuration that cannot be profiled on these arguments (a microbatch
-    count that does not divide the batch) is skipped and listed, with the
-    reason, in `Advice.skipped`; if every one is, the error says why for each.
+    `fn(params, *batch)` is the loss, as for `sxvalue_and_grad` and
+    `sxvalue_and_grad_and_apply`; its markers cut it into as many stages as some
+    `ranks x virtual stages` (other cuts are skipped); or, with no `args`,
+    `fn(n_stages)` returns `(loss_fn, args)` for a model cut into `n_stages`.
+    `memory_budget` is bytes per device. The optimizer counts by default: with
+    `tx` (an optax transformation), its state (`jax.eval_shape(tx.init, params)`)
+    sits on each parameter's rank and its update, timed, runs after each rank's
+    last cell, or after every rank's when it reads all gradients (a global-norm
+    clip); without `tx`, Adam is assumed; `optimizer_states=k` instead estimates
+    the state as `k` copies of each rank's parameters, update not timed.
+    `Advice.optimizer` says which. `comm` is one transfer's seconds; `rounds` how
+    many timed runs each profile takes. `step_kwargs` go to `sxvalue_and_grad`
+    (e.g. `remat=True`). `advice.step(tx)` builds the chosen step. A
+    configuration that cannot be profiled on these arguments (a microbatch count
+    that does not divide the batch) is skipped and listed, with the reason, in
+    `Advice.skipped`; if every one is, the error says why for each.
     """
-
+    started = time.perf_counter()
     mesh = check_mesh("advise", mesh)
     n = mesh.mpmd_dim
-    _check_budget(memory_budget)
+    check_budget(memory_budget)
     _check_rounds(rounds)
+    if tx is not None and optimizer_states is not None:
+        raise MpmdError("advise: give tx= (the state is read from it) or optimizer_states=, not both.")
+    if tx is not None and not (hasattr(tx, "init") and hasattr(tx, "update")):
+        raise MpmdError(f"advise: tx must be an optax.GradientTransformation, got {type(tx).__name__}.")
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     if not candidates:
         raise MpmdError(
@@ -260,16 +148,19 @@ def advise(
             f"microbatches {tuple(microbatches)} and virtual_stages {tuple(virtual_stages)} on {n} ranks; "
             "allow more microbatches (interleaved schedules need m >= ranks, DualPipeV m >= 2 x ranks)."
         )
+    optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
     profiles: dict = {}
+    update_times: dict = {}
     compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
 
-    def profile(schedule):
+    def profile(schedule, timed: bool):
         key = repr(schedule)
         if key not in profiles:
-            loss, loss_args = fn(n * schedule.virtual_stages) if not args else (fn, args)
+            loss, loss_args = fn(schedule.num_model_stages(n)) if not args else (fn, args)
             step = step_function(loss, mesh=mesh, schedule=schedule, compiler=compiler, **step_kwargs)
             try:
-                profiles[key] = step.profile_stages(*loss_args, rounds=rounds)
+                measured = step.profile_stages(*loss_args, rounds=rounds if timed else 0)
+                profiles[key] = (measured, optimizer_of(step, loss_args, measured))
             except StageSplitError as err:
                 if not args:
                     raise
@@ -280,25 +171,63 @@ def advise(
                 profiles[key] = err  # e.g. the batch does not split into this many microbatches
         return profiles[key]
 
+    def optimizer_of(step, loss_args, measured):
+        """Per rank: the optimizer state's bytes and the update's seconds; whether it is gated."""
+        if optimizer_states is not None:
+            return tuple(int(round(optimizer_states * p)) for p in measured.memory.params), (0.0,) * n, False
+        params = loss_args[0]
+        owners = Owners.of(step.plan_for(*loss_args), params)
+        stages = step.n_stages
+        if stages not in update_times:
+            update_times[stages] = update_seconds(optimizer, params, max(rounds, 1))
+        owned = owners.per_rank(n)
+        share = [b / sum(owned) if sum(owned) else 1.0 / n for b in owned]
+        return (
+            state_bytes(optimizer, params, owners, n),
+            tuple(update_times[stages] * k for k in share),
+            crosses_ranks(optimizer, params, owners),
+        )
+
     rows, skipped, errors = [], [], []
     for schedule in candidates:
         m, v = schedule.microbatches, schedule.virtual_stages
-        timing, held = profile(_cost_schedule(m, v)), profile(_memory_schedule(schedule))
+        memory_of = _profile_schedule(schedule)
+        timing = profile(_cost_schedule(schedule), True)
+        held = profile(memory_of, repr(memory_of) == repr(_cost_schedule(schedule)))
         failed = next((p for p in (timing, held) if isinstance(p, MpmdError)), None)
         if failed is not None:
             skipped.append(Skipped(schedule, m, v, str(failed)))
             errors.append(failed)
             continue
-        cost = timing.stage_cost(comm=comm)
-        if schedule.splits_backward and schedule.layout == "flat":
-            cost = _split_like(cost, held.stage_cost(comm=comm))
-        timeline = S.simulate(schedule, n, cost, memory=held.stage_memory(optimizer_states))
-        peaks = timeline.peak_bytes
-        fits = _fits(peaks, memory_budget)
-        rows.append(Candidate(schedule, m, v, timeline.makespan, timeline.bubble_fraction, peaks, fits))
+        (timed, _), (bytes_of, (state, apply_s, sync)) = timing, held
+        memory = replace(bytes_of.memory, optimizer=state)
+        if not schedule.splits_backward:
+            memory = replace(memory, stash=(0,) * memory.stages)
+        timeline = S.simulate(schedule, n, timed.stage_cost(comm=comm), memory=memory)
+        updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
+        peaks = with_sync_copy(timeline.peak_bytes, memory, sync)
+        rows.append(
+            Candidate(
+                schedule,
+                m,
+                v,
+                updated.makespan,
+                timeline.bubble_fraction,
+                peaks,
+                fits(peaks, memory_budget),
+                updated.makespan - timeline.makespan,
+            )
+        )
     if not rows:
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
-    return _ranked(rows, memory_budget, tuple(skipped))
+    source = Source(fn, args, mesh, dict(step_kwargs), tx)
+    return replace(
+        ranked(rows, memory_budget, tuple(skipped)),
+        optimizer=_optimizer_note(tx, optimizer_states),
+        seconds=time.perf_counter() - started,
+        profiles=len(profiles),
+        source=source,
+    )
 
 
 def _raise_none_profiled(fn, n: int, virtual_stages, skipped: list[Skipped], errors: list[MpmdError]):

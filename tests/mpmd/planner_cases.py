@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import spectrax_mpmd as mp
 
@@ -73,3 +74,22 @@ def profiled(schedule, remat: bool = False):
     outputs = step(*args)
     profile = step.profile_stages(*args, rounds=1)
     return step, args, outputs, profile, step.measure_peak_bytes(*args)
+
+
+TXS = {
+    "clip+adamw": optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2)),
+    "adamw": optax.adamw(1e-2),
+    "momentum": optax.sgd(0.1, momentum=0.9),
+}
+
+
+@functools.cache
+def measured_with_update(schedule, tx_name: str):
+    """The per-rank peak bytes of `lm_loss`'s whole training step (`sxvalue_and_grad_and_apply`
+    with `TXS[tx_name]`) under `schedule` on MESH, its optimizer state included."""
+    tx = TXS[tx_name]
+    step = mp.sxvalue_and_grad_and_apply(
+        lm_loss(schedule.num_model_stages(4)), tx, mesh=MESH, schedule=schedule
+    )
+    params, tokens, targets = init()
+    return step.measure_peak_bytes(params, tx.init(params), tokens, targets)

@@ -84,3 +84,32 @@ def test_a_step_that_is_not_a_non_negative_integer_is_refused(tmp_path, step):
             manager.restore(step, like=SMALL)
         with pytest.raises(mp.CheckpointError, match=r"delete: step must be a non-negative int"):
             manager.delete(step)
+
+
+@pytest.mark.parametrize("async_save", (False, True))
+def test_a_save_that_fails_midway_leaves_nothing_a_restore_would_read(tmp_path, monkeypatch, async_save):
+    """The write raises inside orbax (a full disk): the error reaches the caller, the step's
+    temporary folder is gone, the step is not listed, restore reads the previous one, and the step
+    can be saved again; a folder left by a save killed midway is removed by the next manager."""
+    from orbax.checkpoint import type_handlers
+
+    async def full_disk(*args, **kwargs):
+        raise OSError("No space left on device (simulated)")
+
+    with mp.CheckpointManager(tmp_path, async_save=async_save) as manager:
+        manager.save(1, params=SMALL)
+        manager.wait_until_finished()
+        with monkeypatch.context() as patch:
+            patch.setattr(type_handlers.ArrayHandler, "serialize", full_disk)
+            with pytest.raises(OSError, match="No space left"):
+                manager.save(2, params={"w": SMALL["w"] + 1})
+                manager.wait_until_finished()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
+        assert manager.all_steps() == [1] and manager.restore(like=SMALL).step == 1
+        manager.save(2, params={"w": SMALL["w"] + 1})
+        manager.wait_until_finished()
+        np.testing.assert_array_equal(manager.restore(like=SMALL).params["w"], SMALL["w"] + 1)
+    (tmp_path / "3.orbax-checkpoint-tmp").mkdir()  # what a killed process leaves
+    with mp.CheckpointManager(tmp_path) as manager:
+        assert manager.all_steps() == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]

@@ -190,9 +190,11 @@ def test_sxjit_static_argnums_must_exist_and_be_hashable(mesh2):
 # --- schedule and mesh ----------------------------------------------------------------------
 
 
-def test_schedule_is_required(mesh2):
-    with pytest.raises(mp.MpmdError, match=r"a schedule is required, e\.g\. schedule=Std1F1B"):
-        mp.sxvalue_and_grad(two_stage_loss, mesh=mesh2, schedule=None)
+def test_schedule_is_required_without_regions(mesh2):
+    step = mp.sxvalue_and_grad(two_stage_loss, mesh=mesh2)
+    with pytest.raises(mp.MpmdError, match=r"schedule= may be omitted only when .*opens no region"):
+        step({"w1": jnp.ones((4, 4)), "w2": jnp.ones((4, 1))}, jnp.ones((8, 4)))
+    _assert_no_device_work(step)
 
 
 def test_schedule_must_be_a_schedule_object(mesh2):

@@ -1,12 +1,17 @@
-"""`mp.advise`: every valid configuration simulated with profiled costs and bytes, ranked; under a
-budget, what it recommends really fits (its top 3 run and measured); a budget nothing fits gets
-the smallest peak and the rank that binds; a microbatch count that does not divide the batch is
-skipped with its reason; bad `rounds` is refused before anything is profiled."""
+"""`mp.advise`: every valid configuration simulated with profiled costs and bytes and the optimizer's
+update, ranked; under a budget, what it recommends really fits (its top 3 run as whole training
+steps, optimizer state included, and measured); one call builds the chosen step, which trains as
+the unsplit step does; a budget nothing fits gets the smallest peak and the rank that binds; a
+microbatch count that does not divide the batch is skipped with its reason; bad `rounds` is refused
+before anything is profiled."""
 
 import re
 
+import jax
+import numpy as np
+import optax
 import pytest
-from planner_cases import MESH, init, lm_loss, profiled
+from planner_cases import MESH, TXS, init, lm_loss, measured_with_update
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
@@ -20,7 +25,7 @@ def build(n_stages):
 
 @pytest.fixture(scope="module")
 def advice():
-    return mp.advise(build, mesh=MESH, schedules=SCHEDULES, microbatches=(8,), rounds=1)
+    return mp.advise(build, mesh=MESH, schedules=SCHEDULES, microbatches=(8,), rounds=1, tx=TXS["clip+adamw"])
 
 
 def test_every_valid_configuration_is_simulated_and_ranked(advice):
@@ -31,6 +36,11 @@ def test_every_valid_configuration_is_simulated_and_ranked(advice):
     times = [c.step_s for c in advice.candidates]
     assert times == sorted(times) and all(c.fits for c in advice.candidates)
     assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 5
+    # one profile per layout: flat (ZeroBubbleH1's), interleaved (InterleavedGPipe's), V (DualPipeV's)
+    assert advice.profiles == 3 and advice.seconds > 0 and "advised in" in advice.table()
+    assert "from tx" in advice.optimizer and "from tx" in advice.table()
+    # the clip reads every rank's gradients: every rank's update waits for the last backward
+    assert all(0 < c.update_s < c.step_s for c in advice.candidates)
 
 
 def test_zero_bubble_wins_over_1f1b_where_the_simulation_says_so(advice):
@@ -49,7 +59,7 @@ def test_the_top_three_under_a_budget_fit_when_run(advice):
     assert all(max(c.peak_bytes) > budget for c in limited.candidates if not c.fits)
     assert list(limited.candidates[: len(limited.fitting)]) == list(limited.fitting)  # fitting ones first
     for c in limited.fitting[:3]:
-        measured = profiled(c.schedule)[-1]
+        measured = measured_with_update(c.schedule, "clip+adamw")
         assert max(measured) <= budget, (c, measured)
         assert all(abs(p - q) <= 0.05 * q for p, q in zip(c.peak_bytes, measured))
 
@@ -98,3 +108,38 @@ def test_microbatch_counts_that_do_not_divide_the_batch_are_skipped_with_the_rea
     none = r"no configuration could be profiled(.|\n)*GPipe m=5 v=1: .*divisible"
     with pytest.raises(mp.MpmdError, match=none):
         mp.advise(build, mesh=MESH, schedules=(S.GPipe,), microbatches=(3, 5), rounds=1)
+
+
+def unsplit_step(tx, params, tokens, targets):
+    loss, grads = jax.value_and_grad(lm_loss(1))(params, tokens, targets)
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)
+    return loss, optax.apply_updates(params, updates)
+
+
+def test_one_call_builds_the_chosen_step_which_trains_as_unsplit(advice):
+    tx = TXS["clip+adamw"]
+    step = advice.step()  # the tx advise was given, the fastest fitting configuration
+    params, tokens, targets = advice.arguments()
+    loss, new, _ = step(params, tx.init(params), tokens, targets)
+    want_loss, want = unsplit_step(tx, *init())
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(mp.MpmdError, match="no configuration fits"):
+        advice.under(1000).step()
+
+
+def test_without_tx_adam_is_assumed_and_said():
+    loss, args = build(4)
+    plain = mp.advise(loss, *args, mesh=MESH, schedules=(S.Std1F1B,), microbatches=(8,), rounds=1)
+    assert "assumed Adam" in plain.optimizer and "assumed Adam" in plain.table()
+    none = mp.advise(
+        loss, *args, mesh=MESH, schedules=(S.Std1F1B,), microbatches=(8,), rounds=1, optimizer_states=0
+    )
+    adam = tuple(p + 2 * q + 4 for p, q in zip(none.candidates[0].peak_bytes, (20480, 4096, 4096, 6144)))
+    assert plain.candidates[0].peak_bytes == adam  # two moments of each rank's parameters, and a count
+    with pytest.raises(mp.MpmdError, match="not both"):
+        mp.advise(loss, *args, mesh=MESH, tx=optax.adam(1e-3), optimizer_states=2)
+    with pytest.raises(mp.MpmdError, match="Advice.step: pass the optax"):
+        plain.step()

@@ -11,6 +11,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 import pytest
 from mpmd_cases import assert_close
 
@@ -337,3 +338,33 @@ def test_a_region_refuses_a_schedule_that_copies_its_stages():
     towers = (("vision", S.DualPipe(M), 2),)  # two copies of each stage: a region holds its own
     loss, ranks = towers_loss(towers, ("text", None, 2)), {"vision": (0, 1), "text": (2, 3)}
     _fails(loss, 4, "runs copies of the model's stages", towers=towers, region_ranks=ranks)
+
+
+def test_schedule_may_be_omitted_when_every_stage_sits_in_a_region_with_its_own():
+    """Each region's schedule runs it; the batch splits into their (common) microbatches."""
+    text = ("text", S.Std1F1B(M), 2)
+    _, got, want, _ = run((VISION,), text, None)
+    assert_close(got, want)
+    apply = mp.sxvalue_and_grad_and_apply(
+        towers_loss((VISION,), text), optax.sgd(0.1), mesh=mesh(4), donate=False
+    )
+    params = tower_params(jax.random.PRNGKey(0), (VISION,), 2)
+    loss, new, _ = apply(params, optax.sgd(0.1).init(params), *batch((VISION,)))
+    assert_close(loss, want[0])
+    assert_close(new, jax.tree.map(lambda p, g: p - 0.1 * g, params, want[1]))
+
+
+@pytest.mark.parametrize(
+    "text, vision, message",
+    [
+        (("text", None, 2), VISION, r"region\(s\) \['text'\] name none"),
+        ((None, None, 2), VISION, r"some stages run outside every region; wrap that code"),
+        (("text", S.Std1F1B(2 * M), 2), VISION, r"split the batch into \[4, 8\] microbatches"),
+    ],
+)
+def test_without_schedule_every_stage_needs_a_region_with_a_schedule(text, vision, message):
+    loss = towers_loss((vision,), text)
+    step = mp.sxvalue_and_grad(loss, mesh=mesh(4))
+    params = tower_params(jax.random.PRNGKey(0), (vision,), 2)
+    with pytest.raises(mp.MpmdError, match=message):
+        step(params, *batch((vision,)))

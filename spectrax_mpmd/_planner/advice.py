@@ -1,0 +1,230 @@
+"""What `advise` returns: candidates ranked under a budget, and the step of the one chosen.
+
+`Advice.step(tx)` builds the chosen configuration's whole training step
+(`sxvalue_and_grad_and_apply`: the update inside the pipelined plan) and
+`Advice.arguments()` gives the arguments it was profiled on (for a function of
+the stage count, the model cut for that configuration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from .._api import sxvalue_and_grad_and_apply
+from ..errors import MpmdError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One simulated configuration: `step_s` predicted seconds per step (the optimizer's update
+    included: `update_s` of it comes after the schedule's last cell), `bubble` the schedule's
+    idle fraction, `peak_bytes[r]` rank r's predicted peak (per device, the optimizer's state
+    included), `fits` within the budget."""
+
+    schedule: object
+    microbatches: int
+    virtual_stages: int
+    step_s: float
+    bubble: float
+    peak_bytes: tuple[int, ...]
+    fits: bool
+    update_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return type(self.schedule).__name__
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A valid configuration that could not be profiled on these arguments, and why (e.g. a
+    microbatch count that does not divide the batch)."""
+
+    schedule: object
+    microbatches: int
+    virtual_stages: int
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return type(self.schedule).__name__
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the advice was made from: `fn` and `args` as given to `advise`, its mesh, the step's
+    keyword arguments and the optimizer."""
+
+    fn: Callable
+    args: tuple
+    mesh: object
+    step_kwargs: dict
+    tx: object
+
+    def loss_and_args(self, candidate: Candidate) -> tuple[Callable, tuple]:
+        if self.args:
+            return self.fn, self.args
+        return self.fn(candidate.schedule.num_model_stages(self.mesh.mpmd_dim))
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Candidates ranked: those that fit the budget first, each group by predicted step time.
+
+    `smallest_peak` is the candidate whose largest per-rank peak is smallest, and
+    `binding_rank` its rank holding that peak: what a budget must at least allow.
+    `skipped` lists the configurations that could not be profiled, with the reason.
+    `optimizer` says how the optimizer's state and update were counted; `seconds` is
+    how long the advice took and `profiles` how many steps it profiled.
+    """
+
+    candidates: tuple[Candidate, ...]
+    memory_budget: int | None
+    smallest_peak: Candidate
+    skipped: tuple[Skipped, ...] = ()
+    optimizer: str = ""
+    seconds: float = 0.0
+    profiles: int = 0
+    source: Source | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def binding_rank(self) -> int:
+        peaks = self.smallest_peak.peak_bytes
+        return peaks.index(max(peaks))
+
+    def under(self, memory_budget: int | None) -> Advice:
+        """The same candidates ranked for another budget (bytes per device; None: no limit)."""
+        check_budget(memory_budget)
+        rows = [replace(c, fits=fits(c.peak_bytes, memory_budget)) for c in self.candidates]
+        return replace(ranked(rows, memory_budget, self.skipped), **self._about())
+
+    def _about(self) -> dict:
+        return dict(
+            optimizer=self.optimizer, seconds=self.seconds, profiles=self.profiles, source=self.source
+        )
+
+    @property
+    def fitting(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.fits)
+
+    @property
+    def best(self) -> Candidate:
+        """The fastest candidate that fits; an error says what to change when none does."""
+        if not self.fitting:
+            s = self.smallest_peak
+            raise MpmdError(
+                f"advise: no configuration fits the budget of {self.memory_budget} bytes per device; the "
+                f"smallest peak is {max(s.peak_bytes)} bytes on rank {self.binding_rank} ({s.name}, "
+                f"m={s.microbatches}). Raise the budget (advice.under(bytes)), pass candidate=, or use "
+                "remat=True or more ranks."
+            )
+        return self.fitting[0]
+
+    def arguments(self, candidate: Candidate | None = None) -> tuple:
+        """The arguments `candidate` (default `best`) was profiled on: `(params, *batch)`."""
+        return self._source().loss_and_args(candidate or self.best)[1]
+
+    def step(self, tx=None, *, candidate: Candidate | None = None, **kwargs) -> Callable:
+        """The whole training step of `candidate` (default `best`):
+        `sxvalue_and_grad_and_apply(loss, tx, mesh=, schedule=<its schedule>, ...)`, called as
+        `step(params, opt_state, *batch) -> (loss, params, opt_state)` with `params, *batch =
+        advice.arguments()` and `opt_state = tx.init(params)`. `tx` defaults to the one `advise`
+        was given; `kwargs` (e.g. `donate=False`) go to `sxvalue_and_grad_and_apply` after the
+        keyword arguments `advise` profiled with."""
+        source = self._source()
+        tx = tx if tx is not None else source.tx
+        if tx is None:
+            raise MpmdError(
+                "Advice.step: pass the optax transformation, e.g. advice.step(optax.adamw(1e-3))."
+            )
+        chosen = candidate or self.best
+        loss, _ = source.loss_and_args(chosen)
+        step_kwargs = {**source.step_kwargs, **kwargs}
+        if step_kwargs.pop("argnums", 0) not in (0, (0,)):
+            raise MpmdError("Advice.step: the step updates the first argument; advise with argnums=0.")
+        return sxvalue_and_grad_and_apply(loss, tx, mesh=source.mesh, schedule=chosen.schedule, **step_kwargs)
+
+    def _source(self) -> Source:
+        if self.source is None:
+            raise MpmdError("Advice: this advice does not know its function; make it with mp.advise.")
+        return self.source
+
+    def table(self) -> str:
+        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
+        lines = [f"memory budget per device: {budget}"]
+        if self.optimizer:
+            lines.append(f"optimizer: {self.optimizer}")
+        lines.append(
+            f"{'schedule':24} {'m':>3} {'v':>2} {'step ms':>9} {'update':>7} {'bubble':>7} {'fits':>5}  "
+            "peak MiB per rank"
+        )
+        for c in self.candidates:
+            peaks = " ".join(f"{p / 2**20:.3f}" for p in c.peak_bytes)
+            lines.append(
+                f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
+                f"{c.update_s * 1e3:>7.3f} {c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
+            )
+        if not self.fitting:
+            s = self.smallest_peak
+            lines.append(
+                f"no configuration fits: the smallest peak is {max(s.peak_bytes) / 2**20:.3f} MiB on rank "
+                f"{self.binding_rank} ({s.name}, m={s.microbatches}, v={s.virtual_stages}; per rank "
+                + ", ".join(f"{p / 2**20:.3f}" for p in s.peak_bytes)
+                + " MiB); raise the budget to at least that, or use remat=True or more ranks."
+            )
+        for s in self.skipped:
+            lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
+        if self.seconds:
+            lines.append(f"advised in {self.seconds:.1f} s ({self.profiles} profiled steps)")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "memory_budget": self.memory_budget,
+            "optimizer": self.optimizer,
+            "seconds": self.seconds,
+            "profiles": self.profiles,
+            "candidates": [
+                {
+                    "schedule": c.name,
+                    "microbatches": c.microbatches,
+                    "virtual_stages": c.virtual_stages,
+                    "step_s": c.step_s,
+                    "update_s": c.update_s,
+                    "bubble": c.bubble,
+                    "peak_bytes": list(c.peak_bytes),
+                    "fits": c.fits,
+                }
+                for c in self.candidates
+            ],
+            "binding_rank": self.binding_rank,
+            "skipped": [
+                {
+                    "schedule": s.name,
+                    "microbatches": s.microbatches,
+                    "virtual_stages": s.virtual_stages,
+                    "reason": s.reason,
+                }
+                for s in self.skipped
+            ],
+        }
+
+
+def check_budget(memory_budget) -> None:
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or memory_budget <= 0
+    ):
+        raise MpmdError(
+            f"advise: memory_budget must be a positive number of bytes per device (or None), "
+            f"received {memory_budget!r}."
+        )
+
+
+def fits(peaks: tuple[int, ...], memory_budget) -> bool:
+    return memory_budget is None or max(peaks) <= memory_budget
+
+
+def ranked(rows: list[Candidate], memory_budget, skipped: tuple[Skipped, ...] = ()) -> Advice:
+    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
+    return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)), tuple(skipped))
