@@ -110,6 +110,7 @@ def advise(
     optimizer_states: float | None = None,
     comm: float = 0.0,
     rounds: int = 2,
+    search: bool = True,
     **step_kwargs,
 ) -> Advice:
     """Simulate every valid `(schedule, microbatches, virtual stages)` with profiled costs and
@@ -126,7 +127,10 @@ def advise(
     clip); without `tx`, Adam is assumed; `optimizer_states=k` instead estimates
     the state as `k` copies of each rank's parameters, update not timed.
     `Advice.optimizer` says which. `comm` is one transfer's seconds; `rounds` how
-    many timed runs each profile takes. `step_kwargs` go to `sxvalue_and_grad`
+    many timed runs each profile takes. With `search` (default), a table searched
+    from the measured costs and bytes of the one-stage-per-rank cut
+    (`spectrax_core.schedules.search`) is a candidate next to the named schedules,
+    for each microbatch count. `step_kwargs` go to `sxvalue_and_grad`
     (e.g. `remat=True`). `advice.step(tx)` builds the chosen step. A
     configuration that cannot be profiled on these arguments (a microbatch count
     that does not divide the batch) is skipped and listed, with the reason, in
@@ -189,6 +193,7 @@ def advise(
         )
 
     rows, skipped, errors = [], [], []
+    flat: dict = {}  # m -> what a split-backward, one-stage-per-rank profile measured (for the search)
     for schedule in candidates:
         m, v = schedule.microbatches, schedule.virtual_stages
         memory_of = _profile_schedule(schedule)
@@ -203,6 +208,8 @@ def advise(
         memory = replace(bytes_of.memory, optimizer=state)
         if not schedule.splits_backward:
             memory = replace(memory, stash=(0,) * memory.stages)
+        if v == 1 and schedule.splits_backward:
+            flat.setdefault(m, (timed.stage_cost(comm=comm), memory, apply_s, sync))
         timeline = S.simulate(schedule, n, timed.stage_cost(comm=comm), memory=memory)
         updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
         peaks = with_sync_copy(timeline.peak_bytes, memory, sync)
@@ -220,6 +227,10 @@ def advise(
         )
     if not rows:
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
+    if search:
+        rows += [
+            row for m, measured in sorted(flat.items()) if (row := _searched(n, m, *measured, memory_budget))
+        ]
     source = Source(fn, args, mesh, dict(step_kwargs), tx)
     return replace(
         ranked(rows, memory_budget, tuple(skipped)),
@@ -227,6 +238,28 @@ def advise(
         seconds=time.perf_counter() - started,
         profiles=len(profiles),
         source=source,
+    )
+
+
+def _searched(n: int, m: int, cost, memory, apply_s, sync: bool, budget) -> Candidate | None:
+    """A table searched (`spectrax_core.schedules.search`) from the measured costs and bytes of a
+    one-stage-per-rank cut, as a candidate (None when nothing fits the budget)."""
+    try:
+        found = S.search(n, m, cost, memory_budget=budget, memory=memory)
+    except S.ScheduleError:
+        return None
+    timeline = S.simulate(found, n, cost, memory=memory)
+    updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
+    peaks = with_sync_copy(timeline.peak_bytes, memory, sync)
+    return Candidate(
+        found,
+        m,
+        1,
+        updated.makespan,
+        timeline.bubble_fraction,
+        peaks,
+        fits(peaks, budget),
+        updated.makespan - timeline.makespan,
     )
 
 

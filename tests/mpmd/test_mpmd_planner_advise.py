@@ -32,10 +32,13 @@ def test_every_valid_configuration_is_simulated_and_ranked(advice):
     names = {(c.name, c.microbatches, c.virtual_stages) for c in advice.candidates}
     assert names == {
         (cls.__name__, 8, 2 if cls in (S.InterleavedH1, S.DualPipeV) else 1) for cls in SCHEDULES
-    }
+    } | {("SearchedSchedule", 8, 1)}
     times = [c.step_s for c in advice.candidates]
     assert times == sorted(times) and all(c.fits for c in advice.candidates)
-    assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 5
+    assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 6
+    # the table searched from the flat cut's measured costs is never slower than a named flat one
+    steps = {c.name: c.step_s for c in advice.candidates}
+    assert steps["SearchedSchedule"] <= min(steps[cls.__name__] for cls in SCHEDULES[:3]) * (1 + 1e-9)
     # one profile per layout: flat (ZeroBubbleH1's), interleaved (InterleavedGPipe's), V (DualPipeV's)
     assert advice.profiles == 3 and advice.seconds > 0 and "advised in" in advice.table()
     assert "from tx" in advice.optimizer and "from tx" in advice.table()
