@@ -44,6 +44,7 @@ from _timing import summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
+from spectrax_mpmd import _optim as staged  # noqa: E402
 from spectrax_mpmd._comm import is_transfer  # noqa: E402
 from spectrax_mpmd._runtime.measure import measure_peak_bytes  # noqa: E402
 from spectrax_mpmd._runtime.replay import replay  # noqa: E402
@@ -82,14 +83,20 @@ class TwoCalls:
         self.grad = mp.sxvalue_and_grad(loss_fn, mesh=mesh(), schedule=schedule)
         self.opt = mp.StagedOptimizer(tx, max_grad_norm=MAX_NORM)
         self.calls = 0
-        for name in ("_update", "_sq"):
-            setattr(self.opt, name, self._counted(getattr(self.opt, name)))
+        program = self.opt._program  # each jitted group update / norm program, counted per call
+        self.opt._program = lambda *a: self._counted(program(*a))
+        for name in ("_sqrt_sum", "_clip_scale"):  # the module's jitted norm helpers
+            setattr(staged, name, self._counted(getattr(staged, name)))
 
     def _counted(self, fn):
-        def call(*args):
-            self.calls += 1
-            return fn(*args)
+        if getattr(fn, "counted", False):
+            return fn
 
+        def call(*args, **kwargs):
+            self.calls += 1
+            return fn(*args, **kwargs)
+
+        call.counted = True
         return call
 
     def init(self, params, batch):
