@@ -22,6 +22,7 @@ import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_core.losses import softmax_cross_entropy
 from spectrax_core.models import Sampler, TransformerLM, generate, greedy_decode, left_pad
+from spectrax_mpmd._facade.generate.simulate import simulate_wavefront
 from spectrax_mpmd._facade.generate.wavefront import issue_order
 
 BATCH, STEPS = 4, 4
@@ -33,17 +34,21 @@ def lm():
 
 
 @functools.cache
-def decoder(n: int) -> mp.PipelineDecoder:
-    return mp.PipelineDecoder(lm(), mesh=pipeline_mesh(n))
+def decoder(n: int, one_device_ranks: bool = False) -> mp.PipelineDecoder:
+    """`n` ranks over all 8 devices, or (`one_device_ranks`) over one device each."""
+    mesh = mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
+    return mp.PipelineDecoder(lm(), mesh=mesh if one_device_ranks else pipeline_mesh(n))
 
 
 def prompt(length: int = 5):
     return jax.random.randint(jax.random.key(1), (BATCH, length), 0, 16)
 
 
-@pytest.mark.parametrize("n, groups", [(2, 1), (2, 2), (4, 4), (4, 2)])
-def test_greedy_wavefront_gives_the_unsplit_tokens(n, groups):
-    got = decoder(n).generate(prompt(), STEPS, groups=groups)
+@pytest.mark.parametrize(
+    "n, groups, one_device_ranks", [(2, 1, 0), (2, 2, 0), (4, 4, 0), (4, 2, 0), (4, 4, 1)]
+)
+def test_greedy_wavefront_gives_the_unsplit_tokens(n, groups, one_device_ranks):
+    got = decoder(n, bool(one_device_ranks)).generate(prompt(), STEPS, groups=groups)
     np.testing.assert_array_equal(got, greedy_decode(lm(), prompt(), STEPS))
 
 
@@ -115,3 +120,13 @@ def test_decoder_follows_the_training_step_without_copies_or_recompiles():
     assert compiles == []
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(want, greedy_decode(lm(), prompt(), STEPS))  # the update changed the tokens
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("groups", [1, 2, 3, 4, 8])
+def test_simulated_wavefront_keeps_every_rank_busy_once_groups_reach_ranks(n, groups):
+    rounds = 16  # equal costs: a round lasts max(g, n) cells; fill and drain add min(g, n) - 1
+    got = simulate_wavefront([1.0] * n, groups, rounds)
+    expected = rounds * groups / (rounds * max(groups, n) + min(groups, n) - 1)
+    assert got.utilisation == pytest.approx(expected)
+    assert got.busy == (rounds * groups,) * n

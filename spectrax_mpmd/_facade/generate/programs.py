@@ -5,6 +5,10 @@
 stage embeds, every stage runs its blocks over its own KV cache (donated, so it
 is updated in place on its rank), the last stage samples. Nothing else is
 computed, so a pipelined step does the unsplit step's arithmetic.
+
+`flat_step` is the compiled form the issue loop calls: the view, cache and
+state go in and out as flat lists of arrays (their tree structures are static
+arguments), so a call does no Python pytree work on the model's classes.
 """
 
 from __future__ import annotations
@@ -16,9 +20,6 @@ import jax
 from spectrax_core.models import lm_blocks, lm_embed, lm_sample_head
 
 
-@functools.partial(
-    jax.jit, static_argnames=("first", "last", "sampler", "pad_id"), donate_argnames=("cache", "state")
-)
 def stage_step(view, x, cache, starts, state, *, first: bool, last: bool, sampler=None, pad_id: int = 0):
     """`(out, cache, state)`: the residual stream for the next stage, or the sampled tokens when `last`."""
     if first:
@@ -28,3 +29,27 @@ def stage_step(view, x, cache, starts, state, *, first: bool, last: bool, sample
         return x, cache, state
     token, state = lm_sample_head(view, x, state, sampler, pad_id)
     return token, cache, state
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("trees", "first", "last", "sampler", "pad_id"),
+    donate_argnames=("cache", "state"),
+)
+def flat_step(
+    view, x, cache, starts, state, *, trees, first: bool, last: bool, sampler=None, pad_id: int = 0
+):
+    """`stage_step` over flat leaf lists; `trees` = the view's, cache's and state's tree structures."""
+    view_def, cache_def, state_def = trees
+    out, cache, state = stage_step(
+        jax.tree.unflatten(view_def, view),
+        x,
+        jax.tree.unflatten(cache_def, cache),
+        starts,
+        jax.tree.unflatten(state_def, state),
+        first=first,
+        last=last,
+        sampler=sampler,
+        pad_id=pad_id,
+    )
+    return out, jax.tree.leaves(cache), jax.tree.leaves(state)

@@ -20,21 +20,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectrax_core.models import GenState
-
-from .programs import stage_step
+from ..._comm import transfer
+from .programs import flat_step
 from .stages import StageLayout
 
 
 @dataclass
 class Group:
-    """One group's live values: its input on stage 0, caches and starts per stage, state, tokens so far."""
+    """One group's live values: its input on stage 0, caches and starts per stage, state, tokens so far.
+
+    Caches and state are flat lists of arrays; `trees` holds their structures
+    (one cache structure per stage, then the state's).
+    """
 
     x: jax.Array
     caches: list
     starts: list
-    state: GenState
+    state: list
     tokens: list
+    trees: tuple
 
 
 def issue_order(n_groups: int, n_stages: int) -> tuple[tuple[int, int], ...]:
@@ -51,17 +55,28 @@ def place_groups(views, layout: StageLayout, prompts, starts, states, max_len: i
         values += [prompt, state] + [start] * n_stages
         targets += [layout.sharding(0), layout.sharding(last)] + [layout.sharding(s) for s in range(n_stages)]
     placed = jax.device_put(values, targets)
+    size = prompts[0].shape[0]  # every group has the same size: one cache shape per stage
+    shapes = [jax.tree.flatten(jax.eval_shape(lambda v=v: v.blocks.init_cache(size, max_len))) for v in views]
     width, groups = 2 + n_stages, []
-    for i, prompt in enumerate(prompts):
+    for i in range(len(prompts)):
         mine = placed[i * width : (i + 1) * width]
-        caches = [_empty_cache(v, prompt.shape[0], max_len, layout.sharding(s)) for s, v in enumerate(views)]
-        groups.append(Group(x=mine[0], caches=caches, starts=list(mine[2:]), state=mine[1], tokens=[]))
+        caches = [
+            [jnp.zeros(a.shape, a.dtype, device=layout.sharding(s)) for a in leaves]
+            for s, (leaves, _) in enumerate(shapes)
+        ]
+        state, state_def = jax.tree.flatten(mine[1])
+        trees = (*(tree for _, tree in shapes), state_def)
+        groups.append(Group(mine[0], caches, list(mine[2:]), state, [], trees))
     return groups
 
 
-def _empty_cache(view, batch: int, max_len: int, sharding):
-    shapes = jax.eval_shape(lambda: view.blocks.init_cache(batch, max_len))
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype, device=sharding), shapes)
+def _mover(src, dst):
+    """`x -> x on dst`: JAX's C++ per-device copy between one-device ranks (where the layout cannot
+    differ), else `jax.device_put` (which also re-lays out an output the stage left sharded)."""
+    if len(src.device_set) == 1 and len(dst.device_set) == 1:
+        copy = transfer([src], [dst])
+        return lambda x: copy(x)[0]
+    return lambda x: jax.device_put(x, dst)
 
 
 def run_wavefront(
@@ -70,29 +85,38 @@ def run_wavefront(
     """Issue `steps` rounds; the tokens `(batch, steps)` in group order.
 
     With `record` (a list), each cell is waited for and `(rank, stage, group,
-    round, start_s, end_s)` appended: a measured timeline, not the fast path.
+    round, start, received, end)` appended (seconds; `received` is when its
+    input reached the rank): a measured timeline, not the fast path.
     """
-    n_stages, ranks = len(views), layout.ranks
+    n_stages, ranks, last = len(views), layout.ranks, len(views) - 1
+    flat, trees = [jax.tree.flatten(v) for v in views], groups[0].trees
+    no_state, none_def = [], jax.tree.structure(None)
+    calls = [
+        dict(trees=(flat[s][1], trees[s], trees[-1] if s == last else none_def), first=s == 0, last=s == last)
+        for s in range(n_stages)
+    ]
+    calls[last].update(sampler=sampler, pad_id=pad_id)  # only the last stage samples: others compile once
+    moves = [_mover(layout.sharding(s - 1), layout.sharding(s)) if s and ranks[s] != ranks[s - 1] else None
+             for s in range(n_stages)]  # fmt: skip
+    back = _mover(layout.sharding(last), layout.sharding(0)) if ranks[last] != ranks[0] else None
     order = issue_order(len(groups), n_stages)
-    moves = [s > 0 and ranks[s] != ranks[s - 1] for s in range(n_stages)]
-    back = ranks[-1] != ranks[0]
-    first_sharding, last = layout.sharding(0), n_stages - 1
-    tail = {"sampler": sampler, "pad_id": pad_id}  # only the last stage samples: others compile once
     for t in range(steps):
         for i, s in order:
             g, begin = groups[i], time.perf_counter()
-            x = jax.device_put(g.x, layout.sharding(s)) if moves[s] else g.x
-            out, g.caches[s], state = stage_step(
-                views[s], x, g.caches[s], g.starts[s], g.state if s == last else None,
-                first=s == 0, last=s == last, **(tail if s == last else {}),
-            )  # fmt: skip
+            x = g.x if moves[s] is None else moves[s](g.x)
+            if record is not None:
+                jax.block_until_ready(x)
+                received = time.perf_counter()
+            out, g.caches[s], state = flat_step(
+                flat[s][0], x, g.caches[s], g.starts[s], g.state if s == last else no_state, **calls[s]
+            )
             if record is not None:
                 jax.block_until_ready(out)
-                record.append((ranks[s], s, i, t, begin, time.perf_counter()))
+                record.append((ranks[s], s, i, t, begin, received, time.perf_counter()))
             if s < last:
                 g.x = out
                 continue
             g.state = state
             g.tokens.append(out)
-            g.x = jax.device_put(out, first_sharding) if back else out
+            g.x = out if back is None else back(out)
     return np.concatenate([np.stack(jax.device_get(g.tokens), axis=1) for g in groups], axis=0)
