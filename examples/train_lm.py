@@ -360,6 +360,8 @@ def main(argv=None) -> dict:
         f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
     )
     if not args.spmd and one_process:
+        # each rank decodes with the blocks the training step left on it (no gather, no copy);
+        # decoder.update(params) would follow a later optimizer step without recompiling
         decoder = mp.PipelineDecoder(params, mesh=mesh, schedule=schedule)
         sample = decoder.generate(prompt, args.sample_tokens)
         same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))

@@ -1,9 +1,11 @@
-"""Pipelined greedy decoding: each rank keeps its own blocks and their KV caches.
+"""Pipelined decoding and generation: each rank keeps its own blocks and their KV caches.
 
-The LM's blocks are cut into stages (`stage_blocks`); one `sxjit` program per
-stage runs a prefill or a one-token step. A stage's KV caches are read and
-written by that stage only, so they are placed on its rank once and never
-move; only the residual stream of the new tokens crosses ranks.
+The LM's blocks are cut into stages (`stage_blocks`). `generate` runs a
+wavefront of sequence groups through one program per stage (`generate/`);
+`step` runs one prefill or one-token step of a caller-held cache through
+`sxjit`. Either way a stage's KV caches are read and written by that stage
+only, so they are placed on its rank once and never move; only the residual
+stream of the new tokens crosses ranks.
 
 A cache write past `max_len` would be clamped inside the compiled program, so
 the decoder checks the lengths on the host before each step: it remembers how
@@ -17,17 +19,20 @@ import weakref
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
 from spectrax_core import apply
-from spectrax_core.models import greedy_decode, init_cache
+from spectrax_core.models import GenState, Sampler, check_generate, gen_state, init_cache
 from spectrax_core.nn import KVCache
 
 from .._api import sxjit
 from .._mesh import as_mpmd_mesh
 from .._stages import stage_blocks
 from ..errors import MpmdError
+from .generate.stages import StageLayout, check_same_model, place_views, stage_views
+from .generate.wavefront import place_groups, run_wavefront
 
 
 def _decode_step(lm, tokens, cache):
@@ -35,14 +40,39 @@ def _decode_step(lm, tokens, cache):
 
 
 class PipelineDecoder:
-    """Prefill and token-by-token decoding of a core LM (e.g. `TransformerLM`) across pipeline ranks."""
+    """Generation and token-by-token decoding of a core LM (`TransformerLM`) across pipeline ranks.
+
+    Built from a fresh model or from the params a pipelined training step
+    returned (then each leaf is used where the step left it); `update(params)`
+    takes new values of the same model without recompiling.
+    """
 
     def __init__(self, lm, *, mesh, schedule=None, stage_sizes: Sequence[int] | None = None):
         mesh = as_mpmd_mesh(mesh)
         v = schedule.virtual_stages if schedule is not None else 1
         self.lm = stage_blocks(lm, mesh.mpmd_dim * v, stage_sizes)
+        self._layout = StageLayout.of(mesh, len(self.lm.blocks.parts), schedule)
+        self._views = None  # each stage's share of `lm`, placed on its rank at first use
         self._step = sxjit(_decode_step, mesh=mesh, schedule=schedule, donate_argnums=2)
         self._written: dict[int, tuple[weakref.ref, int]] = {}  # id(cache index) -> (its ref, positions)
+
+    def update(self, params) -> PipelineDecoder:
+        """Use `params` (new values of the same model, e.g. after an optimizer step) from now on.
+
+        Leaves already on their stage's rank are used as they are; the
+        compiled programs are reused (same shapes, dtypes and placements).
+        """
+        params = stage_blocks(params, len(self.lm.blocks.parts), self.lm.blocks.sizes)
+        check_same_model(self.lm, params)
+        self.lm, self._views = params, None
+        return self
+
+    @property
+    def views(self) -> tuple:
+        """Each stage's share of the model (see `generate.stages`), on its rank."""
+        if self._views is None:
+            self._views = place_views(stage_views(self.lm), self._layout)
+        return self._views
 
     def init_cache(self, batch: int, max_len: int):
         """Empty caches, one per stage's blocks."""
@@ -69,9 +99,51 @@ class PipelineDecoder:
             self._remember(cache, written + length)
         return logits, cache
 
-    def generate(self, prompt: Array, steps: int, *, max_len: int | None = None) -> Array:
-        """The `steps` greedy tokens after `prompt`, as `spectrax_core.models.greedy_decode`."""
-        return greedy_decode(self.lm, prompt, steps, max_len=max_len, step=self.step)
+    def generate(
+        self,
+        prompt: Array,
+        max_new_tokens,
+        *,
+        max_len: int | None = None,
+        groups: int = 1,
+        lengths=None,
+        sampler: Sampler = Sampler(),
+        keys=None,
+        stop_tokens: Sequence[int] = (),
+        pad_id: int = 0,
+        record: list | None = None,
+    ) -> Array:
+        """New tokens `(batch, T)` after `prompt`, equal to `spectrax_core.models.generate`'s.
+
+        The batch is split into `groups` consecutive groups decoded as a
+        wavefront (`groups >= ranks` keeps every rank busy). The other
+        arguments are `spectrax_core.models.generate`'s: a left-padded
+        `prompt` with its `lengths`, `max_new_tokens` (an int or one per
+        sequence), a `sampler`, one PRNG key per sequence, stop tokens, and
+        `pad_id` for positions after a sequence finished. `record`: a list
+        that receives each cell's `(rank, stage, group, round, start, end)`,
+        waiting for every cell (a measured timeline, not the fast path).
+        """
+        starts, steps, max_len = check_generate(prompt, lengths, max_new_tokens, max_len, "PipelineDecoder")
+        batch = prompt.shape[0]
+        if not isinstance(groups, int) or groups < 1 or batch % groups:
+            raise MpmdError(
+                f"PipelineDecoder.generate: groups={groups!r} must be a positive int dividing the batch of "
+                f"{batch} sequences; pick a divisor of {batch} (groups >= ranks keeps every rank busy)."
+            )
+        state, size = gen_state(batch, max_new_tokens, keys, stop_tokens), batch // groups
+        parts = [slice(i * size, (i + 1) * size) for i in range(groups)]
+        prompt = np.asarray(prompt, np.int32)
+        placed = place_groups(
+            self.views,
+            self._layout,
+            [prompt[p] for p in parts],
+            [starts[p] for p in parts],
+            [_group_state(state, p) for p in parts],
+            max_len,
+        )
+        tokens = run_wavefront(self.views, self._layout, placed, steps, sampler, pad_id, record)
+        return jnp.asarray(tokens)
 
     def _remember(self, cache, written: int) -> None:
         index = _first_cache(cache).index
@@ -87,6 +159,17 @@ class PipelineDecoder:
         if isinstance(index, jax.Array) and not index.is_fully_addressable:
             return None
         return int(np.max(np.asarray(index)))
+
+
+def _group_state(state: GenState, part: slice) -> GenState:
+    """The state of the sequences in `part`."""
+    return GenState(
+        step=state.step,
+        done=state.done[part],
+        keys=state.keys[part],
+        max_new=state.max_new[part],
+        stop=state.stop,
+    )
 
 
 def _first_cache(cache) -> KVCache:

@@ -1,0 +1,138 @@
+"""Pipelined generation: host issue CPU per cell for g = 1, n, 2n groups; simulated rank
+utilisation from measured cell costs; tokens/s pipelined vs unsplit.
+
+The model is the main job's LM (byte vocabulary, d_model 128, 4 blocks, 4 heads),
+on `--ranks` pipeline ranks, a batch of `--batch` prompts of 8 tokens, `--tokens`
+new greedy tokens each. Rows (interleaved rounds, min / median / spread of wall
+time, the issuing thread's CPU time next to it):
+  pipelined g=1, g=n, g=2n   `PipelineDecoder.generate(..., groups=g)`
+  unsplit                    `spectrax_core.models.generate` on one device
+A cell is one rank's step of one group's token; its host CPU is the issuing
+thread's CPU per call divided by tokens x groups x stages.
+
+Utilisation: one run with `record=` waits for every cell and gives each stage's
+cost (median over decode rounds, the transfer to the next rank included); the
+wavefront model (`simulate_wavefront`) replays those costs for g = 1, n, 2n.
+On one CPU host the fake devices share the cores, so wall time cannot show a
+pipeline speed-up here; the figures are overhead and the modelled overlap.
+
+    python benchmarks/generate.py [--rounds 5] [--out benchmarks/results/generate.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from _timing import summary  # noqa: E402
+
+import spectrax_mpmd as mp  # noqa: E402
+from spectrax_core.models import TransformerLM, generate  # noqa: E402
+from spectrax_mpmd._facade.generate.simulate import simulate_wavefront  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default="benchmarks/results/generate.json")
+    return p.parse_args()
+
+
+def stage_costs(decoder, prompt, tokens: int, groups: int, n_stages: int) -> tuple[list[float], float]:
+    """Median seconds per stage cell, and per transfer between ranks, over the decode rounds of a run
+    that waits for every cell and transfer."""
+    record: list = []
+    decoder.generate(prompt, tokens, groups=groups, record=record)
+    decode = [cell for cell in record if cell[3] > 0]
+    cost = [
+        statistics.median(end - got for _, s, _, _, _, got, end in decode if s == k) for k in range(n_stages)
+    ]
+    comm = statistics.median(got - start for _, s, _, _, start, got, _ in decode if s > 0)
+    return cost, comm
+
+
+def main() -> dict:
+    args = parse()
+    n, batch, steps = args.ranks, args.batch, args.tokens
+    lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    prompt = jax.random.randint(jax.random.key(1), (batch, 8), 0, 256)
+    mesh = mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
+    decoder = mp.PipelineDecoder(lm, mesh=mesh)
+    group_counts = sorted({1, n, 2 * n} & {g for g in range(1, batch + 1) if batch % g == 0})
+    want = np.asarray(generate(lm, prompt, steps))
+    sides = {
+        f"pipelined g={g}": (lambda g=g: decoder.generate(prompt, steps, groups=g)) for g in group_counts
+    }
+    sides["unsplit"] = lambda: generate(lm, prompt, steps)
+    for name, fn in sides.items():  # warm up (compile) and check every side gives the same tokens
+        assert np.array_equal(np.asarray(fn()), want), name
+
+    wall = {k: [] for k in sides}
+    cpu = {k: [] for k in sides}
+    for _ in range(args.rounds):
+        for name, fn in sides.items():
+            w0, c0 = time.perf_counter(), time.thread_time()
+            jax.block_until_ready(fn())
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.thread_time() - c0)
+
+    rows = {k: summary(wall[k], cpu[k]) for k in sides}
+    print(f"{n} ranks, batch {batch}, {steps} new tokens, {args.rounds} interleaved rounds")
+    print(f"{'side':16s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s} "
+          f"{'tokens/s':>9s} {'cpu/cell us':>11s}")  # fmt: skip
+    for name, row in rows.items():
+        cells = steps * (int(name.split("=")[1]) * n if name != "unsplit" else 1)
+        row["tokens_per_s"] = batch * steps / (row["median_ms"] / 1e3)
+        row["cpu_per_cell_us"] = row["cpu_median_ms"] * 1e3 / cells
+        print(f"{name:16s} {row['min_ms']:11.2f} {row['median_ms']:8.2f} {row['spread']:7.2f} "
+              f"{row['cpu_median_ms']:13.2f} {row['tokens_per_s']:9.0f} {row['cpu_per_cell_us']:11.1f}")  # fmt: skip
+
+    cost, comm = stage_costs(decoder, prompt, steps, n, n)
+    print(
+        "measured stage cell costs (us): "
+        + ", ".join(f"{c * 1e6:.0f}" for c in cost)
+        + f"; transfer {comm * 1e6:.0f}"
+    )
+    utilisation = {}
+    for g in group_counts:
+        sim = simulate_wavefront(cost, g, steps, comm=comm)
+        utilisation[g] = sim.utilisation
+        print(
+            f"simulated utilisation g={g}: {sim.utilisation:.3f} (busiest rank {max(sim.busy) / sim.makespan:.3f})"
+        )
+    ratio = rows[f"pipelined g={n}"]["tokens_per_s"] / rows["unsplit"]["tokens_per_s"]
+    print(f"tokens/s pipelined g={n} / unsplit: {ratio:.2f}")
+
+    report = {
+        "ranks": n,
+        "batch": batch,
+        "tokens": steps,
+        "rounds": args.rounds,
+        "rows": rows,
+        "stage_cost_s": cost,
+        "transfer_s": comm,
+        "simulated_utilisation": utilisation,
+        "pipelined_vs_unsplit_tokens_per_s": ratio,
+        "device": str(jax.devices()[0].platform),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Generation with a KV cache: ragged (left-padded) prompts, sampling, stop tokens, per-sequence budgets.
+
+A step is three public pieces so a pipeline can cut it between blocks, exactly
+as the forward is cut: `lm_embed`, `lm_blocks` (the blocks with the padding
+mask and the cache) and `lm_sample_head` (final norm and head on the last
+position, then `next_tokens`). `generate` runs them unsplit on one device and
+is the reference a pipelined generator is checked against.
+
+Ragged prompts are left-padded to one length `L`: sequence `b`'s real tokens
+sit at `L - lengths[b] .. L - 1` and its new tokens follow at `L, L + 1, ...`,
+as for every other sequence, so the batch shares one cache index. The padding
+slots are masked out of every attention; positions (for RoPE) count from the
+padded start, which shifts all of a sequence's positions alike and so leaves
+its attention scores unchanged up to rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int
+
+from .._apply import apply
+from ._lm import TransformerLM, _check_tokens, init_cache, lm_embed, lm_head
+from ._sample import GenState, Sampler, gen_state, next_tokens
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Array, Array]:
+    """Token lists of different lengths → `(tokens (batch, longest), lengths (batch,))`, padded on the left."""
+    lengths = [len(p) for p in prompts]
+    if not prompts or min(lengths) < 1:
+        raise ValueError(f"left_pad: every prompt needs at least one token, received lengths {lengths}.")
+    longest = max(lengths)
+    tokens = np.full((len(prompts), longest), pad_id, np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, longest - len(p) :] = np.asarray(p, np.int32)
+    return jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32)
+
+
+def check_generate(prompt: Array, lengths, max_new_tokens, max_len: int | None, name: str = "generate"):
+    """Checked `(starts (batch,), new tokens T, max_len)` for a left-padded `prompt` `(batch, L)`.
+
+    `starts[b] = L - lengths[b]` is where sequence `b`'s real tokens begin; the
+    cache needs `L + T` positions, `T` the largest of `max_new_tokens`.
+    """
+    _check_tokens(name, prompt)
+    batch, length = prompt.shape
+    lengths = np.full((batch,), length) if lengths is None else np.asarray(lengths).reshape(-1)
+    if lengths.shape != (batch,) or lengths.min() < 1 or lengths.max() > length:
+        raise ValueError(
+            f"{name}: lengths must give each of the {batch} prompts a length in 1..{length} (the padded "
+            f"prompt length), received {lengths.tolist()}; build both with left_pad(prompts)."
+        )
+    steps = int(np.max(max_new_tokens))
+    max_len = length + steps if max_len is None else int(max_len)
+    if length + steps > max_len:
+        raise ValueError(
+            f"{name}: a prompt of {length} tokens plus {steps} new ones needs a cache of {length + steps} "
+            f"positions, but max_len is {max_len}; raise max_len or shorten the prompt or max_new_tokens."
+        )
+    return (length - lengths).astype(np.int32), steps, max_len
+
+
+def pad_mask(starts: Int[Array, " batch"], max_len: int) -> Array:
+    """`(batch, 1, 1, max_len)`: True where a cache slot holds a real token (at or after `starts[b]`)."""
+    return (jnp.arange(max_len)[None, :] >= starts[:, None])[:, None, None, :]
+
+
+def lm_blocks(blocks, x: Array, cache, starts: Int[Array, " batch"]):
+    """Run `blocks` over `x` continuing `cache`, with the left padding masked: `(x, new_cache)`."""
+    max_len = jax.tree.leaves(cache)[0].shape[-3]
+    return apply(blocks, x, mask=pad_mask(starts, max_len), cache=cache)
+
+
+def lm_sample_head(
+    lm: TransformerLM, x: Array, state: GenState, sampler: Sampler, pad_id: int
+) -> tuple[Array, GenState]:
+    """Head on the last position of `x` `(batch, length, d_model)`, then `next_tokens`."""
+    logits = lm_head(lm, x[:, -1:])[:, 0]
+    return next_tokens(logits, state, sampler, pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=("sampler", "pad_id"), donate_argnums=2)
+def lm_generate_step(lm: TransformerLM, tokens: Array, cache, starts, state: GenState, sampler, pad_id):
+    """One unsplit step: tokens `(batch, length)` (or `(batch,)`) → `(next tokens, cache, state)`."""
+    tokens = tokens[:, None] if tokens.ndim == 1 else tokens
+    x, cache = lm_blocks(lm.blocks, lm_embed(lm, tokens), cache, starts)
+    token, state = lm_sample_head(lm, x, state, sampler, pad_id)
+    return token, cache, state
+
+
+def generate(
+    lm: TransformerLM,
+    prompt: Array,
+    max_new_tokens,
+    *,
+    lengths=None,
+    sampler: Sampler = Sampler(),
+    keys=None,
+    stop_tokens: Sequence[int] = (),
+    pad_id: int = 0,
+    max_len: int | None = None,
+) -> Array:
+    """New tokens `(batch, T)` after the left-padded `prompt` `(batch, L)`, on one device.
+
+    `max_new_tokens`: an int or one per sequence (`T` is the largest).
+    `lengths`: each prompt's real length (default: all `L`; see `left_pad`).
+    `keys`: one PRNG key per sequence (see `gen_state`). A sequence finishes
+    after a stop token or its budget; its later positions hold `pad_id`.
+    """
+    starts, steps, max_len = check_generate(prompt, lengths, max_new_tokens, max_len)
+    state = gen_state(prompt.shape[0], max_new_tokens, keys, stop_tokens)
+    cache, starts, tokens = init_cache(lm, prompt.shape[0], max_len), jnp.asarray(starts), prompt
+    out = []
+    for _ in range(steps):
+        tokens, cache, state = lm_generate_step(lm, tokens, cache, starts, state, sampler, pad_id)
+        out.append(tokens)
+    return jnp.stack(out, axis=1)
