@@ -12,6 +12,9 @@ the script runs on 8 fake CPU devices.
     python examples/advise.py --layers 8 --virtual-stages 1 2   # interleaved and DualPipeV too
     python examples/advise.py --budgets-mib 0.8 1.5 --microbatches 4 8
     python examples/advise.py --d-model 256 --layers 16 --seq 256 --optimizer-states 2
+
+The optimizer is AdamW (its state on each parameter's rank, its update timed) unless
+`--optimizer-states k` asks for the estimate of k copies of each rank's parameters.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+import optax  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import apply, schedules  # noqa: E402
@@ -54,7 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--remat", action="store_true", help="recompute forwards in the backward")
     p.add_argument(
-        "--optimizer-states", type=float, default=2.0, help="optimizer state per parameter (Adam: 2)"
+        "--optimizer-states",
+        type=float,
+        default=None,
+        help="estimate the optimizer state as this many copies of the parameters (default: AdamW's own)",
     )
     p.add_argument(
         "--budgets-mib",
@@ -111,11 +118,13 @@ def main(argv=None) -> dict:
         schedules=[getattr(schedules, s) for s in args.schedules],
         microbatches=args.microbatches,
         virtual_stages=args.virtual_stages,
+        tx=optax.adamw(1e-3) if args.optimizer_states is None else None,
         optimizer_states=args.optimizer_states,
         remat=args.remat,
     )
     print(
-        f"profiled and simulated {len(advice.candidates)} configurations in {time.perf_counter() - start:.1f} s"
+        f"profiled and simulated {len(advice.candidates)} configurations in {time.perf_counter() - start:.1f} s "
+        f"({advice.profiles} profiled steps)"
     )
     if args.budgets_mib is not None:
         budgets = [int(b * MIB) for b in args.budgets_mib]
