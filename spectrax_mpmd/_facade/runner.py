@@ -130,27 +130,18 @@ class Runner:
         self.tx = tx
         if self.mpmd:
             schedule = schedule if schedule is not None else GPipe(microbatches=self.microbatches)
+            train = dict(
+                mesh=self.mesh,
+                schedule=schedule,
+                has_aux=has_aux,
+                batch_argnums=(2, 3),
+                rules=rules,
+                region_ranks=region_ranks,
+            )
             if tx is not None:
-                self.update_step = sxvalue_and_grad_and_apply(
-                    self._loss,
-                    tx,
-                    mesh=self.mesh,
-                    schedule=schedule,
-                    has_aux=has_aux,
-                    batch_argnums=(2, 3),
-                    rules=rules,
-                    region_ranks=region_ranks,
-                )
+                self.update_step = sxvalue_and_grad_and_apply(self._loss, tx, **train)
             if mode == "train":
-                self.step = sxvalue_and_grad(
-                    self._loss,
-                    mesh=self.mesh,
-                    schedule=schedule,
-                    has_aux=has_aux,
-                    batch_argnums=(2, 3),
-                    rules=rules,
-                    region_ranks=region_ranks,
-                )
+                self.step = sxvalue_and_grad(self._loss, **train)
             else:
                 self.step = sxjit(
                     self._forward_only,
