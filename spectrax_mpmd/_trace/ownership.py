@@ -57,13 +57,13 @@ class SplitCond:
         def branch(b: ClosedJaxpr) -> Callable:
             keep = sorted(needed_eqns(b.jaxpr.eqns, [b.jaxpr.outvars[k] for k in self.positions]))
 
-            def run(*ops):
+            def evaluate(*ops):  # only the equations this share's outputs need
                 local = dict(zip(b.jaxpr.constvars, b.consts))
                 local.update({b.jaxpr.invars[p]: x for (p, _), x in zip(self.operands, ops)})
                 eval_eqns([b.jaxpr.eqns[i] for i in keep], local)
                 return tuple(read(local, b.jaxpr.outvars[k]) for k in self.positions)
 
-            return run
+            return evaluate
 
         outs = jax.lax.switch(read(env, self.index), [branch(b) for b in self.branches], *args)
         env.update(zip(self.outvars, outs))
