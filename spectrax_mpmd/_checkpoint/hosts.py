@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import jax
 import numpy as np
@@ -65,13 +66,17 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax names a step folder so until it co
 
 
 @contextlib.contextmanager
-def removing_partial_steps(directory: Path):
+def removing_partial_steps(directory: Path, settle: Callable[[], None]):
     """On an error (a save that failed), remove the uncommitted step folders in `directory`, so
     that nothing partial stays where a restore or a later save of that step would look; then
-    raise. The writing process removes them; once orbax has raised, no save is in flight."""
+    raise. `settle()` first lets orbax's background work of that save end (its own errors are
+    the same failure, already being raised), so nothing writes into a folder being removed.
+    The writing process removes them."""
     try:
         yield
     except BaseException:
+        with contextlib.suppress(Exception):
+            settle()
         if jax.process_index() == PRIMARY:
             for partial in directory.glob(f"*{TMP_SUFFIX}*"):
                 shutil.rmtree(partial, ignore_errors=True)

@@ -123,12 +123,12 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
-        with removing_partial_steps(self.directory):
+        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Finish pending saves and release orbax's resources."""
-        with removing_partial_steps(self.directory):
+        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
             self._manager.close()
 
     def __enter__(self) -> CheckpointManager:
@@ -170,7 +170,7 @@ class CheckpointManager:
         items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
-        with removing_partial_steps(self.directory):
+        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
             return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
