@@ -28,8 +28,4 @@ def bind_pipeline(step, args: Sequence):
         )
         for k in pipe.argnums
     ]
-    g = trees[0] if len(trees) == 1 else tuple(trees)
-    if step.has_aux:
-        value = jax.tree.unflatten(pipe.out_tree, [loss, *aux_leaves])
-        return (value, g) if step.value else (g, value[1])
-    return (loss, g) if step.value else g
+    return step.result(pipe.out_tree, loss, aux_leaves, trees)

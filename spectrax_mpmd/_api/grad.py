@@ -226,14 +226,14 @@ class _StepFunction:
         self.last_plan = entry.plan
         out = entry.plan.output_slots
         trees = [treedef.unflatten([buf[s] for s in slots]) for treedef, slots in entry.grad_trees]
+        aux_leaves = [buf[out["aux"][j]] for j in sorted(out["aux"])]
+        return self.result(entry.out_tree, buf[out["loss"]], aux_leaves, trees)
+
+    def result(self, out_tree, loss, aux_leaves: list, trees: list):
+        """What a call returns, from the loss, the stacked aux leaves and one gradient tree per
+        differentiated argument: `(value, grads)`, or for `sxgrad` the gradients (and aux)."""
         grads = trees[0] if len(trees) == 1 else tuple(trees)
-        loss = buf[out["loss"]]
-        if self.has_aux:
-            aux_leaves = [buf[out["aux"][j]] for j in sorted(out["aux"])]
-            (_, aux) = jax.tree.unflatten(entry.out_tree, [loss, *aux_leaves])
-            value = (loss, aux)
-        else:
-            value = loss
+        value = jax.tree.unflatten(out_tree, [loss, *aux_leaves]) if self.has_aux else loss
         if self.value:
             return value, grads
         return (grads, value[1]) if self.has_aux else grads

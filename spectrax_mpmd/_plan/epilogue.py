@@ -106,7 +106,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         outs = [draft.new() for _ in piece.outs]
         for v, slot in zip(piece.outs, outs):
             where[(v, piece.rank)] = (slot, em.sharding(v, piece.rank))
-        pending.append((len(draft.steps), piece, located, outs))
+        pending.append((len(draft.steps), piece, located))
         draft.add(None, [s for s, _ in located], outs)  # the cell, made once donations are known
     results = [_output(em, v, default) for v in part.outvars]
     everywhere = [  # what every process returns: small values a later call may read on any rank
@@ -120,7 +120,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     for k, step in enumerate(draft.steps):
         for i in step.ins:
             last_read[i] = k
-    for k, piece, located, outs in pending:
+    for k, piece, located in pending:
         donate = _donations(piece, located, k, last_read, donatable)
         spec = CellSpec(
             piece.function(part.consts),
