@@ -25,6 +25,7 @@ from .._runtime import (
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import inside_train_step
+from .._trace.policy import stage_offload, stage_remat
 from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
@@ -56,6 +57,7 @@ class _StepFunction:
         schedule,
         has_aux=False,
         remat=False,
+        offload=False,
         rules=None,
         batch_argnums=None,
         static_argnums=(),
@@ -78,6 +80,10 @@ class _StepFunction:
         self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
         self.region_ranks = region_ranks
         self.value, self.reduce = value, reduce
+        self.offload = offload
+        if self.schedule_error is None:  # bad per-stage values fail here, before any call
+            stage_remat(remat, self.n_stages)
+            stage_offload(offload, self.n_stages)
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
@@ -130,7 +136,8 @@ class _StepFunction:
             keys=kinds.keys,
             param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
             reduce=self.reduce,
-            remat=self.remat,
+            remat=stage_remat(self.remat, len(graph.stages)),
+            offload=stage_offload(self.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
@@ -251,7 +258,8 @@ def sxvalue_and_grad(
     mesh,
     schedule=None,
     has_aux: bool = False,
-    remat: bool = False,
+    remat=False,
+    offload=False,
     rules=None,
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
@@ -272,7 +280,12 @@ def sxvalue_and_grad(
     microbatch losses, and the gradients are its exact gradients, each leaf on
     the submesh of the rank that owns it (the first stage that reads it).
     `remat=True` recomputes each stage's forward in its backward instead of
-    keeping residuals. `rules` (a `spectrax_core.sharding` rules object) shards
+    keeping residuals; a `jax.checkpoint_policies` name (`"dots_saveable"`)
+    keeps what that policy saves; a sequence (one per model stage) or mapping
+    (`{stage: value}`) sets it per stage. `offload` keeps saved residuals and
+    the I->W stash in host memory between their cell and their reader (`True`,
+    a share of the bytes, `"residuals"`, `"stash"`, an `mp.Offload`, or per
+    stage like `remat`; see `docs/planner.md`). `rules` (a `spectrax_core.sharding` rules object) shards
     each stage's parameters over its submesh; default replicated.
 
     A function with `sxstage_region`s runs each region's stages on its own ranks
@@ -289,6 +302,7 @@ def sxvalue_and_grad(
         schedule=schedule,
         has_aux=has_aux,
         remat=remat,
+        offload=offload,
         rules=rules,
         batch_argnums=batch_argnums,
         static_argnums=static_argnums,
@@ -305,7 +319,8 @@ def sxgrad(
     mesh,
     schedule=None,
     has_aux: bool = False,
-    remat: bool = False,
+    remat=False,
+    offload=False,
     rules=None,
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
@@ -320,6 +335,7 @@ def sxgrad(
         schedule=schedule,
         has_aux=has_aux,
         remat=remat,
+        offload=offload,
         rules=rules,
         batch_argnums=batch_argnums,
         static_argnums=static_argnums,

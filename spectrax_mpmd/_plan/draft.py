@@ -58,7 +58,9 @@ class Draft:
         self.action_steps.append((rank, action, start, len(self.steps)))
 
     def fuse_since(self, start: int) -> None:
-        """Merge the cell steps added since `start` into one executable; transfers follow it."""
+        """Merge the cell steps added since `start` into one executable; transfers that move what
+        the cells made follow it, those that bring what they read (a reload from host memory)
+        precede it."""
         new = self.steps[start:]
         cells = [st for st in new if isinstance(st.fn, CellSpec)]
         if len(cells) < 2:
@@ -72,4 +74,7 @@ class Draft:
         ins = [i for st in cells for i in st.ins]
         outs = [o for st in cells for o in st.outs]
         rest = [st for st in new if not isinstance(st.fn, CellSpec)]
-        self.steps[start:] = [Step(self.fused[parts], tuple(ins), tuple(outs)), *rest]
+        made = set(outs)
+        before = [st for st in rest if not made.intersection(st.ins)]
+        after = [st for st in rest if made.intersection(st.ins)]
+        self.steps[start:] = [*before, Step(self.fused[parts], tuple(ins), tuple(outs)), *after]

@@ -17,6 +17,7 @@ from .._runtime.slots import (
     InputCotangent,
     LossAccumulator,
     MicrobatchIndex,
+    Offloaded,
     Residual,
     Result,
     StageOutput,
@@ -24,7 +25,7 @@ from .._runtime.slots import (
 )
 from .draft import Draft
 from .layout import Layout
-from .programs import StageProgram
+from .programs import StageProgram, host_copy
 
 
 def move(draft: Draft, pairs: list[tuple]) -> None:
@@ -111,12 +112,34 @@ def _input_cotangents(draft: Draft, layout: Layout, p: StageProgram, i: int) -> 
 
 def residual_slots(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> list[int]:
     """The slots of stage `s`'s residuals for microbatch `i`, in the backward's order: inputs
-    the backward reads as they are, then what the forward computed."""
+    the backward reads as they are, then what the forward computed (an offloaded one moved
+    back to the device first, see `reload`)."""
     ins, made = cell_inputs(draft, layout, p, s, i), iter(range(p.n_res))
-    return [
-        ins[src] if src is not None else draft.slot(Residual(s, i, next(made)))
-        for src in p.cells.residual_sources
-    ]
+    computed = reload(draft, "residuals", s, i, p.n_res, p.offload_res, p.res_specs)
+    return [ins[src] if src is not None else computed[next(made)] for src in p.cells.residual_sources]
+
+
+def offload(draft: Draft, kind: str, s: int, i: int, made: list[int], chosen: tuple, specs: list) -> None:
+    """Move the values at positions `chosen` of `made` (stage `s`'s residuals or stash for
+    microbatch `i`) to host memory, as `Offloaded` slots; the device buffers are freed."""
+    if chosen:
+        pairs = [(made[k], Offloaded(kind, s, i, k), *reversed(host_copy(specs[k]))) for k in chosen]
+        move(draft, pairs)
+
+
+def reload(draft: Draft, kind: str, s: int, i: int, count: int, chosen: tuple, specs: list) -> list[int]:
+    """The slots of stage `s`'s `count` saved values of `kind` for microbatch `i`, those at
+    positions `chosen` copied back from host memory by one transfer issued just before the
+    cell that reads them (a fresh device copy per reading cell, freed after it)."""
+    key = Residual if kind == "residuals" else Stash
+    slots = [draft.slot(key(s, i, k)) for k in range(count)]
+    if chosen:
+        fresh = {k: draft.new() for k in chosen}
+        device, host = zip(*(host_copy(specs[k]) for k in chosen))
+        fn = transfer(list(host), list(device))
+        draft.add(fn, [draft.slot(Offloaded(kind, s, i, k)) for k in chosen], list(fresh.values()))
+        slots = [fresh.get(k, slot) for k, slot in enumerate(slots)]
+    return slots
 
 
 def emit_loss_step(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> None:
@@ -144,21 +167,25 @@ def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> 
         return "-"
     if kind == "F":
         emit_forward(draft, layout, p, p.specs["F"], s, i, p.n_res)
+        made = [draft.slot(Residual(s, i, k)) for k in range(p.n_res)]
+        offload(draft, "residuals", s, i, made, p.offload_res, p.res_specs)
         return "F"
-    res = residual_slots(draft, layout, p, s, i)
     cts = [draft.slot(Cotangent(k, i)) for group in p.io.ct_edges for k in group]
     acc = [draft.slot(GradAccumulator(s, leaf)) for leaf in p.io.params]
     ct_out = _input_cotangents(draft, layout, p, i)
     if kind == "B":
-        draft.add(p.specs["B"], res + cts + acc, acc + ct_out)
+        draft.add(p.specs["B"], residual_slots(draft, layout, p, s, i) + cts + acc, acc + ct_out)
         send_cotangents(draft, layout, p, i)
         return kind
-    stash = [draft.slot(Stash(s, i, k)) for k in range(p.n_stash)]
     if kind == "I":
+        stash = [draft.slot(Stash(s, i, k)) for k in range(p.n_stash)]
         if ct_out or stash:  # an I cell with nothing to return (first stage, no stash) is skipped
-            draft.add(p.specs["I"], res + cts, ct_out + stash)
+            draft.add(p.specs["I"], residual_slots(draft, layout, p, s, i) + cts, ct_out + stash)
         send_cotangents(draft, layout, p, i)
+        offload(draft, "stash", s, i, stash, p.offload_stash, p.stash_specs)
     else:
+        res = residual_slots(draft, layout, p, s, i)
+        stash = reload(draft, "stash", s, i, p.n_stash, p.offload_stash, p.stash_specs)
         draft.add(p.specs["W"], res + cts + stash + acc, acc)
     return kind
 

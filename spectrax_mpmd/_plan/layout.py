@@ -29,7 +29,9 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, how microbatch losses are reduced, and the program run on
+    leaves, parameter PartitionSpecs, how microbatch losses are reduced, what each model stage
+    keeps for its backward (`remat`: one value or one per model stage; `offload`: one `Offload` per
+    model stage, empty for none; see `spectrax_mpmd._trace.policy`), and the program run on
     the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
 
     params: tuple = ()
@@ -39,7 +41,8 @@ class PlanArgs:
     donated: frozenset = frozenset()
     param_specs: dict = field(default_factory=dict)
     reduce: str = "mean"
-    remat: bool = False
+    remat: bool | str | tuple = False
+    offload: tuple = ()
     epilogue: object = None
 
 

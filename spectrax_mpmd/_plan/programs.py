@@ -8,6 +8,7 @@ submesh) is compiled early so the specs that read its outputs can name them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._trace.cells import StageCells, StageIO
+from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded
 from .layout import Layout, PlanArgs
 
 
@@ -22,7 +24,8 @@ from .layout import Layout, PlanArgs
 class StageProgram:
     """One stage's input/output map, cell functions and cell specs by kind (`F`, `B`, `I`,
     `W`; the last stage's `FB`), with how many residuals its forward saves and how many
-    values its I cell stashes per microbatch."""
+    values its I cell stashes per microbatch, their specs, and which of them live in host
+    memory between their cell and their reader (positions among `res_specs`, `stash_specs`)."""
 
     io: StageIO
     cells: StageCells
@@ -31,6 +34,11 @@ class StageProgram:
     n_res: int = 0
     n_stash: int = 0
     forwards: dict = field(default_factory=dict)  # (keep residuals, donated positions) -> spec
+    offload: Offload = NO_OFFLOAD
+    res_specs: list = field(default_factory=list)  # the residuals the forward returns
+    stash_specs: list = field(default_factory=list)
+    offload_res: tuple = ()
+    offload_stash: tuple = ()
 
 
 def stage_ios(layout: Layout, args: PlanArgs, m: int) -> list[StageIO]:
@@ -61,13 +69,29 @@ def input_specs(layout: Layout, io: StageIO, s: int, args: PlanArgs) -> list:
     return specs
 
 
-def programs_of(layout: Layout, args: PlanArgs, m: int, remat: bool) -> list[StageProgram]:
-    """Every stage's program record, no cell spec built yet."""
+def programs_of(layout: Layout, args: PlanArgs, m: int, remat) -> list[StageProgram]:
+    """Every stage's program record, no cell spec built yet. `remat` and `args.offload` are one
+    value for every stage or a tuple with one per model stage."""
     programs = []
     for s, io in enumerate(stage_ios(layout, args, m)):
         specs = input_specs(layout, io, s, args)
-        programs.append(StageProgram(io, StageCells(io, m, remat, specs, args.reduce), specs))
+        model = layout.model[s]
+        cells = StageCells(io, m, remat[model] if isinstance(remat, tuple) else remat, specs, args.reduce)
+        offload = args.offload[model] if args.offload else NO_OFFLOAD
+        programs.append(StageProgram(io, cells, specs, offload=offload))
     return programs
+
+
+def host_copy(spec) -> tuple:
+    """`(device sharding, host sharding)` of a saved value with spec `spec`."""
+    return spec.sharding, spec.sharding.with_memory_kind(HOST)
+
+
+def _nbytes(spec) -> int:
+    """Bytes of a saved value, as offload selection counts them (a typed PRNG key: 0, never moved)."""
+    if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):
+        return 0
+    return math.prod(spec.shape) * jnp.dtype(spec.dtype).itemsize
 
 
 def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, donate: tuple = ()) -> CellSpec:
@@ -124,6 +148,8 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         skip = len(io.stage.edge_outputs) + len(io.stage.results)
         produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
     p.n_res = len(produced)
+    p.res_specs = produced
+    p.offload_res = offloaded([_nbytes(a) for a in produced], p.offload.residuals)
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
@@ -147,7 +173,8 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
     else:
         stash = ()
-    stash_specs = _made(compiler, p.specs["I"], len(ct_in_sh), free, stash)
+    stash_specs = p.stash_specs = _made(compiler, p.specs["I"], len(ct_in_sh), free, stash)
+    p.offload_stash = offloaded([_nbytes(a) for a in stash_specs], p.offload.stash)
     n_w_in = n_read + p.n_stash
     p.specs["W"] = CellSpec(
         w_fn,

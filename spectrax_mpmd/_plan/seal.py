@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 
 from .._compile.compiler import CellSpec, Compiler
 from .._runtime.plan import Plan, Step
-from .._runtime.slots import Activation, Input, Residual, Stash
+from .._runtime.slots import Activation, Input, Offloaded, Residual, Stash
 from .draft import Draft
 from .layout import REPLICATED, Layout
 from .localize import localize
@@ -95,7 +95,7 @@ def describe_training(draft: Draft, layout: Layout, programs: list[StageProgram]
     each forward and I cell keeps per microbatch."""
     activation_slots: dict = {}
     for key, slot in draft.named.items():
-        if isinstance(key, (Residual, Stash)):
+        if isinstance(key, (Residual, Stash, Offloaded)):
             activation_slots[slot] = (layout.ranks[key.stage], key.stage, key.microbatch)
         elif isinstance(key, Activation) and _kept_for_backward(
             layout, programs, layout.graph.edges[key.edge]

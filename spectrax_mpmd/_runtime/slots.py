@@ -87,6 +87,17 @@ class Stash:
 
 
 @dataclass(frozen=True)
+class Offloaded:
+    """A saved value kept in host memory until its reader: residual `k` (`kind="residuals"`) or
+    stash value `k` (`kind="stash"`) of stage `stage`, per microbatch."""
+
+    kind: str
+    stage: int
+    microbatch: int
+    k: int
+
+
+@dataclass(frozen=True)
 class Activation:
     """The value edge `edge` carries, received on its consumer's rank."""
 

@@ -123,8 +123,12 @@ class StageIO:
 class StageCells:
     """The cell functions of one stage (see the module docstring for argument order)."""
 
-    def __init__(self, io: StageIO, microbatches: int, remat: bool, in_avals: Sequence, reduce: str = "mean"):
-        self.io, self.remat = io, remat
+    def __init__(self, io: StageIO, microbatches: int, remat, in_avals: Sequence, reduce: str = "mean"):
+        """`remat`: False (the backward reads the vjp's residuals), True (it reads the stage's inputs
+        and recomputes the forward) or a `jax.checkpoint_policies` name (the vjp of the stage under
+        `jax.checkpoint` with that policy: its residuals are what the policy saves)."""
+        self.io, self.remat = io, remat is True
+        self.policy = getattr(jax.checkpoint_policies, remat) if isinstance(remat, str) else None
         self.loss_divisor = microbatches if reduce == "mean" else 1
         self.in_avals = list(in_avals)
 
@@ -132,7 +136,10 @@ class StageCells:
         """`jax.vjp` of the stage w.r.t. its parameters and differentiable inputs."""
         P, X, Bf, idx, A = self.io.split_inputs(flat)
         A_diff = [A[k] for k in self.io.diff_in]
-        return jax.vjp(self.io.differentiable_fn(X, Bf, idx, A), P, A_diff, has_aux=True)
+        f = self.io.differentiable_fn(X, Bf, idx, A)
+        if self.policy is not None:
+            f = jax.checkpoint(f, policy=self.policy)
+        return jax.vjp(f, P, A_diff, has_aux=True)
 
     # -- forward ---------------------------------------------------------------------
     def forward_only(self, *flat):
