@@ -13,6 +13,13 @@ state and the step's inputs for the whole step; on top of that, each
   end of the backward;
 * an I cell's stash for its W (`stash`), from the end of I to the end of W.
 
+Saved values can be offloaded: `host_residuals` and `host_stash` are the bytes
+of residuals and stash kept in host memory instead, from the end of the cell
+that makes them to the start of the first backward cell that reads them (B, I
+or W for residuals, W for the stash; a reading cell gets its own device copy
+for its duration, a temporary like any other). `peak_bytes(..., kind="host")`
+sweeps those; the default `kind="device"` the rest.
+
 "The end of the backward" is the end of B, or of W when the backward is split.
 The last stage computes its input cotangent together with its forward (a fused
 loss cell), so the cotangent it sends arrives at the end of that forward.
@@ -30,7 +37,7 @@ from dataclasses import dataclass, fields
 from ._flow import DeadlockError, Flow, issue_order
 from ._timeline import Timeline
 
-_PER_STAGE = ("inputs", "kept_inputs", "residuals", "grads", "stash")
+_PER_STAGE = ("inputs", "kept_inputs", "residuals", "grads", "stash", "host_residuals", "host_stash")
 _PER_RANK = ("params", "accumulators", "optimizer", "other")
 
 
@@ -46,6 +53,8 @@ class StageMemory:
     `accumulators` (gradients summed over microbatches, and the loss),
     `optimizer` (the optimizer's state, an estimate) and `other` (the batch and
     other arguments placed on the rank, constants), all held for the whole step.
+    `host_residuals[s]` and `host_stash[s]` are the residual and stash bytes kept
+    in host memory (empty: none; `residuals` and `stash` count the device part).
     """
 
     inputs: tuple[int, ...]
@@ -57,8 +66,13 @@ class StageMemory:
     accumulators: tuple[int, ...]
     optimizer: tuple[int, ...]
     other: tuple[int, ...]
+    host_residuals: tuple[int, ...] = ()
+    host_stash: tuple[int, ...] = ()
 
     def __post_init__(self):
+        for name in ("host_residuals", "host_stash"):
+            if getattr(self, name) == ():
+                object.__setattr__(self, name, (0,) * len(self.inputs))
         for group, names in (("stage", _PER_STAGE), ("rank", _PER_RANK)):
             sizes = {name: getattr(self, name) for name in names}
             count = len(sizes[names[0]])
@@ -90,8 +104,11 @@ class StageMemory:
         return {f.name: list(getattr(self, f.name)) for f in fields(self)}
 
 
-def peak_bytes(timeline: Timeline, memory: StageMemory, order: str = "issue") -> tuple[int, ...]:
-    """Per rank, the most bytes it holds at once over `timeline`'s step (see the module docstring).
+def peak_bytes(
+    timeline: Timeline, memory: StageMemory, order: str = "issue", kind: str = "device"
+) -> tuple[int, ...]:
+    """Per rank, the most bytes it holds at once over `timeline`'s step (see the module docstring),
+    in device memory (`kind="device"`) or in host memory (`kind="host"`: offloaded values).
 
     `order="issue"` (default) follows the order one host thread issues the cells:
     every rank's cells in table order, merged round-robin, one cell per rank per
@@ -105,6 +122,8 @@ def peak_bytes(timeline: Timeline, memory: StageMemory, order: str = "issue") ->
         raise TypeError(f"peak_bytes: memory must be a StageMemory, received {type(memory).__name__}.")
     if order not in ("issue", "time"):
         raise ValueError(f"peak_bytes: order must be 'issue' or 'time', received {order!r}.")
+    if kind not in ("device", "host"):
+        raise ValueError(f"peak_bytes: kind must be 'device' or 'host', received {kind!r}.")
     if memory.ranks != timeline.n:
         raise ValueError(
             f"peak_bytes: the StageMemory has {memory.ranks} ranks but the timeline has {timeline.n}; "
@@ -117,9 +136,11 @@ def peak_bytes(timeline: Timeline, memory: StageMemory, order: str = "issue") ->
             "give one byte count per logical stage."
         )
     if order == "issue":
-        return _peaks(_issued(timeline.events, stages), 0.0, memory)
-    rows = [[(e.rank, e.cell, e.start, e.end) for e in row] for row in timeline.events]
-    return _peaks(rows, float(timeline.cost.comm), memory)
+        rows = _issued(timeline.events, stages)
+    else:
+        rows = [[(e.rank, e.cell, e.start, e.end) for e in row] for row in timeline.events]
+    comm = 0.0 if order == "issue" else float(timeline.cost.comm)
+    return _host_peaks(rows, memory) if kind == "host" else _peaks(rows, comm, memory)
 
 
 def _issued(events, stages: int) -> list[list[tuple]]:
@@ -177,6 +198,38 @@ def _peaks(rows, comm: float, memory: StageMemory) -> tuple[int, ...]:
     for rank, row in enumerate(marks):
         live = peak = memory.static(rank)
         for _, delta in sorted(row):  # at equal times a release (negative) sorts first
+            live += delta
+            peak = max(peak, live)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def _host_peaks(rows, memory: StageMemory) -> tuple[int, ...]:
+    """Sweep each rank's host holdings over `rows`: offloaded residuals from the end of F to the
+    start of the last backward cell that reads them (W when split, else B), the offloaded stash
+    from the end of I to the start of W."""
+    where = {
+        (a.kind, a.stage, a.microbatch): (rank, start, end)
+        for row in rows
+        for rank, cell, start, end in row
+        for a in cell.parts
+    }
+    marks: list[list[tuple[float, int]]] = [[] for _ in rows]
+    for (kind, s, mb), (rank, _, f_end) in where.items():
+        if kind != "F":
+            continue
+        reader = where.get(("W", s, mb)) or where.get(("B", s, mb)) or where.get(("I", s, mb))
+        if reader is not None and memory.host_residuals[s] and reader[1] > f_end:
+            marks[rank] += [(f_end, memory.host_residuals[s]), (reader[1], -memory.host_residuals[s])]
+        if ("I", s, mb) in where and ("W", s, mb) in where and memory.host_stash[s]:
+            marks[rank] += [
+                (where[("I", s, mb)][2], memory.host_stash[s]),
+                (where[("W", s, mb)][1], -memory.host_stash[s]),
+            ]
+    peaks = []
+    for row in marks:
+        live = peak = 0
+        for _, delta in sorted(row):
             live += delta
             peak = max(peak, live)
         peaks.append(peak)

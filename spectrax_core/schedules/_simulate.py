@@ -25,8 +25,8 @@ def simulate(
     """Run `schedule.actions(n)` on the cost model `cost` and return its `Timeline`.
 
     With `memory` (a `StageMemory`), the timeline's `peak_bytes` holds each
-    rank's peak in bytes, the buffers following the host's issue order (see
-    `peak_bytes`).
+    rank's peak in device bytes and `peak_host_bytes` in host bytes, the buffers
+    following the host's issue order (see `peak_bytes`).
 
     Raises `ScheduleError` (a `ValueError`) when the table is malformed (see
     `check_table`) or deadlocks (every unfinished rank waits on an input that
@@ -64,7 +64,10 @@ def simulate(
         free[r] = end
         events[r].append(Event(r, cell, start, end))
     timeline = _timeline(schedule, n, cost, events)
-    return timeline if memory is None else replace(timeline, peak_bytes=peak_bytes(timeline, memory))
+    if memory is None:
+        return timeline
+    device, host = peak_bytes(timeline, memory), peak_bytes(timeline, memory, kind="host")
+    return replace(timeline, peak_bytes=device, peak_host_bytes=host)
 
 
 def walk_table(schedule, n: int, table, flow: Flow) -> list[tuple[int, Cell, tuple]]:

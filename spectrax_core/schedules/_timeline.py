@@ -100,8 +100,9 @@ class Timeline:
     `peak_activations[r]` is the most (stage, microbatch) activations live on
     rank r at once (live from the start of F to the end of B, or of W when the
     backward is split). `stage_labels` name the stages in grids and traces
-    (empty: their numbers). `peak_bytes[r]` is rank r's peak in bytes when `simulate`
-    was given a `StageMemory` (None otherwise).
+    (empty: their numbers). `peak_bytes[r]` is rank r's peak in device bytes when `simulate`
+    was given a `StageMemory` (None otherwise), `peak_host_bytes[r]` its peak in host bytes
+    (values offloaded between their cell and their reader).
     """
 
     schedule_name: str
@@ -115,3 +116,4 @@ class Timeline:
     peak_activations: tuple[int, ...]
     stage_labels: tuple[str, ...] = ()
     peak_bytes: tuple[int, ...] | None = None
+    peak_host_bytes: tuple[int, ...] | None = None

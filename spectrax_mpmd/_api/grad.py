@@ -19,6 +19,7 @@ from .._runtime import (
     StageProfile,
     action_spans,
     measure_peak_bytes,
+    measure_peak_bytes_by_kind,
     measured_timeline,
     peak_activations,
     stage_profile,
@@ -171,12 +172,18 @@ class _StepFunction:
         return peak_activations(entry.plan, entry.place(self.placer, leaves))
 
     def measure_peak_bytes(self, *args) -> tuple[int, ...]:
-        """Run one step and return, per rank, the most bytes alive on its devices between actions
+        """Run one step and return, per rank, the most device bytes alive on its devices between actions
         (its most loaded device: parameters, batch, accumulators and every activation, residual,
         stash and cotangent in flight; temporaries inside a cell are not counted). The step's
         results are discarded."""
         entry, leaves = self._entry(args)
         return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
+
+    def measure_peak_bytes_by_kind(self, *args) -> dict[str, tuple[int, ...]]:
+        """Like `measure_peak_bytes`, per memory kind: `{"device": per rank, "host": per rank}`
+        (host: residuals and stashes offloaded with `offload=`)."""
+        entry, leaves = self._entry(args)
+        return measure_peak_bytes_by_kind(entry.plan, entry.place(self.placer, leaves))
 
     def measure_timeline(self, *args) -> Timeline:
         """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.

@@ -94,18 +94,23 @@ class _Copy:
         return self.put(*arrays)
 
     def public(self) -> "_Put":
-        return _Put(self.targets)
+        return _Put(self.targets, self.sources)
 
 
 class _Put:
-    """The public `jax.device_put` of several buffers (a one-device target given as its device,
-    which costs the host about half as much and places the same)."""
+    """The public `jax.device_put` of several buffers (a one-device target in device memory given
+    as its device, which costs the host about half as much and places the same; a target in
+    another memory kind, such as host memory, as its sharding)."""
 
     __slots__ = ("targets", "where", "single", "sources")
 
-    def __init__(self, targets: Sequence[Sharding]):
+    def __init__(self, targets: Sequence[Sharding], sources: Sequence[Sharding] | None = None):
         self.targets, self.sources = list(targets), None
-        self.where = [next(iter(s.device_set)) if len(s.device_set) == 1 else s for s in targets]
+        kinds = [t.memory_kind for t in (*targets, *(sources or ()))]
+        in_device = all(kind in (None, "device") for kind in kinds)
+        self.where = [
+            next(iter(t.device_set)) if len(t.device_set) == 1 and in_device else t for t in targets
+        ]
         self.single = self.where[0] if len(self.where) == 1 else None
 
     def __call__(self, *arrays):
@@ -138,7 +143,7 @@ class _Mixed:
         return out
 
     def public(self) -> _Put:
-        return _Put(self.targets)
+        return _Put(self.targets, self.sources)
 
 
 def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callable:
@@ -152,7 +157,7 @@ def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callab
     if all(fast):
         move = _Copy(targets)
     elif not any(fast):
-        move = _Put(targets)
+        move = _Put(targets, sources)
     else:
         move = _Mixed(targets, fast)
     move.sources = list(sources)

@@ -8,7 +8,6 @@ submesh) is compiled early so the specs that read its outputs can name them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import jax
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._trace.cells import StageCells, StageIO
-from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded
+from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded, saved_bytes
 from .layout import Layout, PlanArgs
 
 
@@ -87,13 +86,6 @@ def host_copy(spec) -> tuple:
     return spec.sharding, spec.sharding.with_memory_kind(HOST)
 
 
-def _nbytes(spec) -> int:
-    """Bytes of a saved value, as offload selection counts them (a typed PRNG key: 0, never moved)."""
-    if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):
-        return 0
-    return math.prod(spec.shape) * jnp.dtype(spec.dtype).itemsize
-
-
 def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, donate: tuple = ()) -> CellSpec:
     """Stage `s`'s forward: edge outputs, results, and (with `residuals`) the saved residuals."""
     key = (residuals, donate)
@@ -149,7 +141,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
     p.n_res = len(produced)
     p.res_specs = produced
-    p.offload_res = offloaded([_nbytes(a) for a in produced], p.offload.residuals)
+    p.offload_res = offloaded([saved_bytes(a) for a in produced], p.offload.residuals)
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
@@ -174,7 +166,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     else:
         stash = ()
     stash_specs = p.stash_specs = _made(compiler, p.specs["I"], len(ct_in_sh), free, stash)
-    p.offload_stash = offloaded([_nbytes(a) for a in stash_specs], p.offload.stash)
+    p.offload_stash = offloaded([saved_bytes(a) for a in stash_specs], p.offload.stash)
     n_w_in = n_read + p.n_stash
     p.specs["W"] = CellSpec(
         w_fn,

@@ -2,7 +2,14 @@
 built on it (timelines, peak activations and bytes, the host and stage profiles)."""
 
 from .host_profile import HostProfile, HostRow, host_profile
-from .measure import action_spans, measure_peak_bytes, measured_timeline, peak_activations, stage_memory
+from .measure import (
+    action_spans,
+    measure_peak_bytes,
+    measure_peak_bytes_by_kind,
+    measured_timeline,
+    peak_activations,
+    stage_memory,
+)
 from .plan import Plan, Step
 from .stage_profile import CellProfile, StageProfile, stage_profile
 
@@ -12,6 +19,7 @@ __all__ = [
     "host_profile",
     "action_spans",
     "measure_peak_bytes",
+    "measure_peak_bytes_by_kind",
     "measured_timeline",
     "peak_activations",
     "stage_memory",

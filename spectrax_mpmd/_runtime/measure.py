@@ -7,7 +7,9 @@ actions (a cell with the sends after it), after the setup that creates the
 accumulators, over every array alive on its devices: parameters and the batch
 (alive for the whole step: the caller holds them), accumulators, and the
 activations, residuals, stashes and cotangents in flight. Temporaries inside a
-cell are not counted.
+cell are not counted. Device and host memory are counted apart, by each array's
+memory kind (`pinned_host` and `unpinned_host` are host memory): offloaded
+residuals and stashes are host bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from spectrax_core.schedules import Cost, Event, StageMemory, Timeline
 
+from .._trace.policy import saved_bytes
 from .replay import replay
 from .slots import (
     Activation,
@@ -29,6 +32,7 @@ from .slots import (
     Input,
     LossAccumulator,
     MicrobatchIndex,
+    Offloaded,
     Residual,
     Stash,
     ZeroGrad,
@@ -131,40 +135,56 @@ class Sizer:
         return hit
 
 
-def _live(buffers, sizer: Sizer, ranks: int) -> list[int]:
-    """Bytes per rank of every distinct array in `buffers` (shards are even, so every device of a
-    rank holds the same)."""
-    total = [0] * ranks
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
+
+
+def memory_kind(array) -> str:
+    """`"host"` for an array in host memory (pinned or not), else `"device"`."""
+    return "host" if array.sharding.memory_kind in HOST_KINDS else "device"
+
+
+def _live(buffers, sizer: Sizer, ranks: int) -> dict[str, list[int]]:
+    """Bytes per memory kind and rank of every distinct array in `buffers` (shards are even, so
+    every device of a rank holds the same)."""
+    total = {"device": [0] * ranks, "host": [0] * ranks}
     seen: set = set()
     for array in buffers:
         if array is None or id(array) in seen or array.is_deleted():  # donated: its buffer is reused
             continue
         seen.add(id(array))
+        kind = total[memory_kind(array)]
         for rank, nbytes in sizer(array).items():
-            total[rank] += nbytes
+            kind[rank] += nbytes
     return total
 
 
 def measure_peak_bytes(plan, placed_inputs: Sequence) -> tuple[int, ...]:
-    """Run `plan` once and return, per rank, the most bytes alive between actions (and between
-    the steps after the schedule: the gradient reduction, an optimizer update): the plan's
-    buffers, and the placed arguments and constants, which stay alive (held by the caller and
-    the plan) after the plan's last read of them unless a step consumed them (donation)."""
+    """Run `plan` once and return, per rank, the most device bytes alive between actions (see
+    `measure_peak_bytes_by_kind`)."""
+    return measure_peak_bytes_by_kind(plan, placed_inputs)["device"]
+
+
+def measure_peak_bytes_by_kind(plan, placed_inputs: Sequence) -> dict[str, tuple[int, ...]]:
+    """Run `plan` once and return, per memory kind (`"device"`, `"host"`) and rank, the most bytes
+    alive between actions (and between the steps after the schedule: the gradient reduction, an
+    optimizer update): the plan's buffers, and the placed arguments and constants, which stay
+    alive (held by the caller and the plan) after the plan's last read of them unless a step
+    consumed them (donation)."""
     ranks = 1 + max(plan.stage_ranks)
     sizer = Sizer(plan.device_rank)
     samples = {b - 1 for _, _, a, b in plan.action_steps if b > a}
     samples.add(min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps)) - 1)
     samples.update(range(max((b for *_, b in plan.action_steps), default=0), len(plan.steps)))
     held = [*placed_inputs, *plan.const_slots.values()]
-    peaks = [0] * ranks
+    peaks = {"device": [0] * ranks, "host": [0] * ranks}
 
     def freed(k, buf):
-        nonlocal peaks
         if k in samples:
-            peaks = [max(p, q) for p, q in zip(peaks, _live(held + buf, sizer, ranks))]
+            for kind, live in _live(held + buf, sizer, ranks).items():
+                peaks[kind] = [max(p, q) for p, q in zip(peaks[kind], live)]
 
     replay(plan, placed_inputs, freed=freed)
-    return tuple(peaks)
+    return {kind: tuple(values) for kind, values in peaks.items()}
 
 
 def _memory_kind(key, plan) -> tuple[str, str, int] | None:
@@ -182,26 +202,22 @@ def _memory_kind(key, plan) -> tuple[str, str, int] | None:
         return ("rank", "accumulators", plan.stage_ranks[0])
     if isinstance(key, (Residual, Stash)):
         return ("microbatch", "residuals" if isinstance(key, Residual) else "stash", key.stage)
+    if isinstance(key, Offloaded):
+        return ("microbatch", f"host_{key.kind}", key.stage)
     if isinstance(key, Cotangent):
         return ("microbatch", "grads", plan.graph.edges[key.edge].src)
     return None
 
 
-def stage_memory(plan, placed_inputs: Sequence) -> StageMemory:
-    """The plan's `StageMemory` (optimizer state zero), from the sizes of the buffers one run makes.
-
-    Each buffer is classified by the slot it fills: parameters, the batch and other
-    arguments, accumulators; per (stage, microbatch) residuals, stashes, received
-    activations (kept for the backward or not) and received cotangents. A stage's
-    figure is its largest microbatch's.
-    """
-    ranks = 1 + max(plan.stage_ranks)
+def buffer_sizes(plan, placed_inputs: Sequence) -> dict[int, tuple[int, int]]:
+    """Run `plan` once; per slot, `(bytes on its rank's most loaded device, saved-value bytes as
+    offload selection counts them)` of the first array it held."""
     sizer = Sizer(plan.device_rank)
-    sizes: dict[int, int] = {}  # slot -> bytes on its rank
+    sizes: dict[int, tuple[int, int]] = {}
 
     def note(slot: int, array) -> None:
         if array is not None and slot not in sizes:
-            sizes[slot] = max(sizer(array).values(), default=0)
+            sizes[slot] = (max(sizer(array).values(), default=0), saved_bytes(array))
 
     def stored(k, buf):
         for o in plan.steps[k].outs:
@@ -213,10 +229,48 @@ def stage_memory(plan, placed_inputs: Sequence) -> StageMemory:
                 note(slot, array)
 
     replay(plan, placed_inputs, stored=stored, freed=start)
+    return sizes
+
+
+def saved_values(plan, sizes: dict) -> tuple[tuple[tuple, tuple], ...]:
+    """Per stage, `(residuals, stash)`: for each value its forward saves (its I cell stashes) for
+    one microbatch, `(selection bytes, device bytes)`, in order, wherever it lives."""
+    found: dict = {}
+    for slot, key in plan.slot_names.items():
+        if isinstance(key, (Residual, Stash)) and key.microbatch == 0 and slot in sizes:
+            found[(type(key), key.stage, key.k)] = sizes[slot]
+    return tuple(
+        tuple(
+            tuple(found[(kind, s, k)] for k in range(plan.saved.get((s, cell), 0)) if (kind, s, k) in found)
+            for kind, cell in ((Residual, "F"), (Stash, "I"))
+        )
+        for s in range(len(plan.stage_ranks))
+    )
+
+
+def stage_memory(plan, placed_inputs: Sequence = (), sizes: dict | None = None) -> StageMemory:
+    """The plan's `StageMemory` (optimizer state zero), from the sizes of the buffers one run makes
+    (`sizes` from `buffer_sizes`, else measured here).
+
+    Each buffer is classified by the slot it fills: parameters, the batch and other
+    arguments, accumulators; per (stage, microbatch) residuals, stashes (in device or,
+    offloaded, in host memory), received activations (kept for the backward or not) and
+    received cotangents. A stage's figure is its largest microbatch's.
+    """
+    ranks = 1 + max(plan.stage_ranks)
+    if sizes is None:
+        sizes = buffer_sizes(plan, placed_inputs)
     per_rank = {name: [0] * ranks for name in ("params", "accumulators", "other")}
     per_mb: dict[tuple[str, int, int], int] = {}
+    moved = {
+        (Residual if key.kind == "residuals" else Stash)(key.stage, key.microbatch, key.k)
+        for key in plan.slot_names.values()
+        if isinstance(key, Offloaded)
+    }
     for slot, key in plan.slot_names.items():
-        nbytes = sizes.get(slot, 0)
+        if key in moved:  # on the device only within its cell's action: counted in host memory
+            continue
+        nbytes = sizes.get(slot, (0, 0))[0]
         if isinstance(key, Activation):
             kind = (
                 "microbatch",
@@ -232,9 +286,8 @@ def stage_memory(plan, placed_inputs: Sequence) -> StageMemory:
             per_rank[what][where] += nbytes
         else:
             per_mb[(what, where, key.microbatch)] = per_mb.get((what, where, key.microbatch), 0) + nbytes
-    per_stage = {
-        name: [0] * len(plan.stage_ranks) for name in ("inputs", "kept_inputs", "residuals", "grads", "stash")
-    }
+    names = ("inputs", "kept_inputs", "residuals", "grads", "stash", "host_residuals", "host_stash")
+    per_stage = {name: [0] * len(plan.stage_ranks) for name in names}
     for (what, stage, _), nbytes in per_mb.items():
         per_stage[what][stage] = max(per_stage[what][stage], nbytes)
     return StageMemory(

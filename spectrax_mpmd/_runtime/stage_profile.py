@@ -15,7 +15,7 @@ import numpy as np
 
 from spectrax_core.schedules import StageCost, StageMemory
 
-from .measure import action_spans, stage_memory
+from .measure import action_spans, buffer_sizes, saved_values, stage_memory
 from .slots import GradAccumulator
 
 
@@ -52,7 +52,9 @@ class StageProfile:
     step; `edges` is `(source stage, destination stage, bytes per microbatch)`;
     `memory` the bytes per stage and microbatch and per rank, on one device of
     each rank (see `stage_memory`); `stage_param_bytes[s]` the parameters stage s reads (a leaf read by several
-    stages counts in each).
+    stages counts in each); `saved_values[s]` is `(residuals, stash)`, for each value stage s's
+    forward saves (I cell stashes) per microbatch its `(selection bytes, device bytes)`: what the
+    memory model needs to place any offload choice (`spectrax_mpmd._trace.policy.offloaded`).
     """
 
     cells: tuple[CellProfile, ...]
@@ -61,6 +63,7 @@ class StageProfile:
     edges: tuple[tuple[int, int, int], ...]
     memory: StageMemory
     stage_param_bytes: tuple[int, ...]
+    saved_values: tuple = ()
 
     def stage_memory(self, optimizer_states: float = 0.0) -> StageMemory:
         """The profiled bytes as a `spectrax_core.schedules.StageMemory`, for `simulate(memory=)`.
@@ -127,6 +130,7 @@ class StageProfile:
             "edges": [list(e) for e in self.edges],
             "memory": self.memory.as_dict(),
             "stage_param_bytes": list(self.stage_param_bytes),
+            "saved_values": [[list(map(list, kind)) for kind in stage] for stage in self.saved_values],
         }
 
     def table(self) -> str:
@@ -217,9 +221,18 @@ def stage_profile(plan, compile_spec, param_leaves: dict, placed_inputs, rounds:
             device = min(infos[0].sharding.device_set, key=lambda d: d.id)
             accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
-    memory = stage_memory(plan, placed_inputs)
+    sizes = buffer_sizes(plan, placed_inputs)
+    memory = stage_memory(plan, sizes=sizes)
     stage_params = [0] * len(plan.stage_ranks)
     for key in plan.slot_names.values():
         if isinstance(key, GradAccumulator):
             stage_params[key.stage] += _nbytes(param_leaves[key.leaf])
-    return StageProfile(tuple(cells), tuple(params), tuple(accumulators), edges, memory, tuple(stage_params))
+    return StageProfile(
+        tuple(cells),
+        tuple(params),
+        tuple(accumulators),
+        edges,
+        memory,
+        tuple(stage_params),
+        saved_values(plan, sizes),
+    )

@@ -20,10 +20,12 @@ builder and the memory model both call it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 
 from ..errors import MpmdError
 
@@ -53,6 +55,14 @@ class Offload:
 
 
 NO_OFFLOAD = Offload()
+
+
+def saved_bytes(value) -> int:
+    """A saved value's bytes as `offloaded` counts them (any array or spec with shape and dtype): its
+    whole size, whatever its sharding; a typed PRNG key counts 0 and is never moved."""
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        return 0
+    return math.prod(value.shape) * np.dtype(value.dtype).itemsize
 
 
 def offloaded(sizes: Sequence[int], share: float) -> tuple[int, ...]:
