@@ -36,6 +36,7 @@ from ._planner.balance import Balance, balance, split_blocks
 from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from ._trace.marker import sxstage_iter
+from ._trace.policy import Offload
 from ._trace.region import sxstage_region
 from .errors import (
     DistributedError,
@@ -81,6 +82,7 @@ __all__ = [
     "HostProfile",
     "HostRow",
     "profile_stages",
+    "Offload",
     "advise",
     "balance",
     "Balance",
