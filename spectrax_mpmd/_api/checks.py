@@ -25,6 +25,14 @@ def check_mesh(name: str, mesh) -> MpmdMesh:
     return mesh
 
 
+def check_reduce(name: str, reduce) -> None:
+    if reduce not in ("mean", "sum"):
+        raise MpmdError(
+            f"{name}: reduce must be 'mean' (the loss and gradients are averaged over "
+            f"microbatches) or 'sum' (added up), got {reduce!r}."
+        )
+
+
 def check_schedule(name: str, schedule, n: int) -> tuple[int, MpmdError | None]:
     """The schedule's virtual stages, and the error its table gives on all `n` ranks: raised at
     the first call unless the function has regions (each region's schedule is then checked

@@ -26,12 +26,12 @@ from .._runtime import (
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import inside_train_step
-from .._trace.policy import stage_offload, stage_remat
+from .._trace.policy import stage_policies
 from .._trace.split import StageGraph, split, trace
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
-from .checks import check_mesh, check_schedule, microbatches, pipeline_schedule
+from .checks import check_mesh, check_reduce, check_schedule, microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 
 
@@ -68,23 +68,14 @@ class _StepFunction:
         compiler: Compiler | None = None,
     ):
         self.name = "sxvalue_and_grad" if value else "sxgrad"
-        self.fn, self.argnums = fn, as_tuple(argnums)
+        self.fn, self.argnums, self.static_argnums = fn, as_tuple(argnums), as_tuple(static_argnums)
         self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
-        self.static_argnums = as_tuple(static_argnums)
         self.mesh = check_mesh(self.name, mesh)
-        if reduce not in ("mean", "sum"):
-            raise MpmdError(
-                f"{self.name}: reduce must be 'mean' (the loss and gradients are averaged over "
-                f"microbatches) or 'sum' (added up), got {reduce!r}."
-            )
+        check_reduce(self.name, reduce)
         self.v, self.schedule_error = check_schedule(self.name, schedule, self.mesh.mpmd_dim)
         self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
-        self.region_ranks = region_ranks
-        self.value, self.reduce = value, reduce
-        self.offload = offload
-        if self.schedule_error is None:  # bad per-stage values fail here, before any call
-            stage_remat(remat, self.n_stages)
-            stage_offload(offload, self.n_stages)
+        self.value, self.reduce, self.region_ranks, self.offload = value, reduce, region_ranks, offload
+        stage_policies(remat, offload, None if self.schedule_error else self.n_stages)  # bad values fail now
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
@@ -137,8 +128,7 @@ class _StepFunction:
             keys=kinds.keys,
             param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
             reduce=self.reduce,
-            remat=stage_remat(self.remat, len(graph.stages)),
-            offload=stage_offload(self.offload, len(graph.stages)),
+            **stage_policies(self.remat, self.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
@@ -180,8 +170,7 @@ class _StepFunction:
         return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
 
     def measure_peak_bytes_by_kind(self, *args) -> dict[str, tuple[int, ...]]:
-        """Like `measure_peak_bytes`, per memory kind: `{"device": per rank, "host": per rank}`
-        (host: residuals and stashes offloaded with `offload=`)."""
+        """`measure_peak_bytes` per memory kind: `{"device": per rank, "host": per rank}`."""
         entry, leaves = self._entry(args)
         return measure_peak_bytes_by_kind(entry.plan, entry.place(self.placer, leaves))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from .._api import sxvalue_and_grad_and_apply
 from ..errors import MpmdError
+from .memory import MemoryChoice
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,8 @@ class Candidate:
     """One simulated configuration: `step_s` predicted seconds per step (the optimizer's update
     included: `update_s` of it comes after the schedule's last cell), `bubble` the schedule's
     idle fraction, `peak_bytes[r]` rank r's predicted peak (per device, the optimizer's state
-    included), `fits` within the budget."""
+    included), `fits` within the budget. `memory`, when not None, is the per-stage recompute and
+    offload the candidate needs to fit (the step is built with them) and what they cost."""
 
     schedule: object
     microbatches: int
@@ -30,6 +32,7 @@ class Candidate:
     peak_bytes: tuple[int, ...]
     fits: bool
     update_s: float = 0.0
+    memory: MemoryChoice | None = None
 
     @property
     def name(self) -> str:
@@ -140,7 +143,10 @@ class Advice:
             )
         chosen = candidate or self.best
         loss, _ = source.loss_and_args(chosen)
-        step_kwargs = {**source.step_kwargs, **kwargs}
+        memory = (
+            {} if chosen.memory is None else {"remat": chosen.memory.remat, "offload": chosen.memory.offload}
+        )
+        step_kwargs = {**source.step_kwargs, **memory, **kwargs}
         if step_kwargs.pop("argnums", 0) not in (0, (0,)):
             raise MpmdError("Advice.step: the step updates the first argument; advise with argnums=0.")
         return sxvalue_and_grad_and_apply(loss, tx, mesh=source.mesh, schedule=chosen.schedule, **step_kwargs)
@@ -165,6 +171,8 @@ class Advice:
                 f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
                 f"{c.update_s * 1e3:>7.3f} {c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
             )
+            if c.memory is not None:
+                lines.append(f"{'':24} with {c.memory.describe()}")
         if not self.fitting:
             s = self.smallest_peak
             lines.append(
@@ -195,6 +203,7 @@ class Advice:
                     "bubble": c.bubble,
                     "peak_bytes": list(c.peak_bytes),
                     "fits": c.fits,
+                    "memory": None if c.memory is None else c.memory.as_dict(),
                 }
                 for c in self.candidates
             ],

@@ -27,6 +27,7 @@ from .._api import check_mesh, step_function
 from .._compile.compiler import Compiler
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
+from .memory import fitted, host_bandwidth
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds, with_sync_copy
 
 ALL = S.ALL_SCHEDULES
@@ -131,7 +132,12 @@ def advise(
     from the measured costs and bytes of the one-stage-per-rank cut
     (`spectrax_core.schedules.search`) is a candidate next to the named schedules,
     for each microbatch count. `step_kwargs` go to `sxvalue_and_grad`
-    (e.g. `remat=True`). `advice.step(tx)` builds the chosen step. A
+    (e.g. `remat=True`). Under `memory_budget`, unless `step_kwargs` fix `remat`
+    or `offload`, a configuration that does not fit gets a second candidate
+    with, per stage, offload and recompute chosen to fit at the least predicted
+    cost (`Candidate.memory`: the choice, the host copies' seconds at the host
+    bandwidth measured once, the recomputed forwards' seconds, host peaks); its
+    layout is profiled once more with `remat=True` for that. `advice.step(tx)` builds the chosen step. A
     configuration that cannot be profiled on these arguments (a microbatch count
     that does not divide the batch) is skipped and listed, with the reason, in
     `Advice.skipped`; if every one is, the error says why for each.
@@ -157,11 +163,12 @@ def advise(
     update_times: dict = {}
     compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
 
-    def profile(schedule, timed: bool):
-        key = repr(schedule)
+    def profile(schedule, timed: bool, remat=None):
+        key = (repr(schedule), remat)
         if key not in profiles:
             loss, loss_args = fn(schedule.num_model_stages(n)) if not args else (fn, args)
-            step = step_function(loss, mesh=mesh, schedule=schedule, compiler=compiler, **step_kwargs)
+            kwargs = step_kwargs if remat is None else {**step_kwargs, "remat": remat}
+            step = step_function(loss, mesh=mesh, schedule=schedule, compiler=compiler, **kwargs)
             try:
                 measured = step.profile_stages(*loss_args, rounds=rounds if timed else 0)
                 profiles[key] = (measured, optimizer_of(step, loss_args, measured))
@@ -192,6 +199,8 @@ def advise(
             crosses_ranks(optimizer, params, owners),
         )
 
+    choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
+    bandwidth = None  # measured once, when a candidate needs host copies to fit
     rows, skipped, errors = [], [], []
     flat: dict = {}  # m -> what a split-backward, one-stage-per-rank profile measured (for the search)
     for schedule in candidates:
@@ -210,21 +219,35 @@ def advise(
             memory = replace(memory, stash=(0,) * memory.stages)
         if v == 1 and schedule.splits_backward:
             flat.setdefault(m, (timed.stage_cost(comm=comm), memory, apply_s, sync))
-        timeline = S.simulate(schedule, n, timed.stage_cost(comm=comm), memory=memory)
-        updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
-        peaks = with_sync_copy(timeline.peak_bytes, memory, sync)
+        predict = _predictor(schedule, n, apply_s, sync, comm)
+        peaks, seconds, timeline = predict(memory, timed.stage_cost(comm=comm))
         rows.append(
             Candidate(
                 schedule,
                 m,
                 v,
-                updated.makespan,
+                seconds,
                 timeline.bubble_fraction,
                 peaks,
                 fits(peaks, memory_budget),
-                updated.makespan - timeline.makespan,
+                seconds - timeline.makespan,
             )
         )
+        if choose_memory and not rows[-1].fits:
+            bandwidth = bandwidth or host_bandwidth(mesh.submesh(0).devices.flat[0])
+            same = repr(memory_of) == repr(_cost_schedule(schedule))
+            pairs = {  # remat -> (profile timing the cells, profile sizing the buffers)
+                r: (profile(_cost_schedule(schedule), True, key), profile(memory_of, same, key))
+                for r, key in ((False, None), (True, True))
+            }
+            if not any(isinstance(p, MpmdError) for pair in pairs.values() for p in pair):
+                timing = {r: t[0] for r, (t, _) in pairs.items()}
+                holding = {
+                    r: replace(h[0], memory=replace(h[0].memory, optimizer=state))
+                    for r, (_, h) in pairs.items()
+                }
+                row = _fitted_row(schedule, n, timing, holding, predict, memory_budget, bandwidth)
+                rows += [row] if row is not None else []
     if not rows:
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
     if search:
@@ -239,6 +262,39 @@ def advise(
         profiles=len(profiles),
         source=source,
     )
+
+
+def _fitted_row(schedule, n: int, timing, holding, predict, budget, bandwidth) -> Candidate | None:
+    """`schedule` with the per-stage recompute and offload that fit `budget` at the least predicted
+    cost (`spectrax_mpmd._planner.memory.fitted`), as a candidate (None when none fits)."""
+    found = fitted(schedule, n, timing, holding, predict, budget, bandwidth)
+    if found is None:
+        return None
+    choice, memory, cost = found
+    peaks, seconds, timeline = predict(memory, cost)
+    m, v = schedule.microbatches, schedule.virtual_stages
+    return Candidate(
+        schedule,
+        m,
+        v,
+        seconds,
+        timeline.bubble_fraction,
+        peaks,
+        fits(peaks, budget),
+        seconds - timeline.makespan,
+        choice,
+    )
+
+
+def _predictor(schedule, n: int, apply_s, sync: bool, comm: float):
+    """`predict(memory, cost) -> (peak bytes per rank, predicted seconds with the update, timeline)`."""
+
+    def predict(memory, cost):
+        timeline = S.simulate(schedule, n, cost, memory=memory)
+        updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
+        return with_sync_copy(timeline.peak_bytes, memory, sync), updated.makespan, timeline
+
+    return predict
 
 
 def _searched(n: int, m: int, cost, memory, apply_s, sync: bool, budget) -> Candidate | None:

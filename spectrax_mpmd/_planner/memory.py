@@ -13,8 +13,8 @@ that makes it, and once back before each cell that reads it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from spectrax_core.schedules import StageCost, StageMemory
 
 from .._runtime import StageProfile
-from .._trace.policy import HOST, Offload, offloaded
+from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded
 
 _STAGE_FIELDS = ("inputs", "kept_inputs", "residuals", "grads", "stash")
 
@@ -60,21 +60,102 @@ def chosen_memory(
     return memory if optimizer is None else replace(memory, optimizer=optimizer)
 
 
+def copy_seconds(profile: StageProfile, s: int, offload: Offload, bandwidth: float) -> dict[str, float]:
+    """Per cell kind, the seconds of stage `s`'s host copies for one microbatch: residuals out after
+    F and back before B (or before I and again before W), the stash out after I and back before W."""
+    res, stash = (b / bandwidth for b in host_bytes(profile, s, offload))
+    return {"F": res, "B": res, "I": res + stash, "W": res + stash}
+
+
 def chosen_cost(
     profiles: Mapping, remat: Sequence, offload: Sequence[Offload], bandwidth: float, comm: float = 0.0
 ) -> StageCost:
     """The `StageCost` of the same choice: each stage's cell times from the profile of its `remat`
-    value, plus its offloaded bytes' copies at `bandwidth` bytes/s (F: residuals out; B: back;
-    I: residuals back, stash out; W: residuals and stash back)."""
+    value, plus its host copies at `bandwidth` bytes/s (`copy_seconds`), as if they did not overlap."""
     rows: dict = {"F": [], "B": [], "I": [], "W": []}
     for s, (value, o) in enumerate(zip(remat, offload)):
         profile = profiles[value]
         cost = profile.stage_cost(comm=comm)
-        res, stash = host_bytes(profile, s, o)
-        extra = {"F": res, "B": res, "I": res + stash, "W": res + stash}
+        extra = copy_seconds(profile, s, o, bandwidth)
         for kind in rows:
-            rows[kind].append(getattr(cost, kind)[s] + extra[kind] / bandwidth)
+            rows[kind].append(getattr(cost, kind)[s] + extra[kind])
     return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """What a stage keeps for its backward, chosen to fit a budget: per model stage `remat` and
+    `offload` (as `sxvalue_and_grad` takes them), each rank's predicted peak host bytes, and
+    the predicted seconds per step the host copies (at `bandwidth` bytes/s, measured) and the
+    recomputed forwards add to the cells."""
+
+    remat: tuple
+    offload: tuple
+    host_peak_bytes: tuple[int, ...]
+    transfer_s: float
+    recompute_s: float
+    bandwidth: float
+
+    def describe(self) -> str:
+        stages = []
+        for s, (r, o) in enumerate(zip(self.remat, self.offload)):
+            parts = (["recompute"] if r else []) + [
+                f"offload {kind} {share:.0%}"
+                for kind, share in (("residuals", o.residuals), ("stash", o.stash))
+                if share
+            ]
+            stages.append(f"{s}: {', '.join(parts) or 'keep'}")
+        host = " ".join(f"{b / 2**20:.3f}" for b in self.host_peak_bytes)
+        return (
+            f"per stage {'; '.join(stages)}; host copies {self.transfer_s * 1e3:.3f} ms/step at "
+            f"{self.bandwidth / 1e9:.2f} GB/s, recompute {self.recompute_s * 1e3:.3f} ms/step; host peak MiB per rank {host}"
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "remat": list(self.remat),
+            "offload": [{"residuals": o.residuals, "stash": o.stash} for o in self.offload],
+            "host_peak_bytes": list(self.host_peak_bytes),
+            "transfer_s": self.transfer_s,
+            "recompute_s": self.recompute_s,
+            "bandwidth": self.bandwidth,
+        }
+
+
+LEVELS = (  # per stage, in the order a budget reaches for them: keep, offload, recompute
+    (False, NO_OFFLOAD),
+    (False, Offload(1.0, 1.0)),
+    (True, Offload(0.0, 1.0)),
+)
+
+
+def choose_levels(stages: int, evaluate: Callable, budget: float) -> tuple[int, ...] | None:
+    """Per stage, an index into `LEVELS` whose largest predicted peak fits `budget`, or None.
+
+    `evaluate(levels) -> (peak bytes per rank, predicted seconds)`. Greedy: from keeping
+    everything, raise one stage's level at a time, the one that costs the fewest added seconds
+    per byte it takes off the ranks' excess over the budget, until the peaks fit.
+    """
+    levels = (0,) * stages
+    peaks, seconds = evaluate(levels)
+
+    def excess(p) -> float:
+        return sum(max(0.0, b - budget) for b in p)
+
+    while max(peaks) > budget:
+        best = None
+        for s in range(stages):
+            if levels[s] + 1 == len(LEVELS):
+                continue
+            trial = levels[:s] + (levels[s] + 1,) + levels[s + 1 :]
+            p, t = evaluate(trial)
+            saved = excess(peaks) - excess(p)
+            if saved > 0 and (best is None or (t - seconds) / saved < best[0]):
+                best = ((t - seconds) / saved, trial, p, t)
+        if best is None:
+            return None
+        _, levels, peaks, seconds = best
+    return levels
 
 
 def host_bandwidth(device=None, nbytes: int = 1 << 22, rounds: int = 3) -> float:
@@ -90,3 +171,46 @@ def host_bandwidth(device=None, nbytes: int = 1 << 22, rounds: int = 3) -> float
         jax.device_put(x, host).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return nbytes / best
+
+
+def fitted(
+    schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, budget: float, bandwidth: float
+):
+    """The cheapest per-stage choice (`choose_levels`) under which `schedule` fits `budget`:
+    `(MemoryChoice, memory, cost)`, or None when none does. `timing[remat]` and `holding[remat]`
+    are the profiles whose cells time the schedule and whose buffers size it;
+    `step(memory, cost) -> (peak bytes per rank, predicted seconds, timeline)` predicts a step."""
+    stages = schedule.num_model_stages(n)
+    m = schedule.microbatches
+
+    def chosen(levels):
+        remat = tuple(LEVELS[k][0] for k in levels)
+        offload = tuple(LEVELS[k][1] for k in levels)
+        memory = chosen_memory(holding, remat, offload)
+        if not schedule.splits_backward:
+            memory = replace(memory, stash=(0,) * stages, host_stash=(0,) * stages)
+        return remat, offload, memory, chosen_cost(timing, remat, offload, bandwidth)
+
+    def evaluate(levels):
+        *_, memory, cost = chosen(levels)
+        peaks, seconds, _ = step(memory, cost)
+        return peaks, seconds
+
+    levels = choose_levels(stages, evaluate, budget)
+    if levels is None:
+        return None
+    remat, offload, memory, cost = chosen(levels)
+    *_, timeline = step(memory, cost)
+    kinds = "FIW" if schedule.splits_backward else "FB"
+    transfer = sum(
+        m * sum(copy_seconds(timing[r], s, o, bandwidth)[k] for k in kinds)
+        for s, (r, o) in enumerate(zip(remat, offload))
+    )
+    keep = timing[False].stage_cost()
+    recompute = sum(
+        m * sum(getattr(timing[True].stage_cost(), k)[s] - getattr(keep, k)[s] for k in kinds)
+        for s, r in enumerate(remat)
+        if r
+    )
+    choice = MemoryChoice(remat, offload, timeline.peak_host_bytes, transfer, recompute, bandwidth)
+    return choice, memory, cost
