@@ -45,6 +45,7 @@ class RunKey(NamedTuple):
     stage_sizes: Any
     loss: Any
     optimizer: Any  # the optimizers' transformations and selections, by value (None: gradients out)
+    memory: Any = ()  # what each stage keeps for its backward: (remat, offload), hashable
 
 
 class _CurrentLoss:
@@ -61,7 +62,9 @@ class _CurrentLoss:
 _runners: OrderedDict[RunKey, tuple[Any, _CurrentLoss | None]] = OrderedDict()
 
 
-def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn, optimizers):
+def _cache_key(
+    plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn, optimizers, memory=()
+):
     """The run's `RunKey`, or None when a value it depends on has no key by content."""
     try:
         return RunKey(
@@ -75,9 +78,23 @@ def _cache_key(plan, selected, mesh, mode, microbatches, schedule, has_aux, stag
             stage_sizes,
             function_key(loss_fn),
             None if optimizers is None else optimizer_key(plan, optimizers),
+            _hashable(memory),
         )
     except Uncacheable:
         return None
+
+
+def _hashable(value):
+    """`value` with its lists and mappings as (sorted) tuples; `Uncacheable` if it cannot be hashed."""
+    if isinstance(value, dict):
+        value = tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    elif isinstance(value, (list, tuple)):
+        value = tuple(_hashable(v) for v in value)
+    try:
+        hash(value)
+    except TypeError as err:
+        raise Uncacheable(f"{value!r} has no key by value") from err
+    return value
 
 
 def _remember(key: RunKey | None, runner: Any, loss: _CurrentLoss | None) -> None:
@@ -163,6 +180,7 @@ def _new_runner(
     sizes,
     stage_sizes,
     tx=None,
+    memory: dict | None = None,
 ) -> tuple[Any, _CurrentLoss | None]:
     """A runner for this configuration (its stage split chosen now for `stage_sizes="auto"`) and
     the holder of its current loss function."""
@@ -186,6 +204,7 @@ def _new_runner(
         has_aux=has_aux or counting,
         name="spx.run",
         tx=tx,
+        **(memory or {}),
     )
     return runner, loss
 
@@ -204,6 +223,8 @@ def run(
     stage_sizes: Sequence[int] | str | None = None,
     wrt: Any = "parameters",
     optimizer: Any = None,
+    remat: Any = False,
+    offload: Any = False,
 ) -> Any:
     """Train (`mode="train"`) or run (`"forward"`) `model` on `mesh`, pipelined when it has a pipeline axis.
 
@@ -230,6 +251,11 @@ def run(
     returned (`(loss, aux)` with `has_aux`), as `opt.update(model, grads)` after
     a gradient run would leave them.
 
+    `remat` and `offload` set what each pipeline stage keeps for its backward:
+    recompute (`True` or a `jax.checkpoint_policies` name) and saved values in
+    host memory (see `spectrax_mpmd.sxvalue_and_grad`), for every stage or per
+    stage; a run without a pipeline axis ignores them.
+
     Compiled runs are cached by value (model structure, configuration, the mesh's
     devices and axes, and the loss function's code with the values it reads; see
     `_run_key`), so an inline `loss_fn=lambda ...` compiles once; the 32 most
@@ -247,7 +273,8 @@ def run(
         raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
     sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
     config = (mode, microbatches, schedule, has_aux, sizes or stage_sizes)
-    key = _cache_key(plan, selected, mesh, *config, loss_fn, optimizers)
+    memory = {"remat": remat, "offload": offload}
+    key = _cache_key(plan, selected, mesh, *config, loss_fn, optimizers, memory)
     runner, loss = _runners.get(key, (None, None)) if key is not None else (None, None)
     diff = [v for v, s in zip(values, selected) if s]
     rest = [v for v, s in zip(values, selected) if not s]
@@ -268,6 +295,7 @@ def run(
             sizes=sizes,
             stage_sizes=stage_sizes,
             tx=None if optimizers is None else grouped(plan, selected, optimizers),
+            memory=memory,
         )
         _remember(key, runner, loss)
     elif loss is not None:

@@ -39,7 +39,9 @@ def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None)
     return forward
 
 
-def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget) -> Callable:
+def _auto_runner(
+    mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget, memory: dict
+) -> Callable:
     """A train step whose stage sizes are chosen on its first call by `balance` (kept as
     `step.balance`); later calls reuse that split."""
     schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
@@ -61,6 +63,7 @@ def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules
                 batch_argnums=(2, 3),
                 has_aux=has_aux,
                 rules=rules,
+                **memory,
             )
             step.runner = Runner(
                 core_forward(apply_fn, pipeline_stages(mesh, schedule), step.balance.sizes),
@@ -69,6 +72,7 @@ def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules
                 schedule=schedule,
                 has_aux=has_aux,
                 rules=rules,
+                **memory,
             )
         return step.runner(model, None, inputs, targets)
 
@@ -90,6 +94,8 @@ def runner(
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
     tx=None,
+    remat=False,
+    offload=False,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
@@ -100,7 +106,8 @@ def runner(
     With `stage_sizes="auto"` the first call profiles the model's blocks and picks
     the split (`step.balance` says which, with its predicted per-stage times).
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
-    `sxvalue_and_grad`).
+    `sxvalue_and_grad`). `remat` and `offload` set, per stage or for all, what a
+    pipelined step keeps for its backward (see `sxvalue_and_grad`).
     """
     if tx is not None and isinstance(stage_sizes, str):
         raise MpmdError(
@@ -119,8 +126,9 @@ def runner(
                 raise MpmdError(
                     "run: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss."
                 )
+            memory = dict(remat=remat, offload=offload)
             return _auto_runner(
-                mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget
+                mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget, memory
             )
         stage_sizes = None
     inner = Runner(
@@ -134,6 +142,8 @@ def runner(
         rules=rules,
         region_ranks=region_ranks,
         tx=tx,
+        remat=remat,
+        offload=offload,
     )
 
     @functools.wraps(inner.__call__)
@@ -163,6 +173,8 @@ def run(
     rules=None,
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
+    remat=False,
+    offload=False,
 ):
     """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
 
@@ -179,7 +191,9 @@ def run(
 
     `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
     targets)` over `microbatches` and its gradients, shaped like `model`.
-    `mode="forward"`: returns the outputs in batch order. Each call compiles;
+    `mode="forward"`: returns the outputs in batch order. `remat` and `offload`
+    set what each pipelined stage keeps for its backward (see `sxvalue_and_grad`).
+    Each call compiles;
     in a loop use `runner(...)` once and call the step it returns.
     """
     step = runner(
@@ -194,6 +208,8 @@ def run(
         rules=rules,
         memory_budget=memory_budget,
         region_ranks=region_ranks,
+        remat=remat,
+        offload=offload,
     )
     return step(model, inputs, targets)
 

@@ -88,7 +88,9 @@ class Runner:
     `(loss, grads)` (`((loss, aux), grads)` with `has_aux`), `grads` shaped
     like `params`; `mode="forward"` returns the outputs, concatenated over
     microbatches in batch order. With an optax `tx`, `runner.update(params,
-    opt_state, extra, inputs, targets)` is the whole training step.
+    opt_state, extra, inputs, targets)` is the whole training step. `remat` and
+    `offload` (as `sxvalue_and_grad` takes them) set what each stage keeps for its
+    backward on an MPMD mesh; a plain SPMD step ignores them.
     """
 
     def __init__(
@@ -105,6 +107,8 @@ class Runner:
         name: str = "run",
         region_ranks: dict | None = None,
         tx: optax.GradientTransformation | None = None,
+        remat=False,
+        offload=False,
     ):
         if mode not in MODES:
             raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
@@ -137,6 +141,8 @@ class Runner:
                 batch_argnums=(2, 3),
                 rules=rules,
                 region_ranks=region_ranks,
+                remat=remat,
+                offload=offload,
             )
             if tx is not None:
                 self.update_step = sxvalue_and_grad_and_apply(self._loss, tx, **train)
