@@ -16,6 +16,8 @@ the unsplit model, which must agree.
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
     python examples/train_lm.py --spmd                # the same model, one SPMD program
+    python examples/train_lm.py --offload             # saved residuals in host memory between F and B
+    python examples/train_lm.py --remat none,dots_saveable,true,none --offload 0.5   # per stage
     python examples/train_lm.py --checkpoint-dir runs/ckpt --stop-after 60   # save, stop at step 60
     python examples/train_lm.py --checkpoint-dir runs/ckpt --resume --stages 2   # go on, 2 ranks
     python -m spectrax_mpmd.launch --nproc 2 --devices-per-proc 2 examples/train_lm.py \
@@ -88,7 +90,59 @@ def parse_args(argv=None) -> argparse.Namespace:
         "without it such steps are kept and the run stops",
     )
     p.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this many steps")
+    p.add_argument(
+        "--offload",
+        nargs="?",
+        const="all",
+        default=None,
+        help="keep saved residuals and the I->W stash in host memory: all (no value), a share of their "
+        "bytes (0.5), 'residuals' or 'stash'; comma-separated for one value per stage",
+    )
+    p.add_argument(
+        "--remat",
+        default="none",
+        help="recompute in the backward: none, true or a jax.checkpoint_policies name (dots_saveable); "
+        "comma-separated for one value per stage",
+    )
     return p.parse_args(argv)
+
+
+def memory_settings(args) -> dict:
+    """`remat=` and `offload=` for the step from --remat and --offload (one value, or one per stage)."""
+
+    def remat(word):
+        return {"none": False, "false": False, "true": True}.get(word.lower(), word)
+
+    def offload(word):
+        if word in ("all", "true"):
+            return True
+        try:
+            return float(word)
+        except ValueError:
+            return word  # 'residuals' or 'stash'; the step checks it
+
+    def per_stage(text, one):
+        values = [one(w) for w in text.split(",")]
+        return values[0] if len(values) == 1 else values
+
+    settings = {"remat": per_stage(args.remat, remat)}
+    if args.offload is not None:
+        settings["offload"] = per_stage(args.offload, offload)
+    return settings
+
+
+def report_memory(grad_step, schedule, n: int, call_args) -> dict:
+    """Print each rank's predicted and measured device (and host) peak bytes of the gradient step
+    (the optimizer's state aside): predicted by simulating the schedule with the buffer sizes of its
+    profile, measured by running it once."""
+    memory = grad_step.profile_stages(*call_args, rounds=0).stage_memory()
+    predicted = schedules.simulate(schedule, n, memory=memory)
+    measured = grad_step.measure_peak_bytes_by_kind(*call_args)
+    print("peak bytes per rank of the gradient step, predicted / measured (MiB):")
+    for kind, peaks in (("device", predicted.peak_bytes), ("host", predicted.peak_host_bytes)):
+        pairs = ", ".join(f"{p / 2**20:.3f} / {m / 2**20:.3f}" for p, m in zip(peaks, measured[kind]))
+        print(f"  {kind}: {pairs}")
+    return {"predicted": [predicted.peak_bytes, predicted.peak_host_bytes], "measured": measured}
 
 
 def make_schedule(args):
@@ -232,10 +286,11 @@ def main(argv=None) -> dict:
     else:
         mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices[: args.stages])
         params = mp.stage_blocks(lm, n_stages)  # each rank holds only its own blocks
-        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx)
+        memory = memory_settings(args)
+        step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx, **memory)
         print(
             f"MPMD: {args.stages} ranks x {schedule.virtual_stages} stages, blocks per stage "
-            f"{params.blocks.sizes}, {schedule!r}"
+            f"{params.blocks.sizes}, {schedule!r}, {memory}"
         )
         print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
     sizes = sum(x.size for x in jax.tree.leaves(lm))
@@ -325,7 +380,7 @@ def main(argv=None) -> dict:
         )
 
     files = ["metrics.json"]
-    timeline = host = None
+    timeline = host = peaks = None
     if not args.spmd and one_process:  # measurements run the plan step by step, in one process
         timeline = step.runner.update_step.measure_timeline(params, state, None, tokens, targets)
         trace = out / "timeline.json"
@@ -347,6 +402,7 @@ def main(argv=None) -> dict:
         host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
         print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
         print(host.table())
+        peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
     files += plot(out, losses, timeline) if timeline is not None else []
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
@@ -383,6 +439,7 @@ def main(argv=None) -> dict:
         "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
         "simulated_bubble": None if timeline is None else simulated.bubble_fraction,
         "decode_identical": same,
+        "peak_bytes": peaks,
         "checkpoint": ckpt if manager is not None else None,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
