@@ -130,3 +130,13 @@ def test_bad_remat_and_offload_values_fail_when_the_step_is_made(kwargs, match):
 def test_offload_shares_must_be_between_0_and_1():
     with pytest.raises(mp.MpmdError, match=r"Offload: stash must be a share of bytes between 0 and 1"):
         mp.Offload(stash=2)
+
+
+def test_offloaded_activations_still_count_as_live_activations(stepped):
+    """Offload moves where a `(stage, microbatch)` activation lives, not how long: the measured live
+    activations per rank are those of the same step without offload."""
+    step, args, _, _, off = stepped
+    if not off:
+        pytest.skip("nothing offloaded")
+    kept = mp.sxvalue_and_grad(hetero_loss, mesh=step.mesh, schedule=step.schedule, remat=step.remat)
+    assert step.measure_peak_activations(*args) == kept.measure_peak_activations(*args)
