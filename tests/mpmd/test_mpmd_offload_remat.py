@@ -5,7 +5,16 @@ The reference is `jax.value_and_grad` of the unsplit heterogeneous pipeline on o
 """
 
 import pytest
-from mpmd_cases import assert_close, hetero_loss, hetero_reference, make_schedule, pipeline_mesh
+from mpmd_cases import (
+    ALL,
+    assert_close,
+    config_of,
+    hetero_loss,
+    hetero_reference,
+    make_schedule,
+    microbatches_for,
+    pipeline_mesh,
+)
 
 import spectrax_mpmd as mp
 from spectrax_mpmd._runtime.replay import replay
@@ -140,3 +149,19 @@ def test_offloaded_activations_still_count_as_live_activations(stepped):
         pytest.skip("nothing offloaded")
     kept = mp.sxvalue_and_grad(hetero_loss, mesh=step.mesh, schedule=step.schedule, remat=step.remat)
     assert step.measure_peak_activations(*args) == kept.measure_peak_activations(*args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_every_schedule_with_offload_and_a_per_stage_policy_matches_the_unsplit_function(name):
+    """Every schedule, stage 0 under a checkpoint policy, stage 1 recomputing, everything offloaded."""
+    n, v = config_of(name)
+    schedule = make_schedule(name, microbatches_for(name, n), v)
+    params, batch, ref_loss, ref_grads = hetero_reference(n * schedule.virtual_stages)
+    remat = {0: "dots_with_no_batch_dims_saveable", 1: True}
+    step = mp.sxvalue_and_grad(
+        hetero_loss, mesh=pipeline_mesh(n), schedule=schedule, remat=remat, offload=True
+    )
+    loss, grads = step(params, batch)
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)

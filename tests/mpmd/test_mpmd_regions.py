@@ -100,7 +100,7 @@ def mesh(n):
 
 
 @functools.cache
-def run(towers, text, schedule, shared=False, remat=False, region_ranks=None):
+def run(towers, text, schedule, shared=False, remat=False, region_ranks=None, offload=False):
     """The pipelined step and the reference, each run once per configuration."""
     loss = towers_loss(towers, text, shared)
     params = tower_params(jax.random.PRNGKey(0), towers, text[2])
@@ -108,7 +108,9 @@ def run(towers, text, schedule, shared=False, remat=False, region_ranks=None):
     ranks = dict(region_ranks) if region_ranks else None
     n = 1 + max(r for rs in ranks.values() for r in rs) if ranks else None
     n = n or sum(stages // (s or schedule).virtual_stages for _, s, stages in (*towers, text))
-    step = mp.sxvalue_and_grad(loss, mesh=mesh(n), schedule=schedule, remat=remat, region_ranks=ranks)
+    step = mp.sxvalue_and_grad(
+        loss, mesh=mesh(n), schedule=schedule, remat=remat, region_ranks=ranks, offload=offload
+    )
     got = step(params, *args)
     want = jax.value_and_grad(loss)(params, *args)
     return step, got, want, (params, *args)
@@ -169,6 +171,18 @@ def test_remat_in_regions():
     step, (loss, grads), (ref_loss, ref_grads), _ = run(*CASES["1f1b-vision_zb-text"], remat=True)
     assert_close(loss, ref_loss)
     assert_close(grads, ref_grads)
+
+
+def test_offload_and_per_stage_remat_in_regions():
+    """Per model stage over the regions' stages (vision 0, 1; text 2, 3): a checkpoint policy,
+    recompute, and offload of all or half the saved values; offloaded values are in host memory."""
+    remat, offload = (False, "dots_saveable", True, False), (True, 0.5, True, False)
+    step, (loss, grads), (ref_loss, ref_grads), args = run(
+        *CASES["1f1b-vision_zb-text"], remat=remat, offload=offload
+    )
+    assert_close(loss, ref_loss)
+    assert_close(grads, ref_grads)
+    assert any(step.measure_peak_bytes_by_kind(*args)["host"])
 
 
 def test_regions_can_share_ranks():
