@@ -158,9 +158,10 @@ def stage_policies(remat, offload, n_stages: int | None) -> dict:
     """`{"remat": ..., "offload": ...}`, one checked value per model stage (the `PlanArgs` fields);
     with `n_stages` None (not known yet) only the values are checked, and nothing is returned."""
     if n_stages is None:
-        for value in remat if isinstance(remat, (list, tuple)) else [remat]:
-            _remat_value(value)
-        for value in offload if isinstance(offload, (list, tuple)) else [offload]:
-            _offload_value(value)
+        for given, check in ((remat, _remat_value), (offload, _offload_value)):
+            if isinstance(given, Mapping):
+                given = list(given.values())
+            for value in given if isinstance(given, (list, tuple)) else [given]:
+                check(value)
         return {}
     return {"remat": stage_remat(remat, n_stages), "offload": stage_offload(offload, n_stages)}
