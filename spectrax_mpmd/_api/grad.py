@@ -46,6 +46,19 @@ class Pipeline(NamedTuple):
     out_tree: object  # of (loss, aux)
 
 
+def param_specs(rules, mesh, dynamic, sig: Signature, argnums, ranges) -> dict:
+    """Flat leaf index -> PartitionSpec of each differentiated argument's leaves under `rules`
+    (on the first rank's submesh); empty without rules (replicated)."""
+    if rules is None:
+        return {}
+    specs = {}
+    for k in argnums:
+        arg = dynamic[sig.positions.index(k)]
+        tree = core_sharding.param_specs(arg, rules, mesh=mesh.submesh(0))
+        specs.update(zip(ranges[k], jax.tree.structure(arg).flatten_up_to(tree)))
+    return specs
+
+
 class _StepFunction:
     """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
 
@@ -126,7 +139,7 @@ class _StepFunction:
             batch=tuple(kinds.batch),
             batch_avals={a: sig.aval(a) for a in kinds.batch},
             keys=kinds.keys,
-            param_specs=self._param_specs(dynamic, sig, kinds.argnums, ranges),
+            param_specs=param_specs(self.rules, self.mesh, dynamic, sig, kinds.argnums, ranges),
             reduce=self.reduce,
             **stage_policies(self.remat, self.offload, len(graph.stages)),
         )
@@ -142,16 +155,6 @@ class _StepFunction:
             for k in pipe.argnums
         )
         return Entry(plan, pipe.out_tree, grad_trees=grad_trees)
-
-    def _param_specs(self, dynamic, sig: Signature, argnums, ranges) -> dict:
-        if self.rules is None:
-            return {}
-        specs = {}
-        for k in argnums:
-            arg = dynamic[sig.positions.index(k)]
-            tree = core_sharding.param_specs(arg, self.rules, mesh=self.mesh.submesh(0))
-            specs.update(zip(ranges[k], jax.tree.structure(arg).flatten_up_to(tree)))
-        return specs
 
     def _entry(self, args):
         return cached_entry(self, args)
@@ -174,16 +177,19 @@ class _StepFunction:
         entry, leaves = self._entry(args)
         return measure_peak_bytes_by_kind(entry.plan, entry.place(self.placer, leaves))
 
-    def measure_timeline(self, *args) -> Timeline:
+    def measure_timeline(self, *args, clock: str = "wall") -> Timeline:
         """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.
 
         Each action is one event on its rank (its cell plus the sends after it);
         `spectrax_core.schedules.chrome_trace(timeline, us_per_unit=1)` turns it
         into a Chrome trace (one track per rank, slices named like `2F5`).
+        `clock="cpu"` times with this process's CPU time instead of the wall clock
+        (the cells run one at a time, so each event is what its cell computed,
+        without the waits other processes' load adds).
         """
         entry, leaves = self._entry(args)
         schedule, n = entry.plan.schedule, self.mesh.mpmd_dim
-        spans = action_spans(entry.plan, entry.place(self.placer, leaves))
+        spans = action_spans(entry.plan, entry.place(self.placer, leaves), clock)
         return measured_timeline(spans, n, repr(schedule), schedule.stage_labels(n))
 
     def profile(self, *args, rounds: int = 7) -> HostProfile:
@@ -192,12 +198,13 @@ class _StepFunction:
         `.table()`). Runs the step `2 * rounds` times."""
         return host_cost(self, args, rounds)
 
-    def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
+    def profile_stages(self, *args, rounds: int = 3, clock: str = "wall") -> StageProfile:
         """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
         compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
         rank's parameter and accumulator bytes, bytes per edge, the bytes each stage and rank
         holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
-        `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
+        `.table()`). Runs the step `rounds` times cell by cell (timed on `clock`, as
+        `measure_timeline`), and once more to size its buffers."""
         entry, leaves = self._entry(args)
         entry.plan.check_single_process(f"{self.name}.profile_stages")
         try:
@@ -207,6 +214,7 @@ class _StepFunction:
                 dict(enumerate(leaves)),
                 entry.place(self.placer, leaves),
                 rounds,
+                clock,
             )
         finally:
             self.compiler.forget_lowerings()
@@ -347,8 +355,10 @@ def step_function(fn: Callable, *, compiler: Compiler, **kwargs) -> Callable:
     return _StepFunction(fn, compiler=compiler, **kwargs)
 
 
-def profile_stages(fn: Callable, *args, mesh, schedule, rounds: int = 3, **step_kwargs) -> StageProfile:
+def profile_stages(
+    fn: Callable, *args, mesh, schedule, rounds: int = 3, clock: str = "wall", **step_kwargs
+) -> StageProfile:
     """`sxvalue_and_grad(fn, mesh=, schedule=, **step_kwargs).profile_stages(*args)`: the
     per-stage profile of `fn`'s pipelined training step on these arguments."""
     step = sxvalue_and_grad(fn, mesh=mesh, schedule=schedule, **step_kwargs)
-    return step.profile_stages(*args, rounds=rounds)
+    return step.profile_stages(*args, rounds=rounds, clock=clock)
