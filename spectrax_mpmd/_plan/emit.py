@@ -110,12 +110,19 @@ def _input_cotangents(draft: Draft, layout: Layout, p: StageProgram, i: int) -> 
     return [draft.slot(InputCotangent(edge_index[p.io.stage.edge_inputs[k]], i)) for k in p.io.diff_in]
 
 
-def residual_slots(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> list[int]:
-    """The slots of stage `s`'s residuals for microbatch `i`, in the backward's order: inputs
-    the backward reads as they are, then what the forward computed (an offloaded one moved
-    back to the device first, see `reload`)."""
+def residual_slots(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int, kind: str) -> list[int]:
+    """The slots of stage `s`'s residuals for microbatch `i` as its `kind` cell reads them, in the
+    backward's order: inputs the backward reads as they are, then what the forward computed (an
+    offloaded one the cell reads moved back to the device first, see `reload`; one it does not
+    read passed as it lies, in host memory)."""
     ins, made = cell_inputs(draft, layout, p, s, i), iter(range(p.n_res))
-    computed = reload(draft, "residuals", s, i, p.n_res, p.offload_res, p.res_specs)
+    computed = reload(draft, "residuals", s, i, p.n_res, p.reload[kind], p.res_specs)
+    computed = [
+        draft.slot(Offloaded("residuals", s, i, k))
+        if k in p.offload_res and k not in p.reload[kind]
+        else slot
+        for k, slot in enumerate(computed)
+    ]
     return [ins[src] if src is not None else computed[next(made)] for src in p.cells.residual_sources]
 
 
@@ -174,17 +181,17 @@ def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> 
     acc = [draft.slot(GradAccumulator(s, leaf)) for leaf in p.io.params]
     ct_out = _input_cotangents(draft, layout, p, i)
     if kind == "B":
-        draft.add(p.specs["B"], residual_slots(draft, layout, p, s, i) + cts + acc, acc + ct_out)
+        draft.add(p.specs["B"], residual_slots(draft, layout, p, s, i, "B") + cts + acc, acc + ct_out)
         send_cotangents(draft, layout, p, i)
         return kind
     if kind == "I":
         stash = [draft.slot(Stash(s, i, k)) for k in range(p.n_stash)]
         if ct_out or stash:  # an I cell with nothing to return (first stage, no stash) is skipped
-            draft.add(p.specs["I"], residual_slots(draft, layout, p, s, i) + cts, ct_out + stash)
+            draft.add(p.specs["I"], residual_slots(draft, layout, p, s, i, "I") + cts, ct_out + stash)
         send_cotangents(draft, layout, p, i)
         offload(draft, "stash", s, i, stash, p.offload_stash, p.stash_specs)
     else:
-        res = residual_slots(draft, layout, p, s, i)
+        res = residual_slots(draft, layout, p, s, i, "W")
         stash = reload(draft, "stash", s, i, p.n_stash, p.offload_stash, p.stash_specs)
         draft.add(p.specs["W"], res + cts + stash + acc, acc)
     return kind

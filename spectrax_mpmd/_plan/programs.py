@@ -38,6 +38,7 @@ class StageProgram:
     stash_specs: list = field(default_factory=list)
     offload_res: tuple = ()
     offload_stash: tuple = ()
+    reload: dict = field(default_factory=dict)  # cell kind -> offloaded residuals it copies back
 
 
 def stage_ios(layout: Layout, args: PlanArgs, m: int) -> list[StageIO]:
@@ -84,6 +85,22 @@ def programs_of(layout: Layout, args: PlanArgs, m: int, remat) -> list[StageProg
 def host_copy(spec) -> tuple:
     """`(device sharding, host sharding)` of a saved value with spec `spec`."""
     return spec.sharding, spec.sharding.with_memory_kind(HOST)
+
+
+def _unread_on_host(p: StageProgram, res_specs: list, reads: frozenset) -> tuple[list, tuple]:
+    """The residual specs of a cell that reads the residuals at positions `reads`: an offloaded
+    residual it does not read is passed as it lies, in host memory; and the offloaded residuals
+    (indices among the forward's) it reads, which are copied back for it."""
+    specs, reload, made = list(res_specs), [], -1
+    for q, src in enumerate(p.cells.residual_sources):
+        made += src is None
+        if src is not None or made not in p.offload_res:
+            continue
+        if q in reads:
+            reload.append(made)
+        else:
+            specs[q] = shape_spec(specs[q], host_copy(specs[q])[1])
+    return specs, tuple(reload)
 
 
 def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, donate: tuple = ()) -> CellSpec:
@@ -141,7 +158,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
     p.n_res = len(produced)
     p.res_specs = produced
-    p.offload_res = offloaded([saved_bytes(a) for a in produced], p.offload.residuals)
+    p.offload_res = p.reload["B"] = offloaded([saved_bytes(a) for a in produced], p.offload.residuals)
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
@@ -158,9 +175,11 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     )
     if not splits:
         return
-    i_fn, w_fn, p.n_stash = cells.split_backward()
+    i_fn, w_fn, p.n_stash, (i_reads, w_reads) = cells.split_backward()
     free = layout.free(s)
-    p.specs["I"] = CellSpec(i_fn, tuple(res_specs + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
+    i_res, p.reload["I"] = _unread_on_host(p, res_specs, i_reads)
+    w_res, p.reload["W"] = _unread_on_host(p, res_specs, w_reads)
+    p.specs["I"] = CellSpec(i_fn, tuple(i_res + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
     if free is not None:
         stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
     else:
@@ -170,7 +189,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     n_w_in = n_read + p.n_stash
     p.specs["W"] = CellSpec(
         w_fn,
-        tuple(res_specs + ct_specs + stash_specs + acc_specs),
+        tuple(w_res + ct_specs + stash_specs + acc_specs),
         tuple(acc_sh),
         tuple(range(n_w_in, n_w_in + len(acc_specs))),
     )

@@ -238,11 +238,12 @@ class StageCells:
         return (*[a + g.astype(a.dtype) for a, g in zip(acc, gP)], *gA)
 
     # -- the I / W split ---------------------------------------------------------------
-    def split_backward(self) -> tuple[Callable, Callable, int]:
-        """Partition the backward into an I cell and a W cell; returns `(I, W, stash size)`.
+    def split_backward(self) -> tuple[Callable, Callable, int, tuple[frozenset, frozenset]]:
+        """Partition the backward into an I cell and a W cell; returns `(I, W, stash size, reads)`.
 
         I: `(residuals, cotangents) -> (input cotangents, stash)`.
         W: `(residuals, cotangents, stash, accumulators) -> accumulators`.
+        `reads`: the positions of the residuals I reads, and of those W reads (others are ignored).
         """
         res_avals = self.residual_avals
         ct_avals = self.ct_avals()
@@ -291,7 +292,11 @@ class StageCells:
             grads = [_grad_value(env, v, a) for v, a in zip(grad_vars, acc)]
             return tuple(a + g.astype(a.dtype) for a, g in zip(acc, grads))
 
-        return i_cell, w_cell, len(stash)
+        def read_by(cell_eqns, outs) -> frozenset:
+            ids = {id(v) for q in cell_eqns for v in q.invars} | {id(v) for v in outs}
+            return frozenset(k for k, v in enumerate(invars[:n_res]) if id(v) in ids)
+
+        return i_cell, w_cell, len(stash), (read_by(i_eqns, ct_vars), read_by(w_eqns, grad_vars))
 
     # -- the last stage: loss forward and backward in one cell ---------------------------
     def loss_step(self, *flat):
