@@ -17,7 +17,7 @@ pipeline rank per device. Sections (`--sections`, all by default):
   lm         the main job's model (`examples/train_lm.py`: byte-level TransformerLM,
              d_model 128, 4 blocks, batch 32 x 64, 4 ranks x 1 device, Std1F1B, m=8,
              the optax update inside the plan) and a larger one (8 blocks, d_model
-             512, 4 ranks x 2 devices): the pipelined update step against the same
+             512, 4 ranks x 2 devices, batch 8 x 64): the pipelined update step against the same
              model as one SPMD program on one rank's devices (the same microbatches
              accumulated by `lax.scan`), first calls with their phases, and the
              issue CPU per schedule cell next to what one of its cells' compiled
@@ -145,6 +145,14 @@ def first_call(fn) -> float:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
+
+
+def first_call_cpu(fn) -> tuple[float, float]:
+    """Wall seconds and the process's CPU seconds (every thread: tracing, lowering, the compiler's
+    threads, the first run) of a first call; CPU time barely moves with other load on the machine."""
+    cpu = time.process_time()
+    wall = first_call(fn)
+    return wall, time.process_time() - cpu
 
 
 def allclose(got, want) -> bool:
@@ -276,14 +284,15 @@ def section_host(rounds: int) -> list:
     return [{"section": "host", **report.as_dict()}]
 
 
-# the main job's LM (examples/train_lm.py defaults) and a larger one: d_model, blocks, devices per rank
-LM_CONFIGS = {"lm": (128, 4, 1), "lm-large": (512, 8, 2)}
+# the main job's LM (examples/train_lm.py defaults) and a larger one: d_model, blocks, devices per
+# rank, sequences per step (the larger model's step takes seconds on CPU: one sequence per microbatch)
+LM_CONFIGS = {"lm": (128, 4, 1, 32), "lm-large": (512, 8, 2, 8)}
 
 
-def lm_steps(d_model: int, blocks: int, per_rank: int, n: int = 4, m: int = 8) -> tuple:
+def lm_steps(d_model: int, blocks: int, per_rank: int, sequences: int, n: int = 4, m: int = 8) -> tuple:
     """Fresh update steps of the LM: pipelined over n ranks of `per_rank` devices, and unsplit (one
     SPMD program over one rank's devices, the same microbatches accumulated by `lax.scan`: the
-    same arithmetic); with the model, its optimizer and a batch (32 sequences of 64 bytes)."""
+    same arithmetic); with the model, its optimizer and a batch of `sequences` x 64 bytes."""
     devices = jax.devices()[: n * per_rank]
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
     lm = TransformerLM.init(
@@ -293,7 +302,7 @@ def lm_steps(d_model: int, blocks: int, per_rank: int, n: int = 4, m: int = 8) -
     spmd = mp.create_mesh((1, 1, per_rank, 1, 1, 1), devices=devices[:per_rank])
     mpmd_step = mp.runner(mesh=pipe, loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(microbatches=m), tx=tx)
     spmd_step = mp.runner(mesh=spmd, loss_fn=softmax_cross_entropy, microbatches=m, tx=tx)
-    window = np.random.default_rng(0).integers(0, 256, (32, 65)).astype(np.int32)
+    window = np.random.default_rng(0).integers(0, 256, (sequences, 65)).astype(np.int32)
     batch = (jnp.asarray(window[:, :-1]), jnp.asarray(window[:, 1:]))
     own = jax.tree.map(jnp.copy, lm)  # each step consumes its own parameters
     return (mpmd_step, mp.stage_blocks(lm, n)), (spmd_step, own), tx, batch
@@ -313,11 +322,11 @@ class Updating:
 def section_lm(rounds: int, configs: list) -> list:
     rows = []
     for name in configs:
-        d_model, blocks, per_rank = LM_CONFIGS[name]
-        (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank)
+        d_model, blocks, per_rank, sequences = LM_CONFIGS[name]
+        (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
         spmd, mpmd = Updating(spmd_step, lm, tx, batch), Updating(mpmd_step, staged, tx, batch)
-        spmd_first = first_call(spmd)
-        mpmd_first = first_call(mpmd)
+        spmd_first, spmd_first_cpu = first_call_cpu(spmd)
+        mpmd_first, mpmd_first_cpu = first_call_cpu(mpmd)
         report = mpmd_step.runner.update_step.timings()
         t = interleaved({"mpmd": mpmd, "spmd": spmd}, rounds, 2)
         host = mpmd_step.runner.update_step.profile(mpmd.params, mpmd.state, None, *batch, rounds=rounds)
@@ -333,6 +342,7 @@ def section_lm(rounds: int, configs: list) -> list:
             "d_model": d_model,
             "blocks": blocks,
             "devices_per_rank": per_rank,
+            "sequences": sequences,
             **{f"{k}_{stat}": v for k, s in t.items() for stat, v in s.items()},
             "vs_spmd_median": t["mpmd"]["median_ms"] / t["spmd"]["median_ms"],
             "vs_spmd_min": t["mpmd"]["min_ms"] / t["spmd"]["min_ms"],
@@ -347,6 +357,9 @@ def section_lm(rounds: int, configs: list) -> list:
             "first_s": mpmd_first,
             "spmd_first_s": spmd_first,
             "first_vs_spmd": mpmd_first / spmd_first,
+            "first_cpu_s": mpmd_first_cpu,
+            "spmd_first_cpu_s": spmd_first_cpu,
+            "first_cpu_vs_spmd": mpmd_first_cpu / spmd_first_cpu,
             "compiled": report["compiled"],
             "relocated": report["relocated"],
             "lowered": report["lowered"],
@@ -426,6 +439,9 @@ LM_COLUMNS = [
     ("first_s", "first s", "8.2f"),
     ("spmd_first_s", "unspl s", "8.2f"),
     ("first_vs_spmd", "x unspl", "8.2f"),
+    ("first_cpu_s", "first cpu", "10.2f"),
+    ("spmd_first_cpu_s", "unspl cpu", "10.2f"),
+    ("first_cpu_vs_spmd", "x cpu", "6.2f"),
     ("lowered", "lowered", "8"),
     ("compiled", "compiled", "8"),
     ("relocated", "reloc", "6"),
