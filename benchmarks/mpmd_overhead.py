@@ -20,9 +20,12 @@ pipeline rank per device. Sections (`--sections`, all by default):
              512, 4 ranks x 2 devices, batch 8 x 64): the pipelined update step against the same
              model as one SPMD program on one rank's devices (the same microbatches
              accumulated by `lax.scan`), first calls with their phases, and the
-             issue CPU per schedule cell next to what one of its cells' compiled
-             calls costs by itself, and what all the step's calls and copies cost
-             timed one by one (`--lm-configs` picks the configurations).
+             issue CPU per schedule cell by cause: the whole call (`call/cell`), its
+             argument handling around the plan (`args/cell`), the plan's issue
+             (`us/cell`) with what releasing buffers after their last use costs
+             in it (`free/cell`) and what its calls and copies cost timed one by
+             one (`calls/cell`), next to one cell's compiled call by itself (`cell
+             call`, F / B / FB). `--lm-configs` picks the configurations.
 
 Every timed figure comes from `--rounds` interleaved rounds (each round runs every
 contender in turn, each call waited for): wall time min, median and spread
@@ -38,6 +41,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -319,6 +323,30 @@ class Updating:
         return loss
 
 
+def release_cost(owner, args: tuple, rounds: int) -> float:
+    """Issue CPU seconds per step spent releasing buffers after their last use: the plan run as it
+    is against the same plan keeping every buffer to the end (interleaved rounds, medians)."""
+    import dataclasses
+
+    from spectrax_mpmd._api.entry import cached_entry, fresh_inputs
+    from spectrax_mpmd._runtime.plan import Step
+
+    entry, leaves = cached_entry(owner, args)
+    kept = dataclasses.replace(entry.plan, steps=[Step(fn, i, o) for fn, i, o, _ in entry.plan.steps])
+    inputs = fresh_inputs(entry, owner.placer, leaves)
+    spent: dict = {"freed": [], "kept": []}
+    for _ in range(rounds):
+        for name, plan in (("freed", entry.plan), ("kept", kept)):
+            placed = inputs()
+            jax.block_until_ready(placed)
+            start = time.thread_time()
+            buf = plan.run(placed)
+            spent[name].append(time.thread_time() - start)
+            jax.block_until_ready([b for b in buf if b is not None and not b.is_deleted()])
+            del buf
+    return statistics.median(spent["freed"]) - statistics.median(spent["kept"])
+
+
 def section_lm(rounds: int, configs: list) -> list:
     rows = []
     for name in configs:
@@ -336,6 +364,8 @@ def section_lm(rounds: int, configs: list) -> list:
                 calls, us = kinds.get(row.kind, (0, 0.0))
                 kinds[row.kind] = (calls + row.calls, us + row.call_us)
         cell_call_us = sum(us for _, us in kinds.values()) / sum(calls for calls, _ in kinds.values())
+        owner = mpmd_step.runner.update_step
+        release_us = release_cost(owner, (mpmd.params, mpmd.state, None, *batch), rounds) * 1e6
         row = {
             "section": "lm",
             "config": name,
@@ -348,6 +378,8 @@ def section_lm(rounds: int, configs: list) -> list:
             "vs_spmd_min": t["mpmd"]["min_ms"] / t["spmd"]["min_ms"],
             "issue_us_per_cell": host.per_cell_us,
             "call_us_per_cell": t["mpmd"]["cpu_median_ms"] * 1e3 / host.cells,
+            "around_plan_us_per_cell": t["mpmd"]["cpu_median_ms"] * 1e3 / host.cells - host.per_cell_us,
+            "release_us_per_cell": release_us / host.cells,
             "calls_us_per_cell": host.calls_per_cell_us,
             "issue_vs_calls": host.per_cell_us / host.calls_per_cell_us,
             "cell_call_us": cell_call_us,
@@ -386,7 +418,9 @@ SCHEDULE_COLUMNS = [
     ("vs_scan_min", "/scan min", "9.2f"),
     ("vs_scan_median", "/scan med", "9.2f"),
     ("vs_unsplit_median", "/unspl", "7.2f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
     ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
     ("issue_share", "issuing", "8.0%"),
     ("sxlib_vs_scan_median", "sx/scan", "8.2f"),
 ]
@@ -400,7 +434,9 @@ SCALING_COLUMNS = [
     ("scan_median_ms", "scan med", "9.2f"),
     ("vs_scan_min", "/scan min", "9.2f"),
     ("vs_scan_median", "/scan med", "9.2f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
     ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
     ("issue_share", "issuing", "8.0%"),
 ]
 FIRST_COLUMNS = [
@@ -428,7 +464,9 @@ LM_COLUMNS = [
     ("vs_spmd_min", "/unspl min", "10.2f"),
     ("vs_spmd_median", "/unspl med", "10.2f"),
     ("call_us_per_cell", "call/cell", "10.1f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
     ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
     ("calls_us_per_cell", "calls/cell", "10.1f"),
     ("issue_vs_calls", "x calls", "8.2f"),
     ("cell_call_us", "cell call", "10.1f"),
