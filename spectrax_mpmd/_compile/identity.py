@@ -29,6 +29,7 @@ import enum
 import hashlib
 from typing import Any
 
+import jax
 import numpy as np
 from jax import Array
 from jax.extend import core as jex_core
@@ -54,7 +55,11 @@ class _Unkeyable(Exception):
     """Raised inside `jaxpr_key` when a program has side effects."""
 
 
-def _array_key(value) -> tuple:
+def _array_key(value) -> Any:
+    if isinstance(value, Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):  # a typed key: its impl and data
+            return ("key", value.dtype, _array_key(jax.random.key_data(value)))
+        return Held(value)  # another extended dtype: by identity
     array = np.asarray(value)
     return ("array", array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest())
 

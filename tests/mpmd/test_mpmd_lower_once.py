@@ -34,6 +34,11 @@ def _closure(values):
     return lambda a: (a * c,)
 
 
+def _keyed(seed):
+    key = jax.random.key(seed)  # a typed key closed over: a constant of an extended dtype
+    return lambda a: (a + jax.random.uniform(key, a.shape),)
+
+
 def _rolled(shift):
     return lambda a: (functools.partial(jnp.roll, shift=shift)(a),)
 
@@ -50,6 +55,7 @@ PAIRS = {
         (_closure([1.0, 2.0, 3.0, 4.0]), _spec((4,)), ONE),
         (_closure([1.0, 2.0, 3.0, 5.0]), _spec((4,)), ONE),
     ),
+    "closed-over key": ((_keyed(1), _spec((4,)), ONE), (_keyed(2), _spec((4,)), ONE)),
     "static argument": ((_rolled(1), _spec((4,)), ONE), (_rolled(2), _spec((4,)), ONE)),
     "weak type": ((_add(1.0), _spec((), weak_type=True), ONE), (_add(1.0), _spec(()), ONE)),
     "sharding": (
