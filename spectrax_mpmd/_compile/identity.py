@@ -9,7 +9,8 @@ hashable key derived from the program itself, so that a program already lowered
   the avals of its results (shape, dtype, weak type, sharding type) and its
   parameters, nested jaxprs included with their constants;
 * every constant and literal by its value: dtype, shape and a digest of its
-  bytes (so `0.0` and `-0.0` differ, and a closure's array is read, not named);
+  bytes (so `0.0` and `-0.0` differ, and a closure's array is read, not named;
+  a typed PRNG key by its implementation and key data);
 * floats by their exact bits, ints and bools with their type;
 * a sharding by its layout with each device named by its position among the
   cell's devices (the same program on another rank's devices keys the same);
@@ -56,11 +57,16 @@ class _Unkeyable(Exception):
 
 
 def _array_key(value) -> Any:
+    """An array's dtype, shape and bytes (a typed key: its impl and key data); by identity where
+    its value cannot be read in this process."""
     if isinstance(value, Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):  # a typed key: its impl and data
             return ("key", value.dtype, _array_key(jax.random.key_data(value)))
         return Held(value)  # another extended dtype: by identity
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError):  # not readable here (e.g. spans other processes)
+        return Held(value)
     return ("array", array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest())
 
 
