@@ -14,13 +14,25 @@ pipeline rank per device. Sections (`--sections`, all by default):
              `step.timings()`) against the unsplit step's first call.
   host       `step.profile()` of the small model, n=4, Std1F1B: issue CPU per rank
              and cell kind.
+  lm         the main job's model (`examples/train_lm.py`: byte-level TransformerLM,
+             d_model 128, 4 blocks, batch 32 x 64, 4 ranks x 1 device, Std1F1B, m=8,
+             the optax update inside the plan) and a larger one (8 blocks, d_model
+             512, 4 ranks x 2 devices, batch 8 x 64): the pipelined update step against the same
+             model as one SPMD program on one rank's devices (the same microbatches
+             accumulated by `lax.scan`), first calls with their phases, and the
+             issue CPU per schedule cell by cause: the whole call (`call/cell`), its
+             argument handling around the plan (`args/cell`), the plan's issue
+             (`us/cell`) with what releasing buffers after their last use costs
+             in it (`free/cell`) and what its calls and copies cost timed one by
+             one (`calls/cell`), next to one cell's compiled call by itself (`cell
+             call`, F / B / FB). `--lm-configs` picks the configurations.
 
 Every timed figure comes from `--rounds` interleaved rounds (each round runs every
 contender in turn, each call waited for): wall time min, median and spread
 ((max - min) / median), and the issuing thread's CPU time (`time.thread_time`),
 which other load on a shared machine barely moves. Writes every row as JSON.
 
-    python benchmarks/mpmd_overhead.py [--rounds 7] [--sections schedules,scaling,first,host]
+    python benchmarks/mpmd_overhead.py [--rounds 7] [--sections schedules,scaling,first,host,lm]
 """
 
 from __future__ import annotations
@@ -39,10 +51,13 @@ os.environ.setdefault("LOGGING_LEVEL_ED", "WARNING")  # spectrax-lib logs every 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import optax  # noqa: E402
 from _timing import summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
+from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
+from spectrax_core.models import TransformerLM  # noqa: E402
 
 SIZES = {"small": (256, 64), "large": (1024, 256)}
 
@@ -133,6 +148,14 @@ def first_call(fn) -> float:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
+
+
+def first_call_cpu(fn) -> tuple[float, float]:
+    """Wall seconds and the process's CPU seconds (every thread: tracing, lowering, the compiler's
+    threads, the first run) of a first call; CPU time barely moves with other load on the machine."""
+    cpu = time.process_time()
+    wall = first_call(fn)
+    return wall, time.process_time() - cpu
 
 
 def allclose(got, want) -> bool:
@@ -264,6 +287,123 @@ def section_host(rounds: int) -> list:
     return [{"section": "host", **report.as_dict()}]
 
 
+# the main job's LM (examples/train_lm.py defaults) and a larger one: d_model, blocks, devices per
+# rank, sequences per step (the larger model's step takes seconds on CPU: one sequence per microbatch)
+LM_CONFIGS = {"lm": (128, 4, 1, 32), "lm-large": (512, 8, 2, 8)}
+
+
+def lm_steps(d_model: int, blocks: int, per_rank: int, sequences: int, n: int = 4, m: int = 8) -> tuple:
+    """Fresh update steps of the LM: pipelined over n ranks of `per_rank` devices, and unsplit (one
+    SPMD program over one rank's devices, the same microbatches accumulated by `lax.scan`: the
+    same arithmetic); with the model, its optimizer and a batch of `sequences` x 64 bytes."""
+    devices = jax.devices()[: n * per_rank]
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    lm = TransformerLM.init(
+        jax.random.key(0), vocab_size=256, d_model=d_model, n_layers=blocks, n_heads=4, d_ff=4 * d_model
+    )
+    pipe = mp.create_mesh((n, 1, per_rank, 1, 1, 1), mpmd_axis="pp", devices=devices)
+    spmd = mp.create_mesh((1, 1, per_rank, 1, 1, 1), devices=devices[:per_rank])
+    mpmd_step = mp.runner(mesh=pipe, loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(microbatches=m), tx=tx)
+    spmd_step = mp.runner(mesh=spmd, loss_fn=softmax_cross_entropy, microbatches=m, tx=tx)
+    window = np.random.default_rng(0).integers(0, 256, (sequences, 65)).astype(np.int32)
+    batch = (jnp.asarray(window[:, :-1]), jnp.asarray(window[:, 1:]))
+    own = jax.tree.map(jnp.copy, lm)  # each step consumes its own parameters
+    return (mpmd_step, mp.stage_blocks(lm, n)), (spmd_step, own), tx, batch
+
+
+class Updating:
+    """A training loop's step as a contender: each call updates and keeps the new state."""
+
+    def __init__(self, step, params, tx, batch):
+        self.step, self.params, self.state, self.batch = step, params, tx.init(params), batch
+
+    def __call__(self):
+        loss, self.params, self.state = self.step.update(self.params, self.state, *self.batch)
+        return loss
+
+
+def release_cost(owner, args: tuple, rounds: int) -> float:
+    """Issue CPU seconds per step spent releasing buffers after their last use: the plan run as it
+    is against the same plan keeping every buffer to the end (interleaved rounds, the least of each:
+    the difference of two CPU times is within the noise of their medians on a shared machine)."""
+    import dataclasses
+
+    from spectrax_mpmd._api.entry import cached_entry, fresh_inputs
+    from spectrax_mpmd._runtime.plan import Step
+
+    entry, leaves = cached_entry(owner, args)
+    kept = dataclasses.replace(entry.plan, steps=[Step(fn, i, o) for fn, i, o, _ in entry.plan.steps])
+    inputs = fresh_inputs(entry, owner.placer, leaves)
+    spent: dict = {"freed": [], "kept": []}
+    for _ in range(rounds):
+        for name, plan in (("freed", entry.plan), ("kept", kept)):
+            placed = inputs()
+            jax.block_until_ready(placed)
+            start = time.thread_time()
+            buf = plan.run(placed)
+            spent[name].append(time.thread_time() - start)
+            jax.block_until_ready([b for b in buf if b is not None and not b.is_deleted()])
+            del buf
+    return min(spent["freed"]) - min(spent["kept"])
+
+
+def section_lm(rounds: int, configs: list) -> list:
+    rows = []
+    for name in configs:
+        d_model, blocks, per_rank, sequences = LM_CONFIGS[name]
+        (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
+        spmd, mpmd = Updating(spmd_step, lm, tx, batch), Updating(mpmd_step, staged, tx, batch)
+        spmd_first, spmd_first_cpu = first_call_cpu(spmd)
+        mpmd_first, mpmd_first_cpu = first_call_cpu(mpmd)
+        report = mpmd_step.runner.update_step.timings()
+        t = interleaved({"mpmd": mpmd, "spmd": spmd}, rounds, 2)
+        host = mpmd_step.runner.update_step.profile(mpmd.params, mpmd.state, None, *batch, rounds=rounds)
+        kinds = {}
+        for row in host.rows:
+            if row.kind in ("F", "B", "FB"):
+                calls, us = kinds.get(row.kind, (0, 0.0))
+                kinds[row.kind] = (calls + row.calls, us + row.call_us)
+        cell_call_us = sum(us for _, us in kinds.values()) / sum(calls for calls, _ in kinds.values())
+        owner = mpmd_step.runner.update_step
+        release_us = release_cost(owner, (mpmd.params, mpmd.state, None, *batch), rounds) * 1e6
+        row = {
+            "section": "lm",
+            "config": name,
+            "d_model": d_model,
+            "blocks": blocks,
+            "devices_per_rank": per_rank,
+            "sequences": sequences,
+            **{f"{k}_{stat}": v for k, s in t.items() for stat, v in s.items()},
+            "vs_spmd_median": t["mpmd"]["median_ms"] / t["spmd"]["median_ms"],
+            "vs_spmd_min": t["mpmd"]["min_ms"] / t["spmd"]["min_ms"],
+            "issue_us_per_cell": host.per_cell_us,
+            "call_us_per_cell": t["mpmd"]["cpu_median_ms"] * 1e3 / host.cells,
+            "around_plan_us_per_cell": t["mpmd"]["cpu_median_ms"] * 1e3 / host.cells - host.per_cell_us,
+            "release_us_per_cell": release_us / host.cells,
+            "calls_us_per_cell": host.calls_per_cell_us,
+            "issue_vs_calls": host.per_cell_us / host.calls_per_cell_us,
+            "cell_call_us": cell_call_us,
+            "issue_vs_cell_call": host.per_cell_us / cell_call_us,
+            **{f"{k}_us_per_call": us / calls for k, (calls, us) in kinds.items()},
+            "issue_share": host.issue_share,
+            "first_s": mpmd_first,
+            "spmd_first_s": spmd_first,
+            "first_vs_spmd": mpmd_first / spmd_first,
+            "first_cpu_s": mpmd_first_cpu,
+            "spmd_first_cpu_s": spmd_first_cpu,
+            "first_cpu_vs_spmd": mpmd_first_cpu / spmd_first_cpu,
+            "compiled": report["compiled"],
+            "relocated": report["relocated"],
+            "lowered": report["lowered"],
+            **{f"{k}_s": v for k, v in report["seconds"].items()},
+            "host": host.as_dict(),
+        }
+        rows.append(row)
+        print_row(LM_COLUMNS, row)
+        print(host.table())
+    return rows
+
+
 # --- printing ----------------------------------------------------------------------------------
 
 SCHEDULE_COLUMNS = [
@@ -278,7 +418,9 @@ SCHEDULE_COLUMNS = [
     ("vs_scan_min", "/scan min", "9.2f"),
     ("vs_scan_median", "/scan med", "9.2f"),
     ("vs_unsplit_median", "/unspl", "7.2f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
     ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
     ("issue_share", "issuing", "8.0%"),
     ("sxlib_vs_scan_median", "sx/scan", "8.2f"),
 ]
@@ -292,7 +434,9 @@ SCALING_COLUMNS = [
     ("scan_median_ms", "scan med", "9.2f"),
     ("vs_scan_min", "/scan min", "9.2f"),
     ("vs_scan_median", "/scan med", "9.2f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
     ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
     ("issue_share", "issuing", "8.0%"),
 ]
 FIRST_COLUMNS = [
@@ -309,6 +453,38 @@ FIRST_COLUMNS = [
     ("relocate_s", "reloc s", "8.3f"),
     ("plan_s", "plan", "7.3f"),
     ("first_run_s", "run", "7.3f"),
+]
+LM_COLUMNS = [
+    ("config", "config", "9"),
+    ("mpmd_min_ms", "mpmd min", "9.1f"),
+    ("mpmd_median_ms", "mpmd med", "9.1f"),
+    ("mpmd_spread", "spread", "7.2f"),
+    ("mpmd_cpu_median_ms", "mpmd cpu", "9.1f"),
+    ("spmd_median_ms", "unspl med", "9.1f"),
+    ("vs_spmd_min", "/unspl min", "10.2f"),
+    ("vs_spmd_median", "/unspl med", "10.2f"),
+    ("call_us_per_cell", "call/cell", "10.1f"),
+    ("around_plan_us_per_cell", "args/cell", "10.1f"),
+    ("issue_us_per_cell", "us/cell", "8.1f"),
+    ("release_us_per_cell", "free/cell", "10.1f"),
+    ("calls_us_per_cell", "calls/cell", "10.1f"),
+    ("issue_vs_calls", "x calls", "8.2f"),
+    ("cell_call_us", "cell call", "10.1f"),
+    ("issue_vs_cell_call", "x cell", "7.2f"),
+    ("F_us_per_call", "F us", "7.1f"),
+    ("B_us_per_call", "B us", "7.1f"),
+    ("FB_us_per_call", "FB us", "7.1f"),
+    ("first_s", "first s", "8.2f"),
+    ("spmd_first_s", "unspl s", "8.2f"),
+    ("first_vs_spmd", "x unspl", "8.2f"),
+    ("first_cpu_s", "first cpu", "10.2f"),
+    ("spmd_first_cpu_s", "unspl cpu", "10.2f"),
+    ("first_cpu_vs_spmd", "x cpu", "6.2f"),
+    ("lowered", "lowered", "8"),
+    ("compiled", "compiled", "8"),
+    ("relocated", "reloc", "6"),
+    ("lower_s", "lower", "7.2f"),
+    ("compile_s", "compile", "8.2f"),
 ]
 
 
@@ -328,7 +504,8 @@ def print_row(columns, row) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per figure (default 7)")
-    ap.add_argument("--sections", default="schedules,scaling,first,host")
+    ap.add_argument("--sections", default="schedules,scaling,first,host,lm")
+    ap.add_argument("--lm-configs", default="lm,lm-large", help="LM configurations of the lm section")
     ap.add_argument("--sizes", default="small,large", help="model sizes of the schedules section")
     ap.add_argument(
         "--first-repeats", type=int, default=3, help="fresh builds per first-call figure (min kept)"
@@ -347,6 +524,8 @@ def main():
         rows += section_schedules(args.rounds, args.sizes.split(","), load(8, 4))
     if "scaling" in sections:
         rows += section_scaling(args.rounds)
+    if "lm" in sections:
+        rows += section_lm(args.rounds, args.lm_configs.split(","))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))

@@ -73,6 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--sample-tokens", type=int, default=60, help="greedy tokens generated at the end")
     p.add_argument("--spmd", action="store_true", help="run the same model as one SPMD program instead")
+    p.add_argument(
+        "--compile-reference",
+        action="store_true",
+        help="also build the same model's unsplit step (one program on one device) and print its first "
+        "call next to the pipeline's",
+    )
     p.add_argument("--out", default="runs/train_lm", help="directory for metrics, trace and plots")
     p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (orbax-checkpoint)")
     p.add_argument("--save-every", type=int, default=0, help="save every N steps (default: only at the end)")
@@ -251,6 +257,17 @@ def measured_cost(timeline, n_stages: int) -> schedules.StageCost:
     return schedules.StageCost(*(tuple(cost[kind]) for kind in "FBIW"))
 
 
+def unsplit_first_call(args, params, tx) -> float:
+    """Seconds of the first update of the same model as one program on one device (trace, compile
+    and one step; `params` are consumed), the reference for the pipeline's first call."""
+    mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), devices=jax.devices()[:1])
+    step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches, tx=tx)
+    tokens, targets = next(batches(np.zeros(args.seq + 2, np.uint8), args.batch, args.seq))
+    start = time.perf_counter()
+    jax.block_until_ready(step.update(params, tx.init(params), tokens, targets))
+    return time.perf_counter() - start
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if "JAX_COORDINATOR_ADDRESS" in os.environ:  # started by `python -m spectrax_mpmd.launch`
@@ -278,6 +295,9 @@ def main(argv=None) -> dict:
         n_heads=4,
         d_ff=4 * args.d_model,
     )
+    unsplit_params = (
+        jax.tree.map(jnp.copy, lm) if args.compile_reference else None
+    )  # the pipeline consumes lm
     if args.spmd:
         mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices[: args.stages])  # data parallel
         params = lm
@@ -330,7 +350,8 @@ def main(argv=None) -> dict:
     jax.block_until_ready(loss)
     first_call = None if args.spmd else step.runner.update_step.timings()
     compiled = 1 if args.spmd else first_call["compiled"] + first_call["relocated"]
-    print(f"compiled {compiled} programs in {time.perf_counter() - start:.1f} s", end="")
+    first_s = time.perf_counter() - start
+    print(f"compiled {compiled} programs in {first_s:.1f} s", end="")
     if first_call is not None:
         phases = ", ".join(f"{k} {v:.2f}" for k, v in first_call["seconds"].items())
         print(
@@ -339,6 +360,13 @@ def main(argv=None) -> dict:
             end="",
         )
     print()
+    unsplit_s = None
+    if unsplit_params is not None and not args.spmd:
+        unsplit_s = unsplit_first_call(args, unsplit_params, tx)
+        print(
+            f"the same model's unsplit step (one program, one device): first call {unsplit_s:.1f} s; "
+            f"the pipeline's is {first_s / unsplit_s:.2f}x that"
+        )
     layout = "SPMD" if args.spmd else f"{args.stages} ranks, {schedule!r}"
 
     last = min(args.steps, args.stop_after) if args.stop_after else args.steps
@@ -435,6 +463,7 @@ def main(argv=None) -> dict:
         "tokens_per_s": tokens_per_s,
         "programs": compiled,
         "first_call": first_call,
+        "unsplit_first_call_s": unsplit_s,
         "host": None if host is None else host.as_dict(),
         "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
         "simulated_bubble": None if timeline is None else simulated.bubble_fraction,

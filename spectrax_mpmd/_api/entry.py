@@ -20,9 +20,12 @@ from ..errors import MpmdError
 class Placer:
     """Places argument leaves on the ranks that read them.
 
-    A `jax.Array` is immutable, so its placement is cached by identity and reused
-    while the caller passes the same object; numpy arrays and Python values can
-    change in place and are placed again on every call, and so are leaves whose
+    A `jax.Array` already committed to the sharding the plan reads it with (a
+    previous step's result: parameters and optimizer state in a training loop) is
+    used as it is, as `jax.device_put` would return it, without its per-leaf cost.
+    Otherwise a `jax.Array` is immutable, so its placement is cached by identity and
+    reused while the caller passes the same object; numpy arrays and Python values
+    can change in place and are placed again on every call, and so are leaves whose
     key is None (donated ones, consumed by the call).
     """
 
@@ -33,6 +36,9 @@ class Placer:
         out: list = [None] * len(values)
         miss_v, miss_s, miss_i = [], [], []
         for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
+            if isinstance(v, jax.Array) and v.committed and v.sharding == sh:
+                out[k] = v
+                continue
             hit = self.cache.get(key) if key is not None else None
             if hit is not None and hit[0] is v and isinstance(v, jax.Array):
                 out[k] = hit[1]

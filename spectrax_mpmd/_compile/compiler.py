@@ -22,6 +22,12 @@ Same program on the same devices: one executable. Same program on other
 devices: compiled once, loaded onto the others. Nothing is keyed on a printed
 summary or on the id of an object the key does not hold, so a reused
 executable is provably the same program.
+
+Lowering costs far more than tracing, so a cell is identified from its trace
+first (`identity.jaxpr_key`: its jaxpr with every constant's value, plus the
+same interface as above): a traced program that was lowered before, on any
+devices, takes that lowering's identity and is not lowered again. Programs with
+side effects are identified from their lowering only.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from .._trace.context import config_key
+from .identity import Held, jaxpr_key
 from .relocate import persistent_cache_active, relocate, relocation_available, serialized
 from .stats import BuildStats
 
@@ -81,21 +88,6 @@ def _aval_key(aval) -> tuple:
     return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
 
 
-class _Held:
-    """An object in a key by identity; the key holds it, so its id is not reused while the key lives."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Held) and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-
 def _compile_args(lowered) -> dict | None:
     """What JAX hands the compiler besides the text (private, feature-detected), or None."""
     args = getattr(getattr(lowered, "_lowering", None), "compile_args", None)
@@ -107,10 +99,10 @@ def _host_state(lowered) -> tuple:
     and its side effects; without JAX's compile arguments, a token unique to this lowering."""
     args = _compile_args(lowered)
     if args is None:
-        return (_Held(object()),)
+        return (Held(object()),)
     held = (*(args["host_callbacks"] or ()), *(args.get("keepalive") or ()))
     return (
-        tuple(_Held(h) for h in held),
+        tuple(Held(h) for h in held),
         tuple(args.get("ordered_effects") or ()),
         frozenset(args.get("unordered_effects") or ()),
     )
@@ -146,6 +138,8 @@ def _layout_key(sharding, position: dict) -> Any:
             tuple(sharding.spec),
             sharding.memory_kind,
         )
+    if isinstance(sharding, SingleDeviceSharding):
+        return ("single", position[next(iter(sharding.device_set))], sharding.memory_kind)
     return (type(sharding).__name__, tuple(sorted(position[d] for d in sharding.device_set)), repr(sharding))
 
 
@@ -165,6 +159,8 @@ class Compiler:
         self.relocate = relocate and relocation_available()
         self.stats = BuildStats()
         self._lowered: dict = {}  # spec -> ((program, devices), lowered), for the current build
+        self.known: dict = {}  # a traced program's key -> the program its lowering is
+        self._early: bool | None = None  # whether traced keys are used (known after one lowering)
         self.transport = None  # the cross-process transport, made by the first multi-process build
 
     def program_key(self, spec: CellSpec) -> tuple:
@@ -179,7 +175,7 @@ class Compiler:
     def compile_spec(self, spec: CellSpec):
         key, lowered = self._lower(spec)
         if key not in self.cache:
-            self._store(key, self._relocated(key) or self._compile(lowered))
+            self._store(key, self._relocated(key) or self._compile(key, lowered))
         return self.cache[key]
 
     def prefetch(self, specs) -> None:
@@ -202,7 +198,7 @@ class Compiler:
                 todo[key] = lowered
                 program = key[0] if relocating else key
                 if program not in self.sources and program not in started:
-                    started[program] = (key, pool.submit(lowered.compile))
+                    started[program] = (key, pool.submit(self._lowering(lowered).compile))
             with self.stats.timed("compile"):
                 done = [(key, future.result()) for key, future in started.values()]
         self.stats.compiled += len(done)
@@ -210,13 +206,22 @@ class Compiler:
             self._store(key, compiled)
         for key, lowered in todo.items():
             if key not in self.cache:
-                self._store(key, self._relocated(key) or self._compile(lowered))
+                self._store(key, self._relocated(key) or self._compile(key, lowered))
 
     def forget_lowerings(self) -> None:
         """Drop the lowered modules kept for the build that just finished (compiled programs stay)."""
         self._lowered.clear()
 
-    def _compile(self, lowered):
+    def _lowering(self, lowered):
+        """`lowered` as a real lowering (lowering a known program now, where it must compile)."""
+        if isinstance(lowered, _Traced):
+            with self.stats.timed("lower"):
+                lowered = lowered.lower()
+            self.stats.lowered += 1
+        return lowered
+
+    def _compile(self, key: tuple, lowered):
+        lowered = self._lowering(lowered)
         with self.stats.timed("compile"):
             compiled = lowered.compile()
         self.stats.compiled += 1
@@ -241,36 +246,80 @@ class Compiler:
             self.sources.setdefault(key[0], (compiled, key[1]))
 
     def _lower(self, spec: CellSpec) -> tuple[tuple, Any]:
+        """`spec`'s key and its lowering (a `_Traced` not lowered yet when its program is known)."""
         hit = self._lowered.get(spec)
         if hit is None:
             with self.stats.timed("lower"):
-                hit = self._lowered[spec] = self._new_lowering(spec)
+                hit = self._lowered[spec] = self._identify(spec)
         return hit
 
-    @staticmethod
-    def _new_lowering(spec: CellSpec) -> tuple[tuple, Any]:
-        in_shardings = tuple(s.sharding for s in spec.in_specs)
+    def _identify(self, spec: CellSpec) -> tuple[tuple, Any]:
+        """Trace `spec`; a program already lowered (on any devices) is known by its traced key and
+        not lowered again, any other is lowered and keyed by its lowering."""
+        traced = _Traced(spec)
+        early = traced.key() if self._early is not False else None
+        program = self.known.get(early) if early is not None else None
+        if program is not None:
+            return (program, traced.devices), traced
+        lowered = traced.lower()
+        self.stats.lowered += 1
+        # a JAX that does not show how it compiles a lowering gets no program shared (module docstring)
+        self._early = self._early is not False and _compile_args(lowered) is not None
+        key = _lowered_key(lowered, traced)
+        if early is not None and self._early:
+            self.known[early] = key[0]
+        return key, lowered
+
+
+def _lowered(lowering):
+    """A real lowering of what `Compiler._lower` returned."""
+    return lowering.lower() if isinstance(lowering, _Traced) else lowering
+
+
+class _Traced:
+    """A cell spec traced by `jax.jit` (with its devices), lowered on demand."""
+
+    def __init__(self, spec: CellSpec):
+        self.spec = spec
+        self.in_shardings = tuple(s.sharding for s in spec.in_specs)
+        outs = spec.out_shardings
+        self.out_shardings = outs if isinstance(outs, tuple) else (outs,)
+        self.devices = _devices_of((*self.in_shardings, *self.out_shardings))
+        self.position = {d: k for k, d in enumerate(self.devices)}
         jitted = jax.jit(
             spec.fn,
-            in_shardings=in_shardings,
+            in_shardings=self.in_shardings,
             out_shardings=spec.out_shardings,
             donate_argnums=spec.donate,
             keep_unused=True,  # the text then holds every argument: dropped ones would not show in it
         )
-        lowered = jitted.lower(*spec.in_specs)
-        text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-        outs = spec.out_shardings if isinstance(spec.out_shardings, tuple) else (spec.out_shardings,)
-        devices = _devices_of((*in_shardings, *outs))
-        position = {d: k for k, d in enumerate(devices)}
-        program = (
-            text,
-            tuple(_layout_key(s, position) for s in in_shardings),
-            tuple(_layout_key(o, position) for o in outs),
-            tuple(spec.donate),
-            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.in_avals)),
-            tuple(_aval_key(a) for a in jax.tree.leaves(lowered.out_info)),
-            tuple(d.device_kind for d in devices),
+        self.traced = jitted.trace(*spec.in_specs)
+
+    def key(self) -> tuple | None:
+        """The program's identity from its trace (None: only its lowering can tell, see identity)."""
+        program = jaxpr_key(self.traced.jaxpr, self.position, _layout_key)
+        if program is None:
+            return None
+        return (program, *self._interface())
+
+    def lower(self):
+        return self.traced.lower()
+
+    def _interface(self) -> tuple:
+        """Everything besides the program's body its executable depends on."""
+        return (
+            tuple(_layout_key(s, self.position) for s in self.in_shardings),
+            tuple(_layout_key(o, self.position) for o in self.out_shardings),
+            tuple(self.spec.donate),
+            tuple(_aval_key(a) for a in self.traced.jaxpr.in_avals),
+            tuple(_aval_key(a) for a in self.traced.jaxpr.out_avals),
+            tuple(d.device_kind for d in self.devices),
             config_key(),
-            _host_state(lowered),
         )
-        return (program, devices), lowered
+
+
+def _lowered_key(lowered, traced: _Traced) -> tuple:
+    """(program, devices) of a lowered cell: its text with the interface and host state."""
+    text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    program = (text, *traced._interface(), _host_state(lowered))
+    return program, traced.devices

@@ -18,12 +18,14 @@ class BuildStats:
     wall time, not the sum over threads), `relocate` (serializing programs and
     loading them onto other ranks' devices), `plan` (the rest of building the
     plan: slots, schedule order, constants), `first_run` (issuing and running the
-    first step). `compiled` and `relocated` count programs.
+    first step). `compiled` and `relocated` count programs, `lowered` the cells lowered
+    (a cell whose traced program was lowered before, on any ranks, is not lowered again).
     """
 
     seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     compiled: int = 0
     relocated: int = 0
+    lowered: int = 0
     _open: list = field(default_factory=list)
 
     @contextmanager
@@ -42,7 +44,7 @@ class BuildStats:
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.compiled = self.relocated = 0
+        self.compiled = self.relocated = self.lowered = 0
 
     def report(self) -> dict:
         """A copy: `{"seconds": {phase: s}, "total_s": s, "compiled": k, "relocated": k}`."""
@@ -51,4 +53,5 @@ class BuildStats:
             "total_s": sum(self.seconds.values()),
             "compiled": self.compiled,
             "relocated": self.relocated,
+            "lowered": self.lowered,
         }

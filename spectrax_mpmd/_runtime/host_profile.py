@@ -46,7 +46,10 @@ class HostProfile:
     CPU time of issuing the whole step uninstrumented; `step_s`: wall time of the
     step until its results are ready; `issue_share = issue_s / step_s` (near 1:
     host-bound). `cells`: schedule cells per step; `per_cell_us`: issue CPU per
-    schedule cell, its transfers included.
+    schedule cell, its transfers included; `calls_per_cell_us`: the same for the
+    step's compiled calls and copies alone (each timed by itself, the sum of the
+    rows), so `per_cell_us / calls_per_cell_us` is what running them as a plan
+    adds (the loop, storing results, releasing buffers after their last use).
     """
 
     rows: tuple[HostRow, ...]
@@ -63,6 +66,10 @@ class HostProfile:
     def per_cell_us(self) -> float:
         return self.issue_s * 1e6 / max(self.cells, 1)
 
+    @property
+    def calls_per_cell_us(self) -> float:
+        return sum(row.issue_us for row in self.rows) / max(self.cells, 1)
+
     def as_dict(self) -> dict:
         return {
             "rows": [{**row.__dict__, "issue_us": row.issue_us} for row in self.rows],
@@ -71,6 +78,7 @@ class HostProfile:
             "issue_share": self.issue_share,
             "cells": self.cells,
             "per_cell_us": self.per_cell_us,
+            "calls_per_cell_us": self.calls_per_cell_us,
             "rounds": self.rounds,
         }
 
@@ -87,7 +95,8 @@ class HostProfile:
         lines.append(
             f"step: issue {self.issue_s * 1e3:.2f} ms CPU of {self.step_s * 1e3:.2f} ms wall "
             f"({self.issue_share:.0%} issuing); {self.cells} schedule cells, "
-            f"{self.per_cell_us:.1f} us issue CPU per cell (with its sends)"
+            f"{self.per_cell_us:.1f} us issue CPU per cell (with its sends), of which the calls and "
+            f"copies alone {self.calls_per_cell_us:.1f} us"
         )
         return "\n".join(lines)
 

@@ -106,6 +106,11 @@ def _describe_leaf(fn: Callable, positions: tuple[int, ...], dynamic: tuple, a: 
 
 
 def _leaf_type(leaf) -> tuple:
+    """(shape, dtype, weak type) of a leaf; an array's own attributes are those of its aval, read
+    without building one (a training loop's call passes every parameter and optimizer leaf)."""
+    weak = getattr(leaf, "weak_type", None)  # a typed key array has none: its aval is read below
+    if weak is not None and isinstance(leaf, jax.Array):
+        return leaf.shape, leaf.dtype, weak
     aval = jax.typeof(leaf)
     return aval.shape, aval.dtype, aval.weak_type
 

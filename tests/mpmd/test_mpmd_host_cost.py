@@ -227,3 +227,19 @@ def test_a_second_process_runs_from_the_persistent_cache(tmp_path):
     assert any(cache.iterdir())
     assert first["relocated"] == second["relocated"] == 0
     assert second["value"] == first["value"] and second["grads"] == first["grads"]
+
+
+def test_arrays_already_where_the_plan_reads_them_are_used_as_they_are():
+    """A committed array on the target sharding (a previous step's result) is passed as it is, as
+    `jax.device_put` would return it; any other is placed."""
+    from spectrax_mpmd._api.entry import Placer
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    target = NamedSharding(mesh, P("x"))
+    placed = jax.device_put(jnp.arange(4.0), target)
+    others = [jnp.arange(4.0), jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P())), np.arange(4.0)]
+    out = Placer().place([placed, *others], [target] * 4, [None] * 4)
+    assert out[0] is placed and jax.device_put(placed, target) is placed
+    for got in out:
+        assert got.sharding == target and got.committed
+        np.testing.assert_array_equal(np.asarray(got), np.arange(4.0))
