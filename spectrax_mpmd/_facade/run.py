@@ -24,6 +24,7 @@ MODES = ("train", "forward")
 DATA_AXES = ("dp", "fsdp")
 
 
+from .generate.entry import Generation, check_options
 from .runner import Runner, call_with, pipeline_stages, train_loss
 
 
@@ -73,6 +74,7 @@ def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules
         return step.runner(model, None, inputs, targets)
 
     step.runner = step.balance = None
+    step.generate = Generation(mesh, schedule, lambda: step.balance and step.balance.sizes)
     return step
 
 
@@ -101,6 +103,10 @@ def runner(
     the split (`step.balance` says which, with its predicted per-stage times).
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
     `sxvalue_and_grad`).
+    `step.generate(model, prompt, max_new_tokens, **options)` generates with the
+    run's layout (a core LM; options as `PipelineDecoder.generate`): each leaf is
+    used where the training step left it, and the next step's parameters reuse
+    the compiled programs.
     """
     if tx is not None and isinstance(stage_sizes, str):
         raise MpmdError(
@@ -143,7 +149,9 @@ def runner(
     def update(model, opt_state, inputs, targets=None):
         return inner.update(model, opt_state, None, inputs, targets)
 
+    fixed = None if stage_sizes is None else tuple(stage_sizes)
     step.runner, step.update = inner, update
+    step.generate = Generation(mesh, schedule, lambda: fixed)
     return step
 
 
@@ -163,8 +171,10 @@ def run(
     rules=None,
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
+    max_new_tokens=None,
+    **options,
 ):
-    """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
+    """Train, run or generate with a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
 
     `apply_fn(model, inputs)` is the forward (`spectrax_core.apply` by default;
     a tuple of inputs is passed as `*inputs`, a dict as `**inputs`). On an MPMD
@@ -181,7 +191,20 @@ def run(
     targets)` over `microbatches` and its gradients, shaped like `model`.
     `mode="forward"`: returns the outputs in batch order. Each call compiles;
     in a loop use `runner(...)` once and call the step it returns.
+    `mode="generate"`: `model` is a core LM and `inputs` a left-padded prompt;
+    returns `max_new_tokens` new tokens per sequence, the other keywords being
+    `PipelineDecoder.generate`'s options (`groups`, `sampler`, `keys`, ...).
     """
+    if mode == "generate":
+        if max_new_tokens is None:
+            raise MpmdError("run: mode='generate' needs max_new_tokens=, an int or one per sequence.")
+        sizes = None if stage_sizes is None or isinstance(stage_sizes, str) else tuple(stage_sizes)
+        return Generation(mesh, schedule, lambda: sizes)(model, inputs, max_new_tokens, **options)
+    if options or max_new_tokens is not None:
+        check_options(options, "run")
+        raise MpmdError(
+            f"run: {sorted(options) or ['max_new_tokens']} are generation options; pass mode='generate'."
+        )
     step = runner(
         mesh=mesh,
         mode=mode,

@@ -71,6 +71,16 @@ def place_views(views: tuple, layout: StageLayout) -> tuple:
     return tuple(jax.tree.unflatten(treedef, leaves) for leaves, treedef in flat)
 
 
+def _signature(tree) -> tuple:
+    return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+
+
+def same_model(old, new) -> bool:
+    """Whether `new` is staged like `old` with the same structure, shapes and dtypes."""
+    staged = isinstance(new.blocks, StagedStack) and new.blocks.sizes == old.blocks.sizes
+    return staged and _signature(old) == _signature(new)
+
+
 def check_same_model(old, new) -> None:
     """Raise unless `new` has `old`'s structure, shapes and dtypes (new weights, same model)."""
     if not isinstance(new.blocks, StagedStack) or new.blocks.sizes != old.blocks.sizes:
@@ -79,8 +89,7 @@ def check_same_model(old, new) -> None:
             f"(blocks per stage {old.blocks.sizes}); pass the params the pipelined step returned, or "
             "build a new PipelineDecoder for another model."
         )
-    shape = lambda t: (jax.tree.structure(t), [(x.shape, x.dtype) for x in jax.tree.leaves(t)])  # noqa: E731
-    if shape(old) != shape(new):
+    if _signature(old) != _signature(new):
         raise MpmdError(
             "PipelineDecoder.update: params differ from the decoder's model in structure, shapes or "
             "dtypes; update takes new values of the same model. Build a new PipelineDecoder for another model."
