@@ -112,3 +112,42 @@ def test_generation_options_are_checked_early():
             mode="generate",
             max_new_tokens=2,
         )
+
+
+def _rounds_issued(tokens, stops, budgets, groups: int) -> list[int]:
+    """Rounds each group is issued under the early exit, from the reference tokens: up to its budget,
+    and no further than two rounds after the round at which all its sequences had stopped."""
+    tokens, size, out = np.asarray(tokens), tokens.shape[0] // groups, []
+    for i in range(groups):
+        finished = []
+        for b in range(i * size, (i + 1) * size):
+            hits = [t for t in range(budgets[b]) if tokens[b, t] in stops]
+            finished.append(min(hits[0] if hits else budgets[b] - 1, budgets[b] - 1))
+        out.append(min(max(budgets[i * size : (i + 1) * size]), max(finished) + 2))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("case", ["budgets", "one group stops", "every group stops"])
+def test_stopped_groups_are_no_longer_issued_and_tokens_are_unchanged(n, case):
+    steps, groups = 6, 2
+    mesh = mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
+    decoder = mp.PipelineDecoder(lm(), mesh=mesh)
+    free = np.asarray(generate(lm(), prompt(), steps))
+    budgets, stops = [steps] * BATCH, []
+    if case == "budgets":
+        budgets = [1, 2, steps, 3]
+    elif case == "one group stops":
+        stops = sorted({int(free[0, 0]), int(free[1, 0])})
+    else:
+        stops = sorted(set(free[:, 0].tolist()))
+    want = generate(lm(), prompt(), budgets, stop_tokens=stops, pad_id=15)
+    record = []
+    got = decoder.generate(prompt(), budgets, groups=groups, stop_tokens=stops, pad_id=15, record=record)
+    np.testing.assert_array_equal(got, want)
+    rounds = _rounds_issued(want, stops, budgets, groups)
+    assert len(record) == n * sum(rounds) < n * groups * steps  # fewer cells than every round of every group
+    for i in range(groups):
+        assert sorted({t for _, _, g, t, *_ in record if g == i}) == list(range(rounds[i]))
+    fast = decoder.generate(prompt(), budgets, groups=groups, stop_tokens=stops, pad_id=15)
+    np.testing.assert_array_equal(fast, want)  # the same without waiting for each cell

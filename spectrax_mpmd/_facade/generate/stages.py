@@ -38,6 +38,12 @@ class StageLayout:
         return self.shardings[self.ranks[stage]]
 
 
+def local_stages(layout: StageLayout, n_stages: int) -> tuple[bool, ...]:
+    """Whether this process holds stage s's rank."""
+    me = jax.process_index()
+    return tuple(all(d.process_index == me for d in layout.sharding(s).device_set) for s in range(n_stages))
+
+
 def stage_views(lm) -> tuple:
     """One view of the staged `lm` (blocks a `StagedStack`) per stage."""
     parts = lm.blocks.parts
@@ -55,10 +61,14 @@ def stage_views(lm) -> tuple:
 
 
 def place_views(views: tuple, layout: StageLayout) -> tuple:
-    """`views` with every leaf on its stage's rank: leaves already there kept, the rest copied in one call."""
+    """`views` with every leaf on its stage's rank: leaves already there kept, the rest copied in one
+    call (the views of another process's stages are left as they are: that process runs them)."""
     moves, targets = [], []
     flat = [jax.tree.flatten(v) for v in views]
+    mine = local_stages(layout, len(views))
     for s, (leaves, _) in enumerate(flat):
+        if not mine[s]:
+            continue
         devices = layout.sharding(s).device_set
         for k, leaf in enumerate(leaves):
             if not (isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices):
