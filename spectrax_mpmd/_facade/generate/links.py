@@ -3,12 +3,14 @@
 Stage s > 0 reads the residual stream stage s−1 made; stage 0 reads, from the
 second round on, the token the last stage sampled. Between two ranks of this
 process the value is copied (JAX's C++ per-device copy between one-device
-ranks, else `jax.device_put`). Between processes the producer's process sends
-it through the job's cross-process transport right after the producing cell,
-and the consumer's process receives it right before the consuming cell: one
-transfer group per round, group and link, numbered identically on every
-process (every process allocates the groups of every cross-process link, in
-the same order), so each process issues only its own ranks' cells.
+ranks, else `jax.device_put`). Between processes it goes through the job's
+cross-process transport: the producer's process sends and the consumer's
+receives when their walk of the one issue order every process follows reaches
+the consuming cell, so the two-sided transport pairs them in the same order
+on both sides. One transfer group per round, group and link, numbered
+identically on every process (each allocates the groups of every
+cross-process link, in the same order); each process issues only its own
+ranks' cells.
 """
 
 from __future__ import annotations

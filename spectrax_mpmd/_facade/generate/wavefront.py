@@ -110,7 +110,7 @@ def run_wavefront(
     appended (seconds; `received` is when its input reached the rank): a
     measured timeline, not the fast path.
     """
-    n_stages, ranks, last = len(views), layout.ranks, len(views) - 1
+    n_stages, ranks, last, me = len(views), layout.ranks, len(views) - 1, jax.process_index()
     mine = local_stages(layout, n_stages)
     flat, trees = [jax.tree.flatten(v) for v in views], groups[0].trees
     no_state, none_def, n_groups = [], jax.tree.structure(None), len(groups)
@@ -125,15 +125,19 @@ def run_wavefront(
         if not any(live):
             break
         for i, s in order:
-            if not (live[i] and mine[s]):
+            if not live[i]:
                 continue
-            g, link, begin = groups[i], links[s], time.perf_counter()
-            if t == 0 and s == 0:
-                x = g.x
-            elif link.cross:
-                x = transfers.receive((n_groups, t, i, s), specs[t == 0][s])
-            else:
-                x = g.x if link.copy is None else link.copy(g.x)
+            g, link = groups[i], links[s]
+            if link.cross and (t or s):  # both sides at the consuming cell's place in the one issue order
+                key = (n_groups, t, i, s)
+                if link.src == me:
+                    transfers.send(key, g.x)
+                elif link.dst == me:
+                    g.x = transfers.receive(key, specs[t == 0][s])
+            if not mine[s]:
+                continue
+            begin = time.perf_counter()
+            x = g.x if link.copy is None or (t == 0 and s == 0) else link.copy(g.x)
             if record is not None:
                 jax.block_until_ready(x)
                 received = time.perf_counter()
@@ -143,9 +147,7 @@ def run_wavefront(
             if record is not None:
                 jax.block_until_ready(out)
                 record.append((ranks[s], s, i, t, begin, received, time.perf_counter()))
-            g.x, after = out, (s + 1) % n_stages
-            if links[after].cross and (s < last or t + 1 < g.rounds):
-                transfers.send((n_groups, t + (s == last), i, after), out)
+            g.x = out
             if s == last:
                 g.state = state
                 g.tokens.append(out)
