@@ -7,15 +7,17 @@ slowest stage sets every rank's pace. The costs are measured, not guessed,
 and not assumed linear in the blocks (a stack of one block compiles to a
 different program than a loop over several): one decode cell of each kind of
 stage (first, middle, last) with each block count a split can give it, timed
-on one rank's devices (the least of `repeats` calls waited for: the figure
-other work on a shared machine disturbs least); the split minimises the
-measured slowest stage.
+on one rank's devices in `repeats` interleaved rounds, the least of them
+taken (the figure other work on a shared machine disturbs least) and made
+non-decreasing in the block count (more blocks are more work); the split
+minimises the measured slowest stage.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -56,10 +58,8 @@ def _view(lm, kind: int, blocks: int):
     )
 
 
-def _cell_seconds(
-    lm, kind: int, blocks: int, size: int, max_len: int, sampler, device, repeats: int
-) -> float:
-    """Least wall time of one decode cell (host waits for it) of a `kind` stage with `blocks` blocks."""
+def _cell(lm, kind: int, blocks: int, size: int, max_len: int, sampler, device) -> Callable[[], float]:
+    """A timer of one decode cell (the host waits for it) of a `kind` stage with `blocks` blocks."""
     view = jax.device_put(_view(lm, kind, blocks), device)
     leaves, view_def = jax.tree.flatten(view)
     if kind == 0:
@@ -73,8 +73,8 @@ def _cell_seconds(
     call = dict(first=kind == 0, last=kind == 2)
     if kind == 2:
         call.update(sampler=sampler, pad_id=0)
-    times = []
-    for _ in range(repeats + 2):  # the first two compile and warm up
+
+    def seconds() -> float:
         cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=device), cache0)  # donated
         cache_leaves, cache_def = jax.tree.flatten(cache)
         state_leaves, state_def = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), state))  # donated
@@ -84,8 +84,10 @@ def _cell_seconds(
             leaves, x, cache_leaves, starts, state_leaves, trees=(view_def, cache_def, state_def), **call
         )
         jax.block_until_ready(out)
-        times.append(time.perf_counter() - begin)
-    return min(times[2:])
+        return time.perf_counter() - begin
+
+    seconds(), seconds()  # compile and warm up
+    return seconds
 
 
 def _best(n_blocks: int, n_stages: int, cost: dict) -> tuple[int, ...]:
@@ -125,11 +127,18 @@ def decode_split(
         )
     device = mesh.submesh(0).devices.flat[0]
     kinds = sorted({_kind(s, n_stages) for s in range(n_stages)})
-    cost = {
-        (k, b): _cell_seconds(lm, k, b, group_size, max_len, sampler, device, repeats)
+    cells = {
+        (k, b): _cell(lm, k, b, group_size, max_len, sampler, device)
         for k in kinds
         for b in range(1, n_blocks - n_stages + 2)
     }
+    times: dict[tuple, list] = {key: [] for key in cells}
+    for _ in range(repeats):  # interleaved rounds: a burst of other work hits every cell alike
+        for key, seconds in cells.items():
+            times[key].append(seconds())
+    cost = {}
+    for k, b in cells:  # more blocks never cost less: each count is at least the one before
+        cost[k, b] = max(min(times[k, b]), cost.get((k, b - 1), 0.0))
     sizes = _best(n_blocks, n_stages, cost)
     predicted = tuple(cost[_kind(s, n_stages), k] for s, k in enumerate(sizes))
     return DecodeSplit(sizes, predicted, {(KINDS[k], b): t for (k, b), t in cost.items()})
