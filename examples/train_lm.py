@@ -27,8 +27,9 @@ latest step onto the ranks of this run's layout, which may differ. Resuming
 from an earlier step (`--resume 60`) while the directory holds later steps
 stops without touching them, unless `--overwrite` says to delete them.
 Under the launcher every process trains its own ranks and returns the loss;
-process 0 reports, samples and writes the metrics; the cell-by-cell timeline,
-the host profile and the pipelined decode run only in a one-process job.
+process 0 reports and writes the metrics, and every process takes part in the
+pipelined sample (each issues its own ranks' cells); the cell-by-cell
+timeline and the host profile run only in a one-process job.
 """
 
 from __future__ import annotations
@@ -351,6 +352,10 @@ def main(argv=None) -> dict:
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
     gathered = mp.gather(params)  # every process takes part; process 0 samples
+    # the training step's own generation: each rank decodes with the blocks the step left on it (no
+    # gather, no copy; after a later optimizer step it reuses the compiled programs); in a
+    # multi-process job every process issues its own ranks' cells and gets the tokens
+    sample = step.generate(params, prompt, args.sample_tokens) if one_process or not args.spmd else None
     same = None
     if jax.process_index() > 0:
         return {"losses": losses}
@@ -359,10 +364,7 @@ def main(argv=None) -> dict:
     print(
         f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
     )
-    if one_process:
-        # the training step's own generation: each rank decodes with the blocks the step left on it
-        # (no gather, no copy); after a later optimizer step it reuses the compiled programs
-        sample = step.generate(params, prompt, args.sample_tokens)
+    if sample is not None:
         same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
         text = bytes(np.asarray(sample[0]).astype(np.uint8)).decode(errors="replace")
         print(
