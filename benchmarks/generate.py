@@ -1,22 +1,24 @@
-"""Pipelined generation: host issue CPU per cell for g = 1, n, 2n groups; simulated rank
-utilisation from measured cell costs; tokens/s pipelined vs unsplit.
+"""Pipelined generation: host issue CPU for g = 1, n, 2n groups; simulated rank utilisation
+(whole run and steady state) from measured cell costs, for the even and the decode-aware split;
+tokens/s pipelined vs unsplit.
 
-The model is the main job's LM (byte vocabulary, d_model 128, 4 blocks, 4 heads),
-on `--ranks` pipeline ranks, a batch of `--batch` prompts of 8 tokens, `--tokens`
-new greedy tokens each. Rows (interleaved rounds, min / median / spread of wall
-time, the issuing thread's CPU time next to it):
-  pipelined g=1, g=n, g=2n   `PipelineDecoder.generate(..., groups=g)`
+The model is the main job's LM (byte vocabulary, d_model 128, `--layers` blocks, 4 heads), on
+`--ranks` pipeline ranks, a batch of `--batch` prompts of 8 tokens, `--tokens` new greedy
+tokens each. Rows (interleaved rounds, min / median / spread of wall time, the issuing
+thread's CPU time next to it):
+  pipelined g=1, g=n, g=2n   `PipelineDecoder.generate(..., groups=g)`, even split
   unsplit                    `spectrax_core.models.generate` on one device
-A cell is one rank's step of one group's token; its host CPU is the issuing
-thread's CPU per call divided by tokens x groups x stages.
+A cell is one rank's step of one group's token; host CPU per cell is the issuing thread's CPU
+per call over tokens x groups x stages, per generated token per rank over tokens x batch x ranks.
 
-Utilisation: one run with `record=` waits for every cell and gives each stage's
-cost (median over decode rounds, the transfer to the next rank included); the
-wavefront model (`simulate_wavefront`) replays those costs for g = 1, n, 2n.
-On one CPU host the fake devices share the cores, so wall time cannot show a
-pipeline speed-up here; the figures are overhead and the modelled overlap.
+Utilisation: one run with `record=` at g = 2n waits for every cell and gives each stage's cost
+(median over the decode rounds) and the transfer time to the next rank; the wavefront model
+(`simulate_wavefront`) replays them for g = 1, n, 2n: utilisation over the whole run and in
+steady state (the window where every rank has work). With more blocks than ranks, `decode_split` picks the decode-aware split and the same figures are measured for
+it. On one CPU host the fake devices share the cores, so wall time cannot show a pipeline
+speed-up here; the figures are overhead and the modelled overlap.
 
-    python benchmarks/generate.py [--rounds 5] [--out benchmarks/results/generate.json]
+    python benchmarks/generate.py [--rounds 5] [--layers 4] [--out benchmarks/results/generate.json]
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--layers", type=int, default=4, help="blocks (the main job's LM has 4)")
     p.add_argument("--out", default="benchmarks/results/generate.json")
     return p.parse_args()
 
 
-def stage_costs(decoder, prompt, tokens: int, groups: int, n_stages: int) -> tuple[list[float], float]:
-    """Median seconds per stage cell, and per transfer between ranks, over the decode rounds of a run
-    that waits for every cell and transfer."""
+def timeline(decoder, prompt, tokens: int, groups: int, n_stages: int) -> dict:
+    """One run waiting for every cell: each stage's median cell seconds over the decode rounds and the
+    median transfer seconds to the next rank."""
     record: list = []
     decoder.generate(prompt, tokens, groups=groups, record=record)
     decode = [cell for cell in record if cell[3] > 0]
@@ -60,13 +63,41 @@ def stage_costs(decoder, prompt, tokens: int, groups: int, n_stages: int) -> tup
         statistics.median(end - got for _, s, _, _, _, got, end in decode if s == k) for k in range(n_stages)
     ]
     comm = statistics.median(got - start for _, s, _, _, start, got, _ in decode if s > 0)
-    return cost, comm
+    return {"stage_cost_s": cost, "transfer_s": comm}
+
+
+def utilisation(cost, comm, group_counts, steps) -> dict:
+    out = {}
+    for g in group_counts:
+        sim = simulate_wavefront(cost, g, steps, comm=comm)
+        out[g] = {
+            "whole_run": sim.utilisation,
+            "steady": sim.steady,
+            "busiest_rank": max(sim.busy) / sim.makespan,
+        }
+        print(f"  g={g}: whole run {sim.utilisation:.3f}, steady state {sim.steady:.3f}, "
+              f"busiest rank {max(sim.busy) / sim.makespan:.3f}")  # fmt: skip
+    return out
+
+
+def modelled(name, decoder, prompt, steps, n, group_counts) -> dict:
+    """The record run of `decoder` at g = 2n and the utilisation it gives."""
+    line = timeline(decoder, prompt, steps, 2 * n, n)
+    print(
+        f"{name}: stage cell costs (us) "
+        + ", ".join(f"{c * 1e6:.0f}" for c in line["stage_cost_s"])
+        + f"; transfer {line['transfer_s'] * 1e6:.0f}"
+    )
+    line["utilisation"] = utilisation(line["stage_cost_s"], line["transfer_s"], group_counts, steps)
+    return line
 
 
 def main() -> dict:
     args = parse()
     n, batch, steps = args.ranks, args.batch, args.tokens
-    lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    lm = TransformerLM.init(
+        jax.random.key(0), vocab_size=256, d_model=128, n_layers=args.layers, n_heads=4, d_ff=512
+    )
     prompt = jax.random.randint(jax.random.key(1), (batch, 8), 0, 256)
     mesh = mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
     decoder = mp.PipelineDecoder(lm, mesh=mesh)
@@ -91,27 +122,27 @@ def main() -> dict:
     rows = {k: summary(wall[k], cpu[k]) for k in sides}
     print(f"{n} ranks, batch {batch}, {steps} new tokens, {args.rounds} interleaved rounds")
     print(f"{'side':16s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s} "
-          f"{'tokens/s':>9s} {'cpu/cell us':>11s}")  # fmt: skip
+          f"{'tokens/s':>9s} {'cpu/cell us':>11s} {'cpu/token/rank us':>17s}")  # fmt: skip
     for name, row in rows.items():
         cells = steps * (int(name.split("=")[1]) * n if name != "unsplit" else 1)
         row["tokens_per_s"] = batch * steps / (row["median_ms"] / 1e3)
         row["cpu_per_cell_us"] = row["cpu_median_ms"] * 1e3 / cells
-        print(f"{name:16s} {row['min_ms']:11.2f} {row['median_ms']:8.2f} {row['spread']:7.2f} "
-              f"{row['cpu_median_ms']:13.2f} {row['tokens_per_s']:9.0f} {row['cpu_per_cell_us']:11.1f}")  # fmt: skip
-
-    cost, comm = stage_costs(decoder, prompt, steps, n, n)
-    print(
-        "measured stage cell costs (us): "
-        + ", ".join(f"{c * 1e6:.0f}" for c in cost)
-        + f"; transfer {comm * 1e6:.0f}"
-    )
-    utilisation = {}
-    for g in group_counts:
-        sim = simulate_wavefront(cost, g, steps, comm=comm)
-        utilisation[g] = sim.utilisation
-        print(
-            f"simulated utilisation g={g}: {sim.utilisation:.3f} (busiest rank {max(sim.busy) / sim.makespan:.3f})"
+        row["cpu_per_token_per_rank_us"] = (
+            row["cpu_median_ms"] * 1e3 / (batch * steps * (n if name != "unsplit" else 1))
         )
+        print(f"{name:16s} {row['min_ms']:11.2f} {row['median_ms']:8.2f} {row['spread']:7.2f} "
+              f"{row['cpu_median_ms']:13.2f} {row['tokens_per_s']:9.0f} {row['cpu_per_cell_us']:11.1f} "
+              f"{row['cpu_per_token_per_rank_us']:17.1f}")  # fmt: skip
+
+    splits = {
+        "even": modelled(f"even split {decoder.lm.blocks.sizes}", decoder, prompt, steps, n, group_counts)
+    }
+    if args.layers > n:
+        split = mp.decode_split(lm, mesh=mesh, group_size=batch // (2 * n), max_len=prompt.shape[1] + steps)
+        tuned = mp.PipelineDecoder(lm, mesh=mesh, stage_sizes=split.sizes)
+        assert np.array_equal(np.asarray(tuned.generate(prompt, steps, groups=2 * n)), want)
+        splits["decode"] = modelled(f"decode split {split.sizes}", tuned, prompt, steps, n, group_counts)
+        splits["decode"]["sizes"] = split.sizes
     ratio = rows[f"pipelined g={n}"]["tokens_per_s"] / rows["unsplit"]["tokens_per_s"]
     print(f"tokens/s pipelined g={n} / unsplit: {ratio:.2f}")
 
@@ -121,9 +152,8 @@ def main() -> dict:
         "tokens": steps,
         "rounds": args.rounds,
         "rows": rows,
-        "stage_cost_s": cost,
-        "transfer_s": comm,
-        "simulated_utilisation": utilisation,
+        "layers": args.layers,
+        "splits": splits,
         "pipelined_vs_unsplit_tokens_per_s": ratio,
         "device": str(jax.devices()[0].platform),
     }

@@ -10,8 +10,8 @@ It prints the schedule's grid and a progress bar, writes the loss curve, the
 per-rank timeline of one real step run cell by cell (Chrome trace JSON: open
 it in Perfetto) with the schedule's bubble simulated from those cell times,
 and, with matplotlib, PNG plots; at the end it continues a prompt greedily
-through the pipelined decoder (each rank keeps its own KV cache) and through
-the unsplit model, which must agree.
+through the training step's own `generate` (pipelined: each rank keeps its own
+blocks and KV caches) and through the unsplit model, which must agree.
 
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
@@ -29,8 +29,9 @@ latest step onto the ranks of this run's layout, which may differ. Resuming
 from an earlier step (`--resume 60`) while the directory holds later steps
 stops without touching them, unless `--overwrite` says to delete them.
 Under the launcher every process trains its own ranks and returns the loss;
-process 0 reports, samples and writes the metrics; the cell-by-cell timeline,
-the host profile and the pipelined decode run only in a one-process job.
+process 0 reports and writes the metrics, and every process takes part in the
+pipelined sample (each issues its own ranks' cells); the cell-by-cell
+timeline and the host profile run only in a one-process job.
 """
 
 from __future__ import annotations
@@ -435,6 +436,10 @@ def main(argv=None) -> dict:
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
     gathered = mp.gather(params)  # every process takes part; process 0 samples
+    # the training step's own generation: each rank decodes with the blocks the step left on it (no
+    # gather, no copy; after a later optimizer step it reuses the compiled programs); in a
+    # multi-process job every process issues its own ranks' cells and gets the tokens
+    sample = step.generate(params, prompt, args.sample_tokens) if one_process or not args.spmd else None
     same = None
     if jax.process_index() > 0:
         return {"losses": losses}
@@ -443,14 +448,12 @@ def main(argv=None) -> dict:
     print(
         f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
     )
-    if not args.spmd and one_process:
-        # each rank decodes with the blocks the training step left on it (no gather, no copy);
-        # decoder.update(params) would follow a later optimizer step without recompiling
-        decoder = mp.PipelineDecoder(params, mesh=mesh, schedule=schedule)
-        sample = decoder.generate(prompt, args.sample_tokens)
+    if sample is not None:
         same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
         text = bytes(np.asarray(sample[0]).astype(np.uint8)).decode(errors="replace")
-        print(f"pipelined decode: {PROMPT}{text!r}  (identical to unsplit: {same})")
+        print(
+            f"{'SPMD' if args.spmd else 'pipelined'} decode: {PROMPT}{text!r}  (identical to unsplit: {same})"
+        )
 
     metrics = {
         "mode": "spmd" if args.spmd else "mpmd",

@@ -225,8 +225,11 @@ def run(
     optimizer: Any = None,
     remat: Any = False,
     offload: Any = False,
+    max_new_tokens: Any = None,
+    **options: Any,
 ) -> Any:
-    """Train (`mode="train"`) or run (`"forward"`) `model` on `mesh`, pipelined when it has a pipeline axis.
+    """Train (`mode="train"`), run (`"forward"`) or generate with `model` on `mesh`, pipelined when
+    it has a pipeline axis.
 
     `inputs` (an array, a tuple passed as `model(*inputs)`, or a dict passed as
     `model(**inputs)`) and `targets` are split into `microbatches`. Train mode
@@ -260,8 +263,17 @@ def run(
     devices and axes, and the loss function's code with the values it reads; see
     `_run_key`), so an inline `loss_fn=lambda ...` compiles once; the 32 most
     recently used are kept.
+
+    `mode="generate"` continues the left-padded prompt `inputs` by
+    `max_new_tokens` tokens with a core LM (`spectrax_core.models.TransformerLM`,
+    e.g. the parameters a pipelined training step returned, used where they
+    are): `spectrax_mpmd.run(..., mode="generate")`, whose other keywords
+    (`groups`, `sampler`, `keys`, `stop_tokens`, ...) it passes on.
     """
     import spectrax_mpmd as mp
+
+    if mode == "generate" or options or max_new_tokens is not None:
+        return _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, options)
 
     plan = plan_of(model)
     optimizers = optimizers_of(optimizer) if optimizer is not None else None
@@ -319,6 +331,26 @@ def run(
     update(model, State(infos, list(grads)))
     store(optimizers, states)
     return value
+
+
+def _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, options) -> Any:
+    import spectrax_mpmd as mp
+
+    if isinstance(model, Module):
+        raise mp.MpmdError(
+            f"spx.run: mode='generate' runs a core LM (spectrax_core.models.TransformerLM), got the eager "
+            f"module {type(model).__name__}; pass the core parameters (e.g. what a training step returned)."
+        )
+    return mp.run(
+        model,
+        inputs=inputs,
+        mesh=mesh,
+        mode=mode,
+        schedule=schedule,
+        stage_sizes=stage_sizes,
+        max_new_tokens=max_new_tokens,
+        **options,
+    )
 
 
 def sxcall(

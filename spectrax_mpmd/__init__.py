@@ -27,6 +27,7 @@ from ._checkpoint.manager import (
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
+from ._facade.generate.split import DecodeSplit, decode_split
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._mesh import MpmdMesh, create_mesh
@@ -52,6 +53,8 @@ from .errors import (
 __all__ = [
     "run",
     "PipelineDecoder",
+    "decode_split",
+    "DecodeSplit",
     "runner",
     "pipeline_stages",
     "call_with",

@@ -80,9 +80,9 @@ class StagedStack(eqx.Module):
         return tuple(p.n_layers for p in self.parts)
 
     def to_stack(self) -> BlockStack:
-        """The blocks as one `BlockStack` again (concatenates every part's arrays on one device)."""
+        """The blocks as one `BlockStack` again (concatenates every part's arrays on this process's first device)."""
         layers = jax.tree.map(
-            lambda *xs: jnp.concatenate([jax.device_put(x, jax.devices()[0]) for x in xs]),
+            lambda *xs: jnp.concatenate([jax.device_put(x, jax.local_devices()[0]) for x in xs]),
             *(p.layers for p in self.parts),
         )
         return BlockStack(layers=layers, n_layers=self.n_layers)

@@ -19,7 +19,18 @@ MPMD = {
     "PeerLostError", "initialize", "CheckpointManager", "CheckpointError", "Restored", "save_checkpoint",
     "restore_checkpoint", "owner_shardings",
 }  # fmt: skip
-MPMD_ADDED = {"sxvalue_and_grad_and_apply", "treduce", "Reduction", "Add", "Mean", "Max", "Concat", "Offload"}
+MPMD_ADDED = {
+    "decode_split",
+    "DecodeSplit",
+    "sxvalue_and_grad_and_apply",
+    "treduce",
+    "Reduction",
+    "Add",
+    "Mean",
+    "Max",
+    "Concat",
+    "Offload",
+}
 
 SCHEDULES = {
     "GPipe", "Std1F1B", "Eager1F1B", "ZeroBubbleH1", "InterleavedH1", "InterleavedGPipe",

@@ -31,6 +31,8 @@ from .._api import sxjit
 from .._mesh import as_mpmd_mesh
 from .._stages import stage_blocks
 from ..errors import MpmdError
+from .generate.links import Transfers, make_links
+from .generate.programs import input_specs
 from .generate.stages import StageLayout, check_same_model, place_views, stage_views
 from .generate.wavefront import place_groups, run_wavefront
 
@@ -53,6 +55,8 @@ class PipelineDecoder:
         self.lm = stage_blocks(lm, mesh.mpmd_dim * v, stage_sizes)
         self._layout = StageLayout.of(mesh, len(self.lm.blocks.parts), schedule)
         self._views = None  # each stage's share of `lm`, placed on its rank at first use
+        self._links = make_links(self._layout, len(self.lm.blocks.parts))
+        self._moves = None  # the cross-process transfers (False: none), made at the first generation
         self._step = sxjit(_decode_step, mesh=mesh, schedule=schedule, donate_argnums=2)
         self._written: dict[int, tuple[weakref.ref, int]] = {}  # id(cache index) -> (its ref, positions)
 
@@ -116,7 +120,10 @@ class PipelineDecoder:
         """New tokens `(batch, T)` after `prompt`, equal to `spectrax_core.models.generate`'s.
 
         The batch is split into `groups` consecutive groups decoded as a
-        wavefront (`groups >= ranks` keeps every rank busy). The other
+        wavefront (`groups >= ranks` keeps every rank busy); a group whose
+        sequences have all stopped is no longer issued (see `wavefront`). In a
+        multi-process job every process makes the same call, issues its own
+        ranks' cells and returns all the tokens. The other
         arguments are `spectrax_core.models.generate`'s: a left-padded
         `prompt` with its `lengths`, `max_new_tokens` (an int or one per
         sequence), a `sampler`, one PRNG key per sequence, stop tokens, and
@@ -131,7 +138,11 @@ class PipelineDecoder:
                 f"PipelineDecoder.generate: groups={groups!r} must be a positive int dividing the batch of "
                 f"{batch} sequences; pick a divisor of {batch} (groups >= ranks keeps every rank busy)."
             )
+        transfers = self._transfers()
+        if record is not None and transfers is not None:
+            raise MpmdError("PipelineDecoder.generate: record= measures a one-process run; drop it here.")
         state, size = gen_state(batch, max_new_tokens, keys, stop_tokens), batch // groups
+        budgets = np.broadcast_to(np.asarray(max_new_tokens), (batch,))
         parts = [slice(i * size, (i + 1) * size) for i in range(groups)]
         prompt = np.asarray(prompt, np.int32)
         placed = place_groups(
@@ -140,10 +151,35 @@ class PipelineDecoder:
             [prompt[p] for p in parts],
             [starts[p] for p in parts],
             [_group_state(state, p) for p in parts],
+            [budgets[p].max() for p in parts],
             max_len,
         )
-        tokens = run_wavefront(self.views, self._layout, placed, steps, sampler, pad_id, record)
+        specs = None
+        if transfers is not None:
+            specs = input_specs(self.views, size, prompt.shape[1], max_len)
+            transfers.begin(groups, steps)
+        tokens = run_wavefront(
+            self.views,
+            self._layout,
+            placed,
+            steps,
+            sampler,
+            pad_id,
+            links=self._links,
+            specs=specs,
+            transfers=transfers,
+            watch=transfers is None and len(stop_tokens) > 0,
+            record=record,
+        )
+        if transfers is not None:
+            return transfers.finish(tokens, (batch, steps))
         return jnp.asarray(tokens)
+
+    def _transfers(self) -> Transfers | None:
+        """The cross-process moves, when a link between stages crosses processes (made once)."""
+        if self._moves is None:
+            self._moves = Transfers(self._links) if any(link.cross for link in self._links) else False
+        return self._moves or None
 
     def _remember(self, cache, written: int) -> None:
         index = _first_cache(cache).index

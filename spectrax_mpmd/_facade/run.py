@@ -24,6 +24,7 @@ MODES = ("train", "forward")
 DATA_AXES = ("dp", "fsdp")
 
 
+from .generate.entry import Generation, check_options
 from .runner import Runner, call_with, pipeline_stages, train_loss
 
 
@@ -77,6 +78,7 @@ def _auto_runner(
         return step.runner(model, None, inputs, targets)
 
     step.runner = step.balance = None
+    step.generate = Generation(mesh, schedule, lambda: step.balance and step.balance.sizes)
     return step
 
 
@@ -108,6 +110,10 @@ def runner(
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
     `sxvalue_and_grad`). `remat` and `offload` set, per stage or for all, what a
     pipelined step keeps for its backward (see `sxvalue_and_grad`).
+    `step.generate(model, prompt, max_new_tokens, **options)` generates with the
+    run's layout (a core LM; options as `PipelineDecoder.generate`): each leaf is
+    used where the training step left it, and the next step's parameters reuse
+    the compiled programs.
     """
     if tx is not None and isinstance(stage_sizes, str):
         raise MpmdError(
@@ -153,7 +159,9 @@ def runner(
     def update(model, opt_state, inputs, targets=None):
         return inner.update(model, opt_state, None, inputs, targets)
 
+    fixed = None if stage_sizes is None else tuple(stage_sizes)
     step.runner, step.update = inner, update
+    step.generate = Generation(mesh, schedule, lambda: fixed)
     return step
 
 
@@ -175,8 +183,10 @@ def run(
     region_ranks: dict | None = None,
     remat=False,
     offload=False,
+    max_new_tokens=None,
+    **options,
 ):
-    """Train or run a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
+    """Train, run or generate with a core model on `mesh`: SPMD without a pipeline axis, MPMD with one.
 
     `apply_fn(model, inputs)` is the forward (`spectrax_core.apply` by default;
     a tuple of inputs is passed as `*inputs`, a dict as `**inputs`). On an MPMD
@@ -195,7 +205,20 @@ def run(
     set what each pipelined stage keeps for its backward (see `sxvalue_and_grad`).
     Each call compiles;
     in a loop use `runner(...)` once and call the step it returns.
+    `mode="generate"`: `model` is a core LM and `inputs` a left-padded prompt;
+    returns `max_new_tokens` new tokens per sequence, the other keywords being
+    `PipelineDecoder.generate`'s options (`groups`, `sampler`, `keys`, ...).
     """
+    if mode == "generate":
+        if max_new_tokens is None:
+            raise MpmdError("run: mode='generate' needs max_new_tokens=, an int or one per sequence.")
+        sizes = None if stage_sizes is None or isinstance(stage_sizes, str) else tuple(stage_sizes)
+        return Generation(mesh, schedule, lambda: sizes)(model, inputs, max_new_tokens, **options)
+    if options or max_new_tokens is not None:
+        check_options(options, "run")
+        raise MpmdError(
+            f"run: {sorted(options) or ['max_new_tokens']} are generation options; pass mode='generate'."
+        )
     step = runner(
         mesh=mesh,
         mode=mode,

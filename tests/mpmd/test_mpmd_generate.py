@@ -130,3 +130,4 @@ def test_simulated_wavefront_keeps_every_rank_busy_once_groups_reach_ranks(n, gr
     expected = rounds * groups / (rounds * max(groups, n) + min(groups, n) - 1)
     assert got.utilisation == pytest.approx(expected)
     assert got.busy == (rounds * groups,) * n
+    assert got.steady == pytest.approx(min(groups, n) / n)  # every rank busy once g >= n, g/n of it below

@@ -8,7 +8,9 @@ computed, so a pipelined step does the unsplit step's arithmetic.
 
 `flat_step` is the compiled form the issue loop calls: the view, cache and
 state go in and out as flat lists of arrays (their tree structures are static
-arguments), so a call does no Python pytree work on the model's classes.
+arguments), so a call does no Python pytree work on the model's classes. The
+last stage also returns whether every sequence of its group has finished, a
+scalar apart from the (donated) state, which the host may read later.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from spectrax_core.models import lm_blocks, lm_embed, lm_sample_head
 
@@ -39,7 +42,10 @@ def stage_step(view, x, cache, starts, state, *, first: bool, last: bool, sample
 def flat_step(
     view, x, cache, starts, state, *, trees, first: bool, last: bool, sampler=None, pad_id: int = 0
 ):
-    """`stage_step` over flat leaf lists; `trees` = the view's, cache's and state's tree structures."""
+    """`stage_step` over flat leaf lists; `trees` = the view's, cache's and state's tree structures.
+
+    Returns `(out, cache leaves, state leaves, finished)`, `finished` None but on the last stage.
+    """
     view_def, cache_def, state_def = trees
     out, cache, state = stage_step(
         jax.tree.unflatten(view_def, view),
@@ -52,4 +58,20 @@ def flat_step(
         sampler=sampler,
         pad_id=pad_id,
     )
-    return out, jax.tree.leaves(cache), jax.tree.leaves(state)
+    finished = jnp.all(state.done) if last else None
+    return out, jax.tree.leaves(cache), jax.tree.leaves(state), finished
+
+
+def input_specs(views, size: int, length: int, max_len: int) -> tuple[list, list]:
+    """Each stage's input `ShapeDtypeStruct` in a decode round and in the prefill round (index with
+    `t == 0`): a group of `size` sequences, a prompt of `length` tokens, caches of `max_len`."""
+    starts = jax.ShapeDtypeStruct((size,), jnp.int32)
+    out = []
+    for x in (jax.ShapeDtypeStruct((size,), jnp.int32), jax.ShapeDtypeStruct((size, length), jnp.int32)):
+        row = [x]
+        for s, view in enumerate(views[:-1]):
+            cache = jax.eval_shape(lambda v=view: v.blocks.init_cache(size, max_len))
+            step = functools.partial(stage_step, first=s == 0, last=False)
+            row.append(jax.eval_shape(step, view, row[-1], cache, starts, None)[0])
+        out.append(row)
+    return out[0], out[1]

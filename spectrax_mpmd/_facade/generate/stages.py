@@ -38,6 +38,12 @@ class StageLayout:
         return self.shardings[self.ranks[stage]]
 
 
+def local_stages(layout: StageLayout, n_stages: int) -> tuple[bool, ...]:
+    """Whether this process holds stage s's rank."""
+    me = jax.process_index()
+    return tuple(all(d.process_index == me for d in layout.sharding(s).device_set) for s in range(n_stages))
+
+
 def stage_views(lm) -> tuple:
     """One view of the staged `lm` (blocks a `StagedStack`) per stage."""
     parts = lm.blocks.parts
@@ -55,10 +61,14 @@ def stage_views(lm) -> tuple:
 
 
 def place_views(views: tuple, layout: StageLayout) -> tuple:
-    """`views` with every leaf on its stage's rank: leaves already there kept, the rest copied in one call."""
+    """`views` with every leaf on its stage's rank: leaves already there kept, the rest copied in one
+    call (the views of another process's stages are left as they are: that process runs them)."""
     moves, targets = [], []
     flat = [jax.tree.flatten(v) for v in views]
+    mine = local_stages(layout, len(views))
     for s, (leaves, _) in enumerate(flat):
+        if not mine[s]:
+            continue
         devices = layout.sharding(s).device_set
         for k, leaf in enumerate(leaves):
             if not (isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices):
@@ -71,6 +81,16 @@ def place_views(views: tuple, layout: StageLayout) -> tuple:
     return tuple(jax.tree.unflatten(treedef, leaves) for leaves, treedef in flat)
 
 
+def _signature(tree) -> tuple:
+    return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+
+
+def same_model(old, new) -> bool:
+    """Whether `new` is staged like `old` with the same structure, shapes and dtypes."""
+    staged = isinstance(new.blocks, StagedStack) and new.blocks.sizes == old.blocks.sizes
+    return staged and _signature(old) == _signature(new)
+
+
 def check_same_model(old, new) -> None:
     """Raise unless `new` has `old`'s structure, shapes and dtypes (new weights, same model)."""
     if not isinstance(new.blocks, StagedStack) or new.blocks.sizes != old.blocks.sizes:
@@ -79,8 +99,7 @@ def check_same_model(old, new) -> None:
             f"(blocks per stage {old.blocks.sizes}); pass the params the pipelined step returned, or "
             "build a new PipelineDecoder for another model."
         )
-    shape = lambda t: (jax.tree.structure(t), [(x.shape, x.dtype) for x in jax.tree.leaves(t)])  # noqa: E731
-    if shape(old) != shape(new):
+    if _signature(old) != _signature(new):
         raise MpmdError(
             "PipelineDecoder.update: params differ from the decoder's model in structure, shapes or "
             "dtypes; update takes new values of the same model. Build a new PipelineDecoder for another model."

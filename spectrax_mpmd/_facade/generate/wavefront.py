@@ -8,37 +8,49 @@ while rank r runs group i, rank r-1 already has group i+1. Calls are
 asynchronous: the host only queues cells, each rank runs its queue in order,
 and a group's next round waits on device for its own token only. Only the new
 tokens' residual stream (and each sampled token, back to the first stage)
-crosses ranks.
+crosses ranks (`links`); each process issues only its own ranks' cells.
+
+Early exit: a group stops being issued once none of its sequences can emit a
+real token. Its budget (the largest `max_new_tokens` of its sequences) is known
+on the host, so its cells end there on every process. With stop tokens, in one
+process, the host also reads the last stage's "all finished" flag of round
+t − 2 before issuing round t (a round late, so the read waits for nothing the
+devices are still queuing) and stops the group there. The rounds after a stop
+hold `pad_id`, as the unsplit reference gives. Within a group that still runs,
+finished sequences are masked (their shapes stay), not skipped.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._comm import transfer
 from .programs import flat_step
-from .stages import StageLayout
+from .stages import StageLayout, local_stages
 
 
 @dataclass
 class Group:
-    """One group's live values: its input on stage 0, caches and starts per stage, state, tokens so far.
+    """One group's live values: its input on stage 0, caches and starts per stage (None on another
+    process's stages), state, tokens so far, the rounds it runs (its budget, cut short when it has
+    stopped) and its finished flags.
 
     Caches and state are flat lists of arrays; `trees` holds their structures
     (one cache structure per stage, then the state's).
     """
 
-    x: jax.Array
+    x: jax.Array | None
     caches: list
     starts: list
     state: list
-    tokens: list
     trees: tuple
+    rounds: int
+    tokens: list = field(default_factory=list)
+    finished: list = field(default_factory=list)
 
 
 def issue_order(n_groups: int, n_stages: int) -> tuple[tuple[int, int], ...]:
@@ -47,76 +59,104 @@ def issue_order(n_groups: int, n_stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(cells, key=lambda c: (c[0] + c[1], c[1])))
 
 
-def place_groups(views, layout: StageLayout, prompts, starts, states, max_len: int) -> list[Group]:
-    """Put every group's prompt, starts, state and empty caches on the ranks that use them (one copy each)."""
+def place_groups(views, layout: StageLayout, prompts, starts, states, rounds, max_len: int) -> list[Group]:
+    """Put every group's prompt, starts, state and empty caches on the ranks of this process that
+    use them (one copy each)."""
     n_stages, last = len(views), len(views) - 1
+    mine = local_stages(layout, n_stages)
     values, targets = [], []
     for prompt, start, state in zip(prompts, starts, states):
-        values += [prompt, state] + [start] * n_stages
-        targets += [layout.sharding(0), layout.sharding(last)] + [layout.sharding(s) for s in range(n_stages)]
-    placed = jax.device_put(values, targets)
+        wanted = [(prompt, 0), (state, last)] + [(start, s) for s in range(n_stages)]
+        for value, s in wanted:
+            if mine[s]:
+                values.append(value)
+                targets.append(layout.sharding(s))
+    placed = iter(jax.device_put(values, targets))
     size = prompts[0].shape[0]  # every group has the same size: one cache shape per stage
     shapes = [jax.tree.flatten(jax.eval_shape(lambda v=v: v.blocks.init_cache(size, max_len))) for v in views]
-    width, groups = 2 + n_stages, []
-    for i in range(len(prompts)):
-        mine = placed[i * width : (i + 1) * width]
+    state_def = jax.tree.structure(states[0])
+    groups = []
+    for budget in rounds:
+        x, state = (next(placed) if mine[0] else None), (next(placed) if mine[last] else None)
+        starts_ = [next(placed) if mine[s] else None for s in range(n_stages)]
         caches = [
-            [jnp.zeros(a.shape, a.dtype, device=layout.sharding(s)) for a in leaves]
+            [jnp.zeros(a.shape, a.dtype, device=layout.sharding(s)) for a in leaves] if mine[s] else None
             for s, (leaves, _) in enumerate(shapes)
         ]
-        state, state_def = jax.tree.flatten(mine[1])
         trees = (*(tree for _, tree in shapes), state_def)
-        groups.append(Group(mine[0], caches, list(mine[2:]), state, [], trees))
+        groups.append(Group(x, caches, starts_, jax.tree.leaves(state), trees, int(budget)))
     return groups
 
 
-def _mover(src, dst):
-    """`x -> x on dst`: JAX's C++ per-device copy between one-device ranks (where the layout cannot
-    differ), else `jax.device_put` (which also re-lays out an output the stage left sharded)."""
-    if len(src.device_set) == 1 and len(dst.device_set) == 1:
-        copy = transfer([src], [dst])
-        return lambda x: copy(x)[0]
-    return lambda x: jax.device_put(x, dst)
+def _live(groups: list[Group], t: int, watch: bool) -> list[bool]:
+    """Which groups run round t: within their rounds, which end at t when (`watch`) a group's
+    sequences had all finished by round t − 2."""
+    for g in groups:
+        if watch and 2 <= t < g.rounds and bool(g.finished[t - 2]):
+            g.rounds = t
+    return [t < g.rounds for g in groups]
 
 
 def run_wavefront(
-    views, layout: StageLayout, groups: list[Group], steps: int, sampler, pad_id: int, record=None
-) -> np.ndarray:
-    """Issue `steps` rounds; the tokens `(batch, steps)` in group order.
+    views, layout, groups, steps, sampler, pad_id, *, links, specs, transfers=None, watch=False, record=None
+) -> np.ndarray | None:
+    """Issue up to `steps` rounds; this process's tokens `(batch, steps)` in group order (None when
+    the last stage is another process's).
 
-    With `record` (a list), each cell is waited for and `(rank, stage, group,
-    round, start, received, end)` appended (seconds; `received` is when its
-    input reached the rank): a measured timeline, not the fast path.
+    `links[s]` says how stage s's input arrives; `specs[t == 0][s]` its shape;
+    `transfers` carries the cross-process ones. `watch`: read the finished
+    flags (stop tokens, one process). With `record` (a list), each cell is
+    waited for and `(rank, stage, group, round, start, received, end)`
+    appended (seconds; `received` is when its input reached the rank): a
+    measured timeline, not the fast path.
     """
-    n_stages, ranks, last = len(views), layout.ranks, len(views) - 1
+    n_stages, ranks, last, me = len(views), layout.ranks, len(views) - 1, jax.process_index()
+    mine = local_stages(layout, n_stages)
     flat, trees = [jax.tree.flatten(v) for v in views], groups[0].trees
-    no_state, none_def = [], jax.tree.structure(None)
+    no_state, none_def, n_groups = [], jax.tree.structure(None), len(groups)
     calls = [
         dict(trees=(flat[s][1], trees[s], trees[-1] if s == last else none_def), first=s == 0, last=s == last)
         for s in range(n_stages)
     ]
     calls[last].update(sampler=sampler, pad_id=pad_id)  # only the last stage samples: others compile once
-    moves = [_mover(layout.sharding(s - 1), layout.sharding(s)) if s and ranks[s] != ranks[s - 1] else None
-             for s in range(n_stages)]  # fmt: skip
-    back = _mover(layout.sharding(last), layout.sharding(0)) if ranks[last] != ranks[0] else None
-    order = issue_order(len(groups), n_stages)
+    order = issue_order(n_groups, n_stages)
     for t in range(steps):
+        live = _live(groups, t, watch)
+        if not any(live):
+            break
         for i, s in order:
-            g, begin = groups[i], time.perf_counter()
-            x = g.x if moves[s] is None else moves[s](g.x)
+            if not live[i]:
+                continue
+            g, link = groups[i], links[s]
+            if link.cross and (t or s):  # both sides at the consuming cell's place in the one issue order
+                key = (n_groups, t, i, s)
+                if link.src == me:
+                    transfers.send(key, g.x)
+                elif link.dst == me:
+                    g.x = transfers.receive(key, specs[t == 0][s])
+            if not mine[s]:
+                continue
+            begin = time.perf_counter()
+            x = g.x if link.copy is None or (t == 0 and s == 0) else link.copy(g.x)
             if record is not None:
                 jax.block_until_ready(x)
                 received = time.perf_counter()
-            out, g.caches[s], state = flat_step(
+            out, g.caches[s], state, finished = flat_step(
                 flat[s][0], x, g.caches[s], g.starts[s], g.state if s == last else no_state, **calls[s]
             )
             if record is not None:
                 jax.block_until_ready(out)
                 record.append((ranks[s], s, i, t, begin, received, time.perf_counter()))
-            if s < last:
-                g.x = out
-                continue
-            g.state = state
-            g.tokens.append(out)
-            g.x = out if back is None else back(out)
-    return np.concatenate([np.stack(jax.device_get(g.tokens), axis=1) for g in groups], axis=0)
+            g.x = out
+            if s == last:
+                g.state = state
+                g.tokens.append(out)
+                g.finished.append(finished)
+    if not mine[last]:
+        return None
+    size = groups[0].tokens[0].shape[0]
+    out = np.full((n_groups * size, steps), pad_id, np.int32)
+    for i, g in enumerate(groups):
+        made = np.stack(jax.device_get(g.tokens), axis=1)
+        out[i * size : (i + 1) * size, : made.shape[1]] = made
+    return out
