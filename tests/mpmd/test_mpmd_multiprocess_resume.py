@@ -47,10 +47,25 @@ def _losses(records: list[dict]) -> dict[int, float]:
     return {int(k): v for k, v in records[0]["losses"].items()}
 
 
+def _written_by(step_dir, item: str, process: int) -> set[str]:
+    """The arrays whose data `process` wrote into `item` of a step (orbax's per-process OCDBT files)."""
+    import tensorstore as ts
+
+    base = {"driver": "file", "path": str(step_dir / item / f"ocdbt.process_{process}")}
+    keys = ts.KvStore.open({"driver": "ocdbt", "base": base}).result().list().result()
+    return {k.decode().rsplit("/", 1)[0] for k in keys if not k.decode().endswith(".zarray")}
+
+
 def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _job(2, tmp_path / "a", ckpt, "--ranks", "4", "--schedule", "Std1F1B", "--save-at", str(SAVE_AT))
     full = _losses(first)
+    with open(ckpt / str(SAVE_AT) / "meta" / "metadata") as f:
+        meta = json.load(f)
+    for item in ("params", "opt_state"):  # each array's data written once, by the process holding it
+        mine, theirs = (_written_by(ckpt / str(SAVE_AT), item, p) for p in range(2))
+        assert mine and theirs and not mine & theirs, (item, mine & theirs)
+        assert len(mine | theirs) == len(meta[item]), item
     assert sorted(full) == list(range(STEPS))
     for r in first:
         assert r["steps"] == [SAVE_AT]
