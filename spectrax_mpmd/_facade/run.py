@@ -76,9 +76,21 @@ def _auto_runner(mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules
     return step
 
 
+def _advised(advice, mesh, schedule, tx) -> tuple:
+    """The mesh, schedule and optimizer of `advice`'s best configuration (see `runner`)."""
+    if mesh is not None or schedule is not None:
+        raise MpmdError(
+            "runner: advice= gives the mesh and the schedule (its best configuration); drop mesh= and "
+            "schedule=, or drop advice= (e.g. schedule=advice.candidates[k].schedule for another one)."
+        )
+    if getattr(advice, "source", None) is None:
+        raise MpmdError(f"runner: advice= takes what mp.advise returns, got {type(advice).__name__}.")
+    return advice.source.mesh, advice.best.schedule, tx if tx is not None else advice.source.tx
+
+
 def runner(
     *,
-    mesh,
+    mesh=None,
     mode: str = "train",
     loss_fn: Callable | None = None,
     microbatches: int = 1,
@@ -90,6 +102,7 @@ def runner(
     memory_budget: int | None = None,
     region_ranks: dict | None = None,
     tx=None,
+    advice=None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
@@ -101,7 +114,15 @@ def runner(
     the split (`step.balance` says which, with its predicted per-stage times).
     `region_ranks` places the `sxstage_region`s of a model without `blocks` (see
     `sxvalue_and_grad`).
+    With `advice` (what `mp.advise` returns), the mesh and the schedule are those of
+    its best configuration and `tx` defaults to the one it was advised with; the
+    model's `blocks` are cut into that configuration's ranks x virtual stages
+    (evenly, or by `stage_sizes`), as the advised function cut them.
     """
+    if advice is not None:
+        mesh, schedule, tx = _advised(advice, mesh, schedule, tx)
+    if mesh is None:
+        raise MpmdError("runner: mesh= is required (an mp.create_mesh mesh), or advice= from mp.advise.")
     if tx is not None and isinstance(stage_sizes, str):
         raise MpmdError(
             "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."
