@@ -16,7 +16,6 @@ from spectrax_core.models import TransformerLM
 from spectrax_mpmd._planner.advice import Advice, Candidate, Source
 from spectrax_mpmd._planner.balance import _optimizer_copies
 
-
 PAIR = mp.create_mesh((2, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:2])
 
 
