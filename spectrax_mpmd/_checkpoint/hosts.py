@@ -167,7 +167,13 @@ def removing_partial_steps(directory: Path, settle: Callable[[], None]):
         yield
     except BaseException:
         settle()
-        if jax.process_index() == PRIMARY:
-            for partial in uncommitted(directory):
-                shutil.rmtree(partial, ignore_errors=True)
+        remove_uncommitted(directory)
         raise
+
+
+def remove_uncommitted(directory: Path) -> None:
+    """Remove the uncommitted step folders in `directory` (the committing process does): what a
+    failed save, or one whose process was killed, left."""
+    if jax.process_index() == PRIMARY:
+        for partial in uncommitted(directory):
+            shutil.rmtree(partial, ignore_errors=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 
+from .hosts import remove_uncommitted
 from .layout import CheckpointError
 
 _SETTLE_TRIES = 16  # more than the errors one failed save can leave stored (see `settle`)
@@ -33,13 +34,15 @@ def open_manager(ocp, directory: Path, items, max_to_keep, save_interval_steps: 
     world = jax.process_count()
     if create and world > 1:  # orbax leaves creating the directory to us with active_processes
         directory.mkdir(parents=True, exist_ok=True)
+    # a save killed midway left its folder: removed now, before anything runs (orbax's own
+    # `cleanup_tmp_directories` removes it in the background, awaited only by a save)
+    remove_uncommitted(directory)
     processes = ocp.options.MultiprocessingOptions(active_processes=set(range(world)) if world > 1 else None)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         save_interval_steps=save_interval_steps,
         enable_async_checkpointing=async_save,
         create=create and world == 1,
-        cleanup_tmp_directories=True,  # a save killed midway left its folder: removed on opening
         # the step folder made before `save` returns, not by a background task that a failed save
         # would leave running (and that could re-create the folder after its removal)
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
