@@ -2,7 +2,7 @@
 processes with another schedule and layout, the losses equal the uninterrupted run's; the same for
 the main job (`examples/train_lm.py`) under the launcher.
 
-Every job runs `resume_worker.py` (under `python -m spectrax_mpmd.launch` for 2 processes) in its own
+The training jobs run `resume_worker.py` (under `python -m spectrax_mpmd.launch` for 2 processes) in its own
 process group, killed at its time limit.
 """
 
@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from mpmd_cases import RTOL
 from test_mpmd_multihost import _env, _Job
+
+import spectrax_mpmd as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "resume_worker.py")
@@ -116,3 +118,20 @@ def test_the_main_job_under_the_launcher_stops_and_resumes_with_another_schedule
     assert len(stopped["losses"]) == 5 and stopped["checkpoint"]["saved"] == [3, 5]
     assert resumed["first_step"] == 3 and len(resumed["losses"]) == 3
     np.testing.assert_allclose(resumed["losses"][:2], stopped["losses"][3:5], rtol=RTOL)
+
+
+def test_an_array_every_process_holds_is_written_once_and_a_sharded_one_by_its_owner(tmp_path):
+    """A leaf given as a NumPy array (held by both processes) is written by process 0 only; one
+    sharded over process 1's two devices by process 1; both restore on one process, checked
+    against their checksums."""
+    A = np.arange(6, dtype=np.float32) * 3  # as owners_worker.py saves them
+    B = np.arange(16, dtype=np.float32).reshape(4, 4)
+    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
+    code, text, _ = _Job([*cmd, os.path.join(HERE, "owners_worker.py"), str(tmp_path)], 120).wait()
+    assert code == 0, text[-4000:]
+    written = [_written_by(tmp_path / "1", "params", p) for p in range(2)]
+    assert written == [{"['a']"}, {"['b']"}]
+    like = {"a": np.zeros_like(A), "b": np.zeros_like(B)}
+    restored = mp.restore_checkpoint(tmp_path, like=like).params
+    np.testing.assert_array_equal(restored["a"], A)
+    np.testing.assert_array_equal(restored["b"], B)
