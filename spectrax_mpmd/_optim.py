@@ -4,8 +4,9 @@ Gradients from `sxvalue_and_grad` live on the submesh of the rank that owns
 each parameter. `StagedOptimizer` groups leaves by the devices they live on
 and runs one jitted optax update per group there, so a training loop never
 gathers parameters on one device. Global-norm clipping is done across ranks:
-each group computes its sum of squares, the scalars are summed once, and the
-resulting scale is sent back to every group.
+each group computes its sum of squares, every group's update program receives
+all of them (one batched transfer of scalars) and computes the norm and the
+scale itself, so a step runs two programs per group and nothing else.
 
 In a multi-process run each process updates only the groups it holds (a
 gradient leaf of another process's rank is a global array without local
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -122,10 +124,33 @@ class StagedOptimizer:
         home = _replicated_like(leaves[0].sharding)
         return self._program("sum_squares", _sum_squares, home)(leaves)
 
-    def _group_update(self, params, grads, state, scale):
-        grads = [g * scale.astype(g.dtype) for g in grads]
+    def _group_update(self, params, grads, state, partials):
+        if partials:  # global-norm clipping: every group's sum of squares (or their total)
+            norm = jnp.sqrt(sum(partials))
+            max_norm = jnp.float32(self.max_grad_norm)
+            scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+            grads = [g * scale.astype(g.dtype) for g in grads]
         updates, state = self.tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
+
+    def _norm_inputs(self, g_leaves: list, groups, local: list[int]) -> dict[int, tuple]:
+        """What each local group's update reads to clip by the global norm: every group's sum of
+        squares on its own devices (one batched transfer), or, where other processes hold some
+        groups, the total over processes; empty tuples without `max_grad_norm`."""
+        if self.max_grad_norm is None:
+            return {g: () for g in local}
+        partial = [self._sum_squares([g_leaves[k] for k in groups[g]]) for g in local]
+        if len(local) < len(groups):  # other processes hold the other groups
+            if self._exchange is None:
+                from ._comm import Exchange
+
+                self._exchange = Exchange("grad_norm")
+            mine = sum(float(x) for x in partial)
+            total = np.float32(sum(float(v) for v in self._exchange.allgather(repr(mine))))
+            return {g: (total,) for g in local}
+        homes = [_replicated_like(g_leaves[groups[g][0]].sharding) for g in local]
+        moved = iter(jax.device_put(partial * len(local), [h for h in homes for _ in partial]))
+        return {g: tuple(next(moved) for _ in partial) for g in local}
 
     def update(self, grads, state: StagedOptState, params):
         """One optimizer step: returns `(new_params, new_state)`, each leaf on its owner rank.
@@ -137,18 +162,13 @@ class StagedOptimizer:
         p_leaves = jax.tree.leaves(params)
         g_leaves = jax.tree.leaves(grads)
         treedef = jax.tree.structure(params)
-        if self.max_grad_norm is not None:
-            scale = _clip_scale(self.global_norm(grads), jnp.float32(self.max_grad_norm))
-        else:
-            scale = jnp.ones((), jnp.float32)
-        local = [(idx, st) for idx, st in zip(state.groups, state.states) if _local(g_leaves[idx[0]])]
-        homes = [_replicated_like(g_leaves[idx[0]].sharding) for idx, _ in local]
-        scales = iter(jax.device_put([scale] * len(local), homes))
+        local = [g for g, idx in enumerate(state.groups) if _local(g_leaves[idx[0]])]
+        norm_inputs = self._norm_inputs(g_leaves, state.groups, local)
         new = list(p_leaves)
         states = []
-        for idx, st in zip(state.groups, state.states):
+        for g, (idx, st) in enumerate(zip(state.groups, state.states)):
             shardings = [g_leaves[k].sharding for k in idx]
-            if not _local(g_leaves[idx[0]]):  # another process updates it
+            if g not in norm_inputs:  # another process updates it
                 for k, sh in zip(idx, shardings):
                     new[k] = remote_array(_struct(p_leaves[k], sh))
                 states.append(st)
@@ -156,7 +176,7 @@ class StagedOptimizer:
             out = (shardings, jax.tree.map(lambda x: x.sharding, st))
             step = self._program("update", self._group_update, out)
             leaves = [_placed(p_leaves[k], sh) for k, sh in zip(idx, shardings)]
-            out_p, st = step(leaves, [g_leaves[k] for k in idx], st, next(scales))
+            out_p, st = step(leaves, [g_leaves[k] for k in idx], st, norm_inputs[g])
             for k, p in zip(idx, out_p):
                 new[k] = p
             states.append(st)
@@ -214,11 +234,6 @@ def _sum_squares(leaves):
 @jax.jit
 def _sqrt_sum(partial):
     return jnp.sqrt(sum(partial))
-
-
-@jax.jit
-def _clip_scale(norm, max_norm):
-    return jnp.where(norm < max_norm, 1.0, max_norm / norm)
 
 
 def _local(x) -> bool:

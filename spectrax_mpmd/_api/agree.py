@@ -132,8 +132,8 @@ class InputsCheck:
         `always`); a no-op when the mesh lies in this process."""
         if self.mode is None:
             check_joined(self.name)
-            me = jax.process_index()
-            spans = any(d.process_index != me for d in self.mesh.devices.flat)
+            # decided alike on every process (a process outside the mesh too): does it span processes
+            spans = len({d.process_index for d in self.mesh.devices.flat}) > 1
             self.mode = configured_input_check() if spans else "off"
         if self.mode == "off" or (self.mode == "first" and not first):
             return

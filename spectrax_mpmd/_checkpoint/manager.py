@@ -18,7 +18,6 @@ import functools
 import json
 import operator
 import os
-import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,25 +27,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
-from .digest import checksums_by_name as _checksums
 from .digest import verify as _verify
-from .hosts import PRIMARY, on_primary, read_held, removing_partial_steps
+from .hosts import for_owners, read_held, removing_partial_steps, uncommitted
 from .layout import CheckpointError, save_arrays
+from .orbax_io import load_orbax, open_manager, read_failure, settle
 from .target import staged_opt_target, tree_target
 
 FORMAT = 1
 ITEMS = ("params", "opt_state", "meta")
-
-
-def _orbax():
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError as err:
-        raise CheckpointError(
-            "checkpoints need orbax-checkpoint, which is not installed; install the checkpoint extra: "
-            "pip install 'spectrax-mpmd[checkpoint]' (or pip install orbax-checkpoint)."
-        ) from err
-    return ocp
 
 
 class Restored(NamedTuple):
@@ -94,17 +82,18 @@ class CheckpointManager:
         create: bool = True,
         checksums: bool = True,
     ):
-        ocp = _orbax()
+        ocp = load_orbax()
         self.directory = Path(directory).absolute()
         if not create and not self.directory.is_dir():
             raise CheckpointError(
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
-        options = _options(ocp, self.directory, max_to_keep, save_interval_steps, async_save, create)
         self._ocp = ocp
         self.checksums = checksums
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._manager = open_manager(
+            ocp, self.directory, ITEMS, max_to_keep, save_interval_steps, async_save, create
+        )
 
     # -- steps ---------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -123,12 +112,12 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
-        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
+        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Finish pending saves and release orbax's resources."""
-        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
+        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
             self._manager.close()
 
     def __enter__(self) -> CheckpointManager:
@@ -160,17 +149,14 @@ class CheckpointManager:
                 f"(manager.delete({step})) or save under another step."
             )
         arrays_p, arrays_o, desc = save_arrays(params, opt_state)
-        if jax.process_count() > 1:  # the first process writes every array (see `hosts`)
-            both = on_primary({"params": arrays_p, "opt_state": arrays_o})
-            arrays_p, arrays_o = both["params"], both["opt_state"]
-        meta = {"format": FORMAT, **desc, "extra": extra}
-        if self.checksums and jax.process_index() == PRIMARY:  # the others' meta is not written
-            meta["checksums"] = {"params": _checksums(arrays_p), "opt_state": _checksums(arrays_o)}
+        both, sums = for_owners({"params": arrays_p, "opt_state": arrays_o}, self.checksums)
+        arrays_p, arrays_o = both["params"], both["opt_state"]  # each written by its owner (see `hosts`)
+        meta = {"format": FORMAT, **desc, "extra": extra, **({"checksums": sums} if self.checksums else {})}
         ocp = self._ocp
         items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
-        with removing_partial_steps(self.directory, self._manager.wait_until_finished):
+        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
             return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
@@ -228,7 +214,7 @@ class CheckpointManager:
             raise
         except Exception as err:
             raise CheckpointError(
-                f"restore: step {step} in {self.directory} cannot be read ({_read_failure(err)}): a file "
+                f"restore: step {step} in {self.directory} cannot be read ({read_failure(err)}): a file "
                 f"of the step is damaged, truncated or missing. Restore another step (it holds "
                 f"{self.all_steps()}), or copy the step again from where it was saved."
             ) from err
@@ -244,6 +230,12 @@ class CheckpointManager:
             )
         if step is None:
             return steps[-1]
+        if step not in steps and uncommitted(self.directory, step):
+            raise CheckpointError(
+                f"restore: step {step} in {self.directory} was never committed (its save did not "
+                f"complete in every process: {uncommitted(self.directory, step)[0].name}), so it is not "
+                f"read; the committed steps are {steps}."
+            )
         if step not in steps:
             raise CheckpointError(
                 f"restore: step {step} is not in {self.directory}; it holds steps {steps}. Give one "
@@ -253,39 +245,6 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
-
-
-_OCDBT_READ = re.compile(r'Error reading "([^"]+)/[^"/]*" in OCDBT database at [^"]*"([^"]*)": (.*)')
-
-
-def _read_failure(err: BaseException) -> str:
-    """What orbax could not read: the item and array with TensorStore's reason, else the first line."""
-    cause: BaseException | None = err
-    while cause is not None:
-        found = _OCDBT_READ.search(str(cause))
-        if found:
-            name, database, reason = found.groups()
-            return f"{Path(database).name} array {name!r}: {reason.strip()}"
-        cause = cause.__cause__ or cause.__context__
-    first = str(err).split(" See full TensorStore details", 1)[0].splitlines()
-    return f"{type(err).__name__}: {first[0] if first else ''}"
-
-
-def _options(ocp, directory: Path, max_to_keep, save_interval_steps: int, async_save: bool, create: bool):
-    """orbax's manager options; in a multi-process run every process is active, so that orbax's
-    barriers go through the key-value store rather than a device collective (docs/multihost.md)."""
-    world = jax.process_count()
-    if create and world > 1:  # orbax leaves creating the directory to us with active_processes
-        directory.mkdir(parents=True, exist_ok=True)
-    processes = ocp.options.MultiprocessingOptions(active_processes=set(range(world)) if world > 1 else None)
-    return ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
-        save_interval_steps=save_interval_steps,
-        enable_async_checkpointing=async_save,
-        create=create and world == 1,
-        cleanup_tmp_directories=True,  # a save killed midway left its folder: removed on opening
-        multiprocessing_options=processes,
-    )
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):

@@ -82,9 +82,25 @@ def _auto_runner(
     return step
 
 
+def _advised(advice, mesh, schedule, tx, memory: dict) -> tuple:
+    """The mesh, schedule, optimizer and per-stage `remat`/`offload` of `advice`'s best
+    configuration (see `runner`); `memory` holds the caller's, which win when set."""
+    if mesh is not None or schedule is not None:
+        raise MpmdError(
+            "runner: advice= gives the mesh and the schedule (its best configuration); drop mesh= and "
+            "schedule=, or drop advice= (e.g. schedule=advice.candidates[k].schedule for another one)."
+        )
+    if getattr(advice, "source", None) is None:
+        raise MpmdError(f"runner: advice= takes what mp.advise returns, got {type(advice).__name__}.")
+    chosen = advice.best.memory
+    if chosen is not None and not any(v is not False for v in memory.values()):
+        memory = {"remat": chosen.remat, "offload": chosen.offload}
+    return advice.source.mesh, advice.best.schedule, tx if tx is not None else advice.source.tx, memory
+
+
 def runner(
     *,
-    mesh,
+    mesh=None,
     mode: str = "train",
     loss_fn: Callable | None = None,
     microbatches: int = 1,
@@ -98,6 +114,7 @@ def runner(
     tx=None,
     remat=False,
     offload=False,
+    advice=None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
@@ -114,7 +131,19 @@ def runner(
     run's layout (a core LM; options as `PipelineDecoder.generate`): each leaf is
     used where the training step left it, and the next step's parameters reuse
     the compiled programs.
+    With `advice` (what `mp.advise` returns), the mesh and the schedule are those of
+    its best configuration, `tx` defaults to the one it was advised with and
+    `remat`/`offload` to the per-stage choice it fits with; the
+    model's `blocks` are cut into that configuration's ranks x virtual stages
+    (evenly, or by `stage_sizes`), as the advised function cut them.
     """
+    if advice is not None:
+        mesh, schedule, tx, memory = _advised(
+            advice, mesh, schedule, tx, {"remat": remat, "offload": offload}
+        )
+        remat, offload = memory["remat"], memory["offload"]
+    if mesh is None:
+        raise MpmdError("runner: mesh= is required (an mp.create_mesh mesh), or advice= from mp.advise.")
     if tx is not None and isinstance(stage_sizes, str):
         raise MpmdError(
             "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."

@@ -12,11 +12,13 @@ optionally under a memory budget per device.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
 import numpy as np
+import optax
 
 from spectrax_core import schedules as S
 
@@ -24,6 +26,7 @@ from .._api import check_mesh, check_schedule, sxvalue_and_grad
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._stages import stage_sizes
 from ..errors import StageSplitError
+from .optimizer import ASSUMED_STATES
 
 log = logging.getLogger("spectrax_mpmd")
 
@@ -37,7 +40,8 @@ class Balance:
     for the even split; `block_s` the profiled seconds of each block (the first
     with what precedes the blocks, the last with the head and loss);
     `overhead_s` the fixed cost of one stage's forward and backward cells, which
-    a stage of several blocks pays once.
+    a stage of several blocks pays once. `optimizer` says how the optimizer's
+    state was counted against a memory budget.
     """
 
     sizes: tuple[int, ...]
@@ -46,6 +50,7 @@ class Balance:
     even_stage_s: tuple[float, ...]
     block_s: tuple[float, ...]
     overhead_s: float
+    optimizer: str = ""
 
     @property
     def predicted_speedup(self) -> float:
@@ -62,6 +67,7 @@ class Balance:
                 row("auto", self.sizes, self.stage_s),
                 row("even", self.even_sizes, self.even_stage_s),
                 f"predicted: the slowest stage {self.predicted_speedup:.2f}x faster than the even split's",
+                *([f"optimizer: {self.optimizer}"] if self.optimizer else []),
             ]
         )
 
@@ -161,6 +167,7 @@ def balance_from_profile(
     *,
     memory_budget: int | None = None,
     optimizer_states: float = 0.0,
+    optimizer: str = "",
 ) -> Balance:
     """The balanced split of a per-block `profile` (one stage per block) for `schedule` on `n`
     ranks; logged at INFO on the `spectrax_mpmd` logger.
@@ -198,6 +205,7 @@ def balance_from_profile(
         _stage_times(block_s, even, overhead),
         block_s,
         overhead,
+        optimizer if memory_budget is not None else "",
     )
     log.info("stage_sizes='auto' for %s on %d ranks:\n%s", schedule, n, result.table())
     return result
@@ -230,7 +238,8 @@ def balance(
     schedule,
     n_blocks: int,
     memory_budget: int | None = None,
-    optimizer_states: float = 0.0,
+    tx: optax.GradientTransformation | None = None,
+    optimizer_states: float | None = None,
     rounds: int = 2,
     **step_kwargs,
 ) -> Balance:
@@ -239,6 +248,11 @@ def balance(
     `fn(sizes)` returns `(loss_fn, args)` for the model cut into `len(sizes)` stages
     of `sizes[k]` blocks (markers after the blocks ending each stage), as
     `sxvalue_and_grad` takes them; `step_kwargs` go to `sxvalue_and_grad`.
+    Against `memory_budget` the optimizer's state counts by default: with `tx`, as
+    many copies of each block's parameters as `tx.init`'s state holds of the
+    parameters (`jax.eval_shape`, nothing allocated); without it, Adam's two
+    moments are assumed; `optimizer_states=k` sets the copies instead.
+    `Balance.optimizer` says which.
     """
 
     mesh = check_mesh("balance", mesh)
@@ -256,6 +270,21 @@ def balance(
         **step_kwargs,
     )
     profile = step.profile_stages(*args, rounds=rounds)
+    copies, note = _optimizer_copies(tx, optimizer_states, args[0])
     return balance_from_profile(
-        profile, schedule, mesh.mpmd_dim, memory_budget=memory_budget, optimizer_states=optimizer_states
+        profile, schedule, mesh.mpmd_dim, memory_budget=memory_budget, optimizer_states=copies, optimizer=note
     )
+
+
+def _optimizer_copies(tx, optimizer_states, params) -> tuple[float, str]:
+    """How many copies of the parameters the optimizer's state holds, and how that was found."""
+    if optimizer_states is not None:
+        return float(optimizer_states), f"state estimated as {optimizer_states:g} copies of the parameters"
+    if tx is None:
+        return float(ASSUMED_STATES), "assumed Adam (no tx given): two moments per parameter; pass tx="
+    copies = _nbytes(jax.eval_shape(tx.init, params)) / max(1, _nbytes(params))
+    return copies, f"from tx: its state holds {copies:.3g} copies of the parameters"
+
+
+def _nbytes(tree) -> int:
+    return sum(math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))

@@ -86,18 +86,18 @@ def test_a_step_that_is_not_a_non_negative_integer_is_refused(tmp_path, step):
             manager.delete(step)
 
 
-def test_a_save_that_fails_midway_leaves_nothing_a_restore_would_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_save_that_fails_midway_leaves_nothing_a_restore_would_read(tmp_path, monkeypatch, async_save):
     """The write raises inside orbax (a full disk): the error reaches the caller, the step's
-    temporary folder is gone, the step is not listed, restore reads the previous one, and the step
-    can be saved again; a folder left by a save killed midway is removed by the next manager.
-    (A synchronous save: a failed asynchronous one can still be finishing orbax's metadata write
-    in the background when the error arrives.)"""
+    temporary folder is gone (also once orbax's background work of that save has ended), the step
+    is not listed, restore reads the previous one, and the step can be saved again; a folder left
+    by a save killed midway is refused by restore, and removed by the next manager."""
     from orbax.checkpoint import type_handlers
 
     async def full_disk(*args, **kwargs):
         raise OSError("No space left on device (simulated)")
 
-    with mp.CheckpointManager(tmp_path, async_save=False) as manager:
+    with mp.CheckpointManager(tmp_path, async_save=async_save) as manager:
         manager.save(1, params=SMALL)
         manager.wait_until_finished()
         with monkeypatch.context() as patch:
@@ -110,7 +110,10 @@ def test_a_save_that_fails_midway_leaves_nothing_a_restore_would_read(tmp_path, 
         manager.save(2, params={"w": SMALL["w"] + 1})
         manager.wait_until_finished()
         np.testing.assert_array_equal(manager.restore(like=SMALL).params["w"], SMALL["w"] + 1)
-    (tmp_path / "3.orbax-checkpoint-tmp").mkdir()  # what a killed process leaves
+        (tmp_path / "3.orbax-checkpoint-tmp").mkdir()  # what a killed process leaves
+        with pytest.raises(mp.CheckpointError, match=r"step 3 .* was never committed"):
+            manager.restore(3, like=SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3.orbax-checkpoint-tmp"]
     with mp.CheckpointManager(tmp_path) as manager:
         assert manager.all_steps() == [1, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]

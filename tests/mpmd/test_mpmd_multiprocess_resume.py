@@ -1,7 +1,8 @@
 """A 2-process training run saves and resumes: on one process with another layout, and on two
-processes with another schedule and layout, the losses equal the uninterrupted run's.
+processes with another schedule and layout, the losses equal the uninterrupted run's; the same for
+the main job (`examples/train_lm.py`) under the launcher.
 
-Every job runs `resume_worker.py` (under `python -m spectrax_mpmd.launch` for 2 processes) in its own
+The training jobs run `resume_worker.py` (under `python -m spectrax_mpmd.launch` for 2 processes) in its own
 process group, killed at its time limit.
 """
 
@@ -12,8 +13,11 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from mpmd_cases import RTOL
 from test_mpmd_multihost import _env, _Job
+
+import spectrax_mpmd as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "resume_worker.py")
@@ -47,10 +51,25 @@ def _losses(records: list[dict]) -> dict[int, float]:
     return {int(k): v for k, v in records[0]["losses"].items()}
 
 
+def _written_by(step_dir, item: str, process: int) -> set[str]:
+    """The arrays whose data `process` wrote into `item` of a step (orbax's per-process OCDBT files)."""
+    import tensorstore as ts
+
+    base = {"driver": "file", "path": str(step_dir / item / f"ocdbt.process_{process}")}
+    keys = ts.KvStore.open({"driver": "ocdbt", "base": base}).result().list().result()
+    return {k.decode().rsplit("/", 1)[0] for k in keys if not k.decode().endswith(".zarray")}
+
+
 def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _job(2, tmp_path / "a", ckpt, "--ranks", "4", "--schedule", "Std1F1B", "--save-at", str(SAVE_AT))
     full = _losses(first)
+    with open(ckpt / str(SAVE_AT) / "meta" / "metadata") as f:
+        meta = json.load(f)
+    for item in ("params", "opt_state"):  # each array's data written once, by the process holding it
+        mine, theirs = (_written_by(ckpt / str(SAVE_AT), item, p) for p in range(2))
+        assert mine and theirs and not mine & theirs, (item, mine & theirs)
+        assert len(mine | theirs) == len(meta[item]), item
     assert sorted(full) == list(range(STEPS))
     for r in first:
         assert r["steps"] == [SAVE_AT]
@@ -70,3 +89,49 @@ def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
         np.testing.assert_allclose([losses[s] for s in losses], [full[s] for s in losses], rtol=RTOL)
     np.testing.assert_array_equal(two[0]["gathered"], two[1]["gathered"])
     np.testing.assert_allclose(sorted(one[0]["gathered"]), sorted(two[0]["gathered"]), rtol=RTOL, atol=1e-6)
+
+
+@pytest.mark.slow  # two launched jobs: about 100 s on 2 shared cores
+def test_the_main_job_under_the_launcher_stops_and_resumes_with_another_schedule(tmp_path):
+    """`examples/train_lm.py` (tiny) on 2 processes x 2 devices, 4 ranks: Std1F1B stops after 5 steps
+    (saved at 3 and 5, each process writing its own ranks' arrays); a second job resumes from step 3
+    with ZeroBubbleH1, and its steps 3 and 4 have the losses the first job had."""
+    script = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "train_lm.py")
+    flags = (
+        "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --lr 1e-2 --sample-tokens 2 --stages 4"
+    )
+    launch = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
+    base = [*launch, "--timeout", "60", script, *flags.split(), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    runs = {
+        "stopped": ["--schedule", "Std1F1B", "--save-every", "3", "--stop-after", "5"],
+        "resumed": ["--schedule", "ZeroBubbleH1", "--resume", "3", "--overwrite"],
+    }
+    metrics = {}
+    for name, extra in runs.items():
+        code, text, _ = _Job([*base, *extra, "--out", str(tmp_path / name)], 240).wait()
+        assert code == 0, text[-4000:]
+        with open(tmp_path / name / "metrics.json") as f:
+            metrics[name] = json.load(f)
+        if name == "stopped":  # both processes wrote their arrays of step 3
+            assert all(_written_by(tmp_path / "ckpt" / "3", "params", p) for p in range(2))
+    stopped, resumed = metrics["stopped"], metrics["resumed"]
+    assert len(stopped["losses"]) == 5 and stopped["checkpoint"]["saved"] == [3, 5]
+    assert resumed["first_step"] == 3 and len(resumed["losses"]) == 3
+    np.testing.assert_allclose(resumed["losses"][:2], stopped["losses"][3:5], rtol=RTOL)
+
+
+def test_an_array_every_process_holds_is_written_once_and_a_sharded_one_by_its_owner(tmp_path):
+    """A leaf given as a NumPy array (held by both processes) is written by process 0 only; one
+    sharded over process 1's two devices by process 1; both restore on one process, checked
+    against their checksums."""
+    A = np.arange(6, dtype=np.float32) * 3  # as owners_worker.py saves them
+    B = np.arange(16, dtype=np.float32).reshape(4, 4)
+    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
+    code, text, _ = _Job([*cmd, os.path.join(HERE, "owners_worker.py"), str(tmp_path)], 120).wait()
+    assert code == 0, text[-4000:]
+    written = [_written_by(tmp_path / "1", "params", p) for p in range(2)]
+    assert written == [{"['a']"}, {"['b']"}]
+    like = {"a": np.zeros_like(A), "b": np.zeros_like(B)}
+    restored = mp.restore_checkpoint(tmp_path, like=like).params
+    np.testing.assert_array_equal(restored["a"], A)
+    np.testing.assert_array_equal(restored["b"], B)

@@ -46,6 +46,20 @@ def test_staged_global_norm_is_the_global_norm(tied):
     assert len(opt.init(lm, grads).groups) == 3  # ranks 0, 1, 2 own parameters; rank 3 reads only
 
 
+@pytest.mark.parametrize("max_norm", [CLIP, None], ids=["clipped", "unclipped"])
+def test_one_update_is_the_unsplit_update(tied, max_norm):
+    """One step of `StagedOptimizer` (the norm read inside each rank's update program) against
+    `clip_by_global_norm` + adamw on the unsplit gradients, on one device."""
+    _, lm, _, _, (_, grads, _, ref_grads) = tied
+    tx = optax.adamw(LR, weight_decay=0.1)
+    ref_tx = tx if max_norm is None else optax.chain(optax.clip_by_global_norm(max_norm), tx)
+    assert max_norm is None or float(optax.tree.norm(ref_grads)) > max_norm, "the clip must be active"
+    updates, _ = ref_tx.update(ref_grads, ref_tx.init(lm), lm)
+    opt = mp.StagedOptimizer(tx, max_grad_norm=max_norm)
+    params, _ = opt.update(grads, opt.init(lm, grads), lm)
+    assert_close(params, optax.apply_updates(lm, updates))
+
+
 @pytest.mark.slow
 def test_twenty_adamw_steps_track_the_single_device_loop(tied):
     _, lm, step, batches, _ = tied
