@@ -36,6 +36,7 @@ from ._jit import jit
 from ._markers import Opaque, Static
 from ._module import Module
 from ._optimizer import MultiOptimizer, Optimizer, OptState
+from ._placement import InitPlacementHook, variable_init_placement
 from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
 from ._reexports import MPMD_NAMES as _MPMD_NAMES
 from ._reexports import __all__ as _pipeline_names
@@ -132,6 +133,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "InitPlacementHook",
+    "variable_init_placement",
     "StateAxes",
     "AxisNames",
     "DEFAULT_MESH_AXIS_DIMS",
