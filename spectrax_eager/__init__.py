@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
+from . import context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -37,6 +37,7 @@ from ._markers import Opaque, Static
 from ._module import Module
 from ._optimizer import MultiOptimizer, Optimizer, OptState
 from ._placement import InitPlacementHook, variable_init_placement
+from ._policy import Policy
 from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
 from ._reexports import MPMD_NAMES as _MPMD_NAMES
 from ._reexports import __all__ as _pipeline_names
@@ -85,6 +86,7 @@ from ._state import (
     update,
 )
 from ._variable import Buffer, Parameter, Variable
+from .context import scope
 from .sharding import (
     DEFAULT_MESH_AXIS_DIMS,
     DEFAULT_MESH_AXIS_NAMES,
@@ -134,6 +136,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "InitPlacementHook",
+    "Policy",
+    "context",
+    "scope",
     "variable_init_placement",
     "StateAxes",
     "AxisNames",

@@ -17,6 +17,7 @@ from . import _graph
 from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
 from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
+from ._policy import push_policy
 from ._static import immutable
 from ._variable import Variable, _new_like
 
@@ -287,12 +288,24 @@ _ABSENT = object()
 
 def _hooked(fn: Callable) -> Callable:
     """Wrap a `__call__` so output transforms (stage markers) and inspection hooks (spx.summary)
-    see every module's output."""
+    see every module's output, run under the module's `policy` (`spx.Policy`) when it has one."""
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self.__dict__.get(HOOKS)
-        out = fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
+        policy = self.__dict__.get("policy")
+        if policy is None:
+            out = (
+                fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
+            )
+        else:
+            with push_policy(policy):
+                out = (
+                    fn(self, *args, **kwargs)
+                    if hooks is None
+                    else call_with_hooks(fn, self, hooks, args, kwargs)
+                )
+            out = policy.cast_output(out)
         for transform in _output_transforms:
             out = transform(self, out)
         for hook in _call_hooks:

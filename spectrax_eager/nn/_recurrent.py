@@ -37,7 +37,9 @@ class RNNCellBase(CoreLayer):
         if input_size is None and hidden_size is None and not extra:
             return  # a cell written by subclassing: its own __init__ makes its variables
         if input_size is None or hidden_size is None:
-            raise TypeError(f"{where}: give both input_size and hidden_size, got {input_size}, {hidden_size}.")
+            raise TypeError(
+                f"{where}: give both input_size and hidden_size, got {input_size}, {hidden_size}."
+            )
         kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
         self._adopt(
             self.core_cls.init(
