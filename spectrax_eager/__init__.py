@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
+from . import common_types, context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -137,6 +137,7 @@ def __getattr__(name: str):
 __all__ = [
     "InitPlacementHook",
     "Policy",
+    "common_types",
     "context",
     "scope",
     "variable_init_placement",
