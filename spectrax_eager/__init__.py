@@ -21,6 +21,7 @@ from ._control import (
     vmap,
     while_loop,
 )
+from ._deferred import DeferredBuffer, DeferredParameter
 from ._errors import (
     CyclicGraphError,
     IllegalMutationError,
@@ -135,6 +136,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DeferredBuffer",
+    "DeferredParameter",
     "InitPlacementHook",
     "Policy",
     "common_types",
