@@ -34,6 +34,7 @@ from ._errors import (
 from ._graph import GraphDef
 from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
+from ._lazy import lazy_init
 from ._markers import Opaque, Static
 from ._module import Module
 from ._optimizer import MultiOptimizer, Optimizer, OptState
@@ -139,6 +140,7 @@ __all__ = [
     "DeferredBuffer",
     "DeferredParameter",
     "InitPlacementHook",
+    "lazy_init",
     "Policy",
     "common_types",
     "context",

@@ -15,10 +15,12 @@ from typing import Any, Callable
 import jax
 
 from . import _graph
+from ._lazy import building_lazily, check_may_materialize
 from ._rngs import Rngs
 from ._variable import Buffer, Parameter, Variable
 
 _SPEC, _INIT, _DTYPE, _DONE = "deferred_shape", "deferred_init", "deferred_dtype", "materialized"
+_EXPLICIT = "deferred_explicit"  # built under spx.lazy_init()
 
 
 def _key(rngs: Any, where: str) -> jax.Array:
@@ -39,7 +41,14 @@ class _Deferred:
         spec = tuple(None if d is None else int(d) for d in shape_spec)
         if not callable(init):
             raise TypeError(f"{where}: init must be init(key, shape, dtype), received {init!r}.")
-        meta = {_SPEC: spec, _INIT: init, _DTYPE: dtype, _DONE: False, **(kw.pop("metadata", None) or {})}
+        meta = {
+            _SPEC: spec,
+            _INIT: init,
+            _DTYPE: dtype,
+            _DONE: False,
+            _EXPLICIT: building_lazily(),
+            **(kw.pop("metadata", None) or {}),
+        }
         Variable.__init__(self, _key(rngs, where), metadata=meta, **kw)
 
     @property
@@ -59,6 +68,7 @@ class _Deferred:
         """Draw the value `init(key, shape, dtype)`; needs every size known. No-op once done."""
         if self.is_materialized:
             return
+        check_may_materialize(self.metadata[_EXPLICIT], type(self).__name__)
         spec = self.metadata[_SPEC]
         if None in spec:
             raise RuntimeError(
@@ -69,7 +79,7 @@ class _Deferred:
 
     def _fill(self, value: Any) -> None:
         object.__setattr__(self, "_value", value)
-        for name in (_SPEC, _INIT, _DTYPE):
+        for name in (_SPEC, _INIT, _DTYPE, _EXPLICIT):
             self.metadata.pop(name, None)
         self.metadata[_DONE] = True
         _graph.bump()

@@ -16,7 +16,6 @@ from typing import Any, Iterable
 
 from ._errors import StaticEditError
 
-
 _SPELLING = {
     "__setitem__": "x[k] = v",
     "__delitem__": "del x[k]",
