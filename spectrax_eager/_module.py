@@ -17,7 +17,7 @@ from . import _graph
 from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
 from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
-from ._lazy import materializing
+from ._module_methods import ModuleMethods
 from ._policy import push_policy
 from ._static import immutable
 from ._variable import Variable, _new_like
@@ -168,7 +168,7 @@ def _check_attr(owner: Module, name: str, value: Any) -> None:
             )
 
 
-class Module:
+class Module(ModuleMethods):
     """Base class of eager modules: define `__init__` and `forward` (or `__call__`).
 
     Modules are JAX pytrees whose leaves are their Variables' values, so
@@ -214,34 +214,6 @@ class Module:
     def eval(self) -> Module:
         """Set `training = False` everywhere (dropout off); returns self."""
         return self.train(False)
-
-    def init(self, rngs=None, *example_args: Any, **example_kwargs: Any) -> Module:
-        """Attach `rngs` (an `spx.Rngs` or a seed) as `self.rngs` when given, and with example
-        inputs run `sequential_init`; returns self."""
-        if rngs is not None:
-            from ._rngs import Rngs
-
-            self.rngs = rngs if isinstance(rngs, Rngs) else Rngs(rngs)
-        if example_args or example_kwargs:
-            self.sequential_init(*example_args, **example_kwargs)
-        return self
-
-    def sequential_init(self, *example_args: Any, **example_kwargs: Any) -> Module:
-        """Call the module once on the example inputs with its lazy parts allowed to create their
-        arrays (also those built under `spx.lazy_init()`), then `materialize()`; returns self."""
-        if example_args or example_kwargs:
-            with materializing():
-                self(*example_args, **example_kwargs)
-        return self.materialize()
-
-    def materialize(self) -> Module:
-        """Create the value of every `DeferredParameter` / `DeferredBuffer` below (their shapes
-        must be known); returns self."""
-        with materializing():
-            for var in list(plan_of(self).vars):
-                if not getattr(var, "is_materialized", True):
-                    var.materialize()
-        return self
 
     def register_forward_pre_hook(
         self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
