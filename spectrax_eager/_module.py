@@ -215,6 +215,10 @@ class Module(ModuleMethods):
         """Set `training = False` everywhere (dropout off); returns self."""
         return self.train(False)
 
+    def _spx_plan_now(self) -> Plan:
+        """The module's current plan (its variables and sub-modules in definition order)."""
+        return plan_of(self)
+
     def register_forward_pre_hook(
         self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
     ) -> RemovableHandle:

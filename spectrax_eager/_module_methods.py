@@ -1,7 +1,7 @@
 """`Module` methods for building in steps and working on a whole model: `init` /
 `sequential_init` / `materialize` (lazy layers, see `_lazy`), `set_attributes`,
-`freeze` / `unfreeze`, `perturb`, and the structure digests `structure_hash` /
-`shape_hash`."""
+`perturb`, and the structure digests `structure_hash` / `shape_hash`. They reach
+the model's variables and sub-modules through `Module._spx_plan_now()`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ._lazy import materializing
+from ._variable import Variable
 
 
 def _digest(parts: Any) -> str:
@@ -22,12 +23,12 @@ class ModuleMethods:
     """Mixed into `Module` (its own file to keep `_module` to the graph walk and calls)."""
 
     def init(self, rngs=None, *example_args: Any, **example_kwargs: Any):
-        """Attach `rngs` (an `spx.Rngs` or a seed) as `self.rngs` when given, and with example
-        inputs run `sequential_init`; returns self."""
+        """Attach `rngs` (an `spx.Rngs`) as `self.rngs` when given, and with example inputs run
+        `sequential_init`; returns self."""
         if rngs is not None:
-            from ._rngs import Rngs
-
-            self.rngs = rngs if isinstance(rngs, Rngs) else Rngs(rngs)
+            if isinstance(rngs, int):
+                raise TypeError(f"{type(self).__name__}.init: pass spx.Rngs({rngs}), not the bare seed.")
+            self.rngs = rngs
         if example_args or example_kwargs:
             self.sequential_init(*example_args, **example_kwargs)
         return self
@@ -43,10 +44,8 @@ class ModuleMethods:
     def materialize(self):
         """Create the value of every `DeferredParameter` / `DeferredBuffer` below (their shapes
         must be known); returns self."""
-        from ._module import plan_of
-
         with materializing():
-            for var in list(plan_of(self).vars):
+            for var in list(self._spx_plan_now().vars):
                 if not getattr(var, "is_materialized", True):
                     var.materialize()
         return self
@@ -54,9 +53,7 @@ class ModuleMethods:
     def set_attributes(self, *, filter_fn: Callable[[Any], bool] | None = None, **attrs: Any):
         """Set each of `attrs` on this module and every sub-module that already has that
         attribute (and passes `filter_fn`), e.g. `model.set_attributes(deterministic=True)`."""
-        from ._module import plan_of
-
-        for _, mod in plan_of(self).modules:
+        for _, mod in self._spx_plan_now().modules:
             if filter_fn is not None and not filter_fn(mod):
                 continue
             for name, value in attrs.items():
@@ -64,24 +61,9 @@ class ModuleMethods:
                     setattr(mod, name, value)
         return self
 
-    def freeze(self, selector: Any = "parameters"):
-        """`spx.freeze(self, selector)`: the selected variables are skipped by `grad` and
-        optimizers (marked `trainable=False`; their collection stays)."""
-        from ._state import freeze
-
-        return freeze(self, selector)
-
-    def unfreeze(self, selector: Any = True):
-        """`spx.unfreeze(self, selector)`."""
-        from ._state import unfreeze
-
-        return unfreeze(self, selector)
-
     def perturb(self, name: str, x: Any) -> Any:
         """`x` plus the zero Variable `self.perturb_<name>` (collection `"perturbations"`, made on
         the first call): its gradient is the loss's gradient with respect to `x` at this point."""
-        from ._variable import Variable
-
         attr = f"perturb_{name}"
         var = self.__dict__.get(attr)
         if var is None:
@@ -92,15 +74,11 @@ class ModuleMethods:
     def structure_hash(self) -> str:
         """A SHA-256 hex digest of the module's structure (classes, static attributes, child
         names, collections and metadata, sharing), never of array values."""
-        from ._module import plan_of
-
-        return _digest(plan_of(self).graphdef.specs)
+        return _digest(self._spx_plan_now().graphdef.specs)
 
     def shape_hash(self) -> str:
         """`structure_hash` plus every variable's path, collection, shape and dtype."""
-        from ._module import plan_of
-
-        plan = plan_of(self)
+        plan = self._spx_plan_now()
         leaves = tuple(
             (info.path, info.kind, tuple(jnp.shape(leaf)), str(jnp.result_type(leaf)))
             for info, var in zip(plan.infos, plan.vars)

@@ -16,16 +16,9 @@ from typing import Any, Iterable
 
 from ._errors import StaticEditError
 
-_SPELLING = {
-    "__setitem__": "x[k] = v",
-    "__delitem__": "del x[k]",
-    "__iadd__": "x += y",
-    "__imul__": "x *= n",
-    "__ior__": "x |= y",
-    "__iand__": "x &= y",
-    "__isub__": "x -= y",
-    "__ixor__": "x ^= y",
-}
+
+_SPELLING = {"__setitem__": "x[k] = v", "__delitem__": "del x[k]", "__iadd__": "x += y", "__imul__": "x *= n",
+             "__ior__": "x |= y", "__iand__": "x &= y", "__isub__": "x -= y", "__ixor__": "x ^= y"}
 
 
 def _refuse(op: str):
@@ -65,36 +58,11 @@ def _reduce(base: type):
     return __reduce__
 
 
-_LIST_EDITS = (
-    "__setitem__",
-    "__delitem__",
-    "__iadd__",
-    "__imul__",
-    "append",
-    "extend",
-    "insert",
-    "pop",
-    "remove",
-    "clear",
-    "sort",
-    "reverse",
-)
+_LIST_EDITS = ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+               "remove", "clear", "sort", "reverse")
 _DICT_EDITS = ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault", "update")
-_SET_EDITS = (
-    "__ior__",
-    "__iand__",
-    "__isub__",
-    "__ixor__",
-    "add",
-    "discard",
-    "remove",
-    "pop",
-    "clear",
-    "update",
-    "difference_update",
-    "intersection_update",
-    "symmetric_difference_update",
-)
+_SET_EDITS = ("__ior__", "__iand__", "__isub__", "__ixor__", "add", "discard", "remove", "pop", "clear",
+              "update", "difference_update", "intersection_update", "symmetric_difference_update")
 
 
 def _immutable_class(name: str, base: type, edits: tuple[str, ...]) -> type:

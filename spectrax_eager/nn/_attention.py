@@ -59,7 +59,6 @@ def _annotate_projections(layer: CoreLayer, qkv: Any, out: Any, qkv_bias: Any, o
     annotate(layer, where, q__bias=qkv_bias, k__bias=qkv_bias, v__bias=qkv_bias, o__bias=out_bias)
 
 
-@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 def _no_cache(where: str, decode: bool) -> None:
     """These layers keep no KV cache, so `cache_sharding` (the cache's annotation) has nothing to
     annotate and is accepted as is; `decode=True` is refused."""
@@ -71,6 +70,7 @@ def _no_cache(where: str, decode: bool) -> None:
         )
 
 
+@also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class MultiheadAttention(CoreLayer):
     """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
     `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
