@@ -2,10 +2,11 @@
 
 A layer whose input size is found on its first call creates its weight as
 `DeferredParameter((None, d_out), init, rngs, dtype)`, then in `forward`
-calls `resolve_shape(x.shape[-1:] + (d_out,))` and `materialize()`. Until
-then the variable holds the key its value will be drawn with (so it moves
-through `spx.jit` / `spx.export` like any variable), and reading `.value`
-is an error: a placeholder would silently compute with wrong numbers.
+calls `resolve_shape(x.shape[-1:] + (d_out,))`; the first read of `.value`
+(or `materialize()`) then draws it. Until then the variable holds the key its
+value will be drawn with (so it moves through `spx.jit` / `spx.export` like any
+variable), and reading `.value` with the shape unknown is an error: a
+placeholder would silently compute with wrong numbers.
 """
 
 from __future__ import annotations
@@ -86,10 +87,13 @@ class _Deferred:
 
     @property
     def value(self) -> Any:
+        """The value; the first read with the shape known materializes it (as `materialize()`)."""
+        if not self.is_materialized and None not in self.metadata[_SPEC]:
+            self.materialize()
         if not self.is_materialized:
             raise RuntimeError(
                 f"{type(self).__name__} of shape {self.metadata[_SPEC]} is not materialized; call "
-                "resolve_shape(shape) and materialize() (or give it a value) first."
+                "resolve_shape(shape) first (or give it a value)."
             )
         return self._value
 
