@@ -6,9 +6,12 @@ ZeroBubbleH1, InterleavedH1 (v=2) and DualPipeV, with saved residuals and
 with `remat=True`. Peak bytes: `simulate(..., memory=profile.stage_memory())`
 against `step.measure_peak_bytes`, and the device-time sweep
 (`peak_bytes(order="time")`) beside them. Busy time: the simulator given one
-measured run's cell times against that run's per-rank sums (DualPipeV fuses
-some cells, so it has none). Prints one line per configuration and writes
-benchmarks/results/planner.json.
+profile's cell times (an earlier call; median per stage and kind) against the
+median of separately measured steps, on the CPU clock and on the wall clock, on
+a larger model (`--time-d`, `--time-hidden`: cells of about a millisecond),
+with the simulated makespan, the measured busy time over the cores and the
+step's wall time beside them (DualPipeV fuses some cells, so it has none).
+Prints one line per configuration and writes benchmarks/results/planner.json.
 
     python benchmarks/planner.py
 """
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import pathlib
+import time
 
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; affects the CPU backend only
@@ -35,23 +39,23 @@ OUT = pathlib.Path(__file__).parent / "results" / "planner.json"
 VOCAB, D, LENGTH, BATCH, M, BLOCKS = 32, 16, 8, 32, 8, 8
 
 
-def model(wide: int, narrow: int):
+def model(wide: int, narrow: int, d: int = D, length: int = LENGTH):
     keys = jax.random.split(jax.random.key(0), 2 * BLOCKS + 4)
     hidden = (wide,) + (narrow,) * (BLOCKS - 1)
     blocks = [
         {
-            "w1": jax.random.normal(keys[2 * k], (D, h)) / 4,
-            "w2": jax.random.normal(keys[2 * k + 1], (h, D)) / 4,
+            "w1": jax.random.normal(keys[2 * k], (d, h)) / 4,
+            "w2": jax.random.normal(keys[2 * k + 1], (h, d)) / 4,
         }
         for k, h in enumerate(hidden)
     ]
     params = {
-        "embed": jax.random.normal(keys[-4], (VOCAB, D)),
+        "embed": jax.random.normal(keys[-4], (VOCAB, d)),
         "blocks": blocks,
-        "head": jax.random.normal(keys[-3], (D, VOCAB)),
+        "head": jax.random.normal(keys[-3], (d, VOCAB)) / d**0.5,
     }
-    tokens = jax.random.randint(keys[-2], (BATCH, LENGTH), 0, VOCAB)
-    return params, tokens, jax.random.randint(keys[-1], (BATCH, LENGTH), 0, VOCAB)
+    tokens = jax.random.randint(keys[-2], (BATCH, length), 0, VOCAB)
+    return params, tokens, jax.random.randint(keys[-1], (BATCH, length), 0, VOCAB)
 
 
 def loss_of(n_stages: int):
@@ -69,34 +73,41 @@ def loss_of(n_stages: int):
     return loss
 
 
-def run_cost(timeline, n_stages: int) -> S.StageCost:
-    """Mean seconds per stage and cell kind in one measured run."""
-    seconds: dict = {}
-    for row in timeline.events:
-        for e in row:
-            (a,) = e.cell.parts
-            seconds.setdefault((a.stage, a.kind), []).append((e.end - e.start) * 1e-6)
-    mean = {k: sum(v) / len(v) for k, v in seconds.items()}
-    rows = {"F": [], "B": [], "I": [], "W": []}
-    for s in range(n_stages):
-        b = mean.get((s, "B"))
-        i, w = (
-            (mean.get((s, "I"), 0.0), mean[(s, "W")])
-            if (s, "W") in mean
-            else ((b or 0.0) / 2, (b or 0.0) / 2)
-        )
-        for kind, value in zip("FBIW", (mean[(s, "F")], b if b is not None else i + w, i, w)):
-            rows[kind].append(value)
-    return S.StageCost(*(tuple(rows[k]) for k in "FBIW"))
+def busy_prediction(step, data, schedule, clock: str, runs: int) -> dict:
+    """Each rank's busy time predicted from a profile (cells timed in an earlier call, median per
+    stage and kind) against the median of `runs` separately measured steps, both on `clock`; the
+    simulated makespan next to the step's wall time when its ranks run concurrently."""
+    profile = step.profile_stages(*data, rounds=runs, clock=clock)
+    predicted = S.simulate(schedule, 4, profile.stage_cost(statistic="median"))
+    measured = np.median([step.measure_timeline(*data, clock=clock).busy for _ in range(runs)], axis=0) * 1e-6
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(step(*data))
+        walls.append(time.perf_counter() - start)
+    return {
+        "clock": clock,
+        "predicted_busy_s": list(predicted.busy),
+        "measured_busy_s": measured.tolist(),
+        "worst_busy_error": max(abs(p - m) / m for p, m in zip(predicted.busy, measured)),
+        "simulated_makespan_s": predicted.makespan,
+        "busy_over_cores_s": sum(measured) / (os.cpu_count() or 1),
+        "step_wall_min_s": min(walls),
+        "step_wall_median_s": float(np.median(walls)),
+    }
 
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wide", type=int, default=128, help="hidden width of the first block")
     p.add_argument("--narrow", type=int, default=16, help="hidden width of the other blocks")
+    p.add_argument("--time-d", type=int, default=128, help="model width of the time model's run")
+    p.add_argument("--time-hidden", type=int, default=512, help="hidden width of every block there")
+    p.add_argument("--runs", type=int, default=5, help="profile rounds and measured steps per clock")
     args = p.parse_args(argv)
     mesh = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
     data = model(args.wide, args.narrow)
+    big = model(args.time_hidden, args.time_hidden, d=args.time_d, length=32)
     schedules = [
         S.Std1F1B(microbatches=M),
         S.ZeroBubbleH1(microbatches=M),
@@ -123,13 +134,19 @@ def main(argv=None) -> list[dict]:
                 f"{repr(schedule):42} remat={remat!s:5} peak KiB predicted "
                 f"{[round(b / 1024, 1) for b in timeline.peak_bytes]} measured {[round(b / 1024, 1) for b in measured]}"
             )
-            if schedule.layout != "v":
-                run = step.measure_timeline(*data)
-                busy = S.simulate(schedule, 4, run_cost(run, 4 * schedule.virtual_stages)).busy
-                record["predicted_busy_s"] = list(busy)
-                record["measured_busy_s"] = [b * 1e-6 for b in run.busy]
-                line += f"; busy ms predicted {[round(b * 1e3, 3) for b in busy]} measured {[round(b / 1e3, 3) for b in run.busy]}"
             print(line)
+            if schedule.layout != "v":
+                timed = mp.sxvalue_and_grad(
+                    loss_of(4 * schedule.virtual_stages), mesh=mesh, schedule=schedule, remat=remat
+                )
+                for clock in ("cpu", "wall"):
+                    t = record[f"time_{clock}"] = busy_prediction(timed, big, schedule, clock, args.runs)
+                    print(
+                        f"{'':42} {clock:4} busy ms predicted {[round(b * 1e3, 2) for b in t['predicted_busy_s']]} "
+                        f"measured {[round(b * 1e3, 2) for b in t['measured_busy_s']]} (worst {t['worst_busy_error']:.1%}); "
+                        f"makespan ms simulated {t['simulated_makespan_s'] * 1e3:.1f}, busy/cores "
+                        f"{t['busy_over_cores_s'] * 1e3:.1f}, step wall {t['step_wall_median_s'] * 1e3:.1f}"
+                    )
             records.append(record)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(records, indent=1))

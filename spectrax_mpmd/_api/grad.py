@@ -171,16 +171,19 @@ class _StepFunction:
         entry, leaves = self._entry(args)
         return measure_peak_bytes(entry.plan, entry.place(self.placer, leaves))
 
-    def measure_timeline(self, *args) -> Timeline:
+    def measure_timeline(self, *args, clock: str = "wall") -> Timeline:
         """Run one step cell by cell, timing each, as a `spectrax_core.schedules.Timeline` in µs.
 
         Each action is one event on its rank (its cell plus the sends after it);
         `spectrax_core.schedules.chrome_trace(timeline, us_per_unit=1)` turns it
         into a Chrome trace (one track per rank, slices named like `2F5`).
+        `clock="cpu"` times with this process's CPU time instead of the wall clock
+        (the cells run one at a time, so each event is what its cell computed,
+        without the waits other processes' load adds).
         """
         entry, leaves = self._entry(args)
         schedule, n = entry.plan.schedule, self.mesh.mpmd_dim
-        spans = action_spans(entry.plan, entry.place(self.placer, leaves))
+        spans = action_spans(entry.plan, entry.place(self.placer, leaves), clock)
         return measured_timeline(spans, n, repr(schedule), schedule.stage_labels(n))
 
     def profile(self, *args, rounds: int = 7) -> HostProfile:
@@ -189,12 +192,13 @@ class _StepFunction:
         `.table()`). Runs the step `2 * rounds` times."""
         return host_cost(self, args, rounds)
 
-    def profile_stages(self, *args, rounds: int = 3) -> StageProfile:
+    def profile_stages(self, *args, rounds: int = 3, clock: str = "wall") -> StageProfile:
         """Per stage and cell kind, for these arguments: XLA's cost and memory analysis of the
         compiled cells, what each forward saves (and each I cell stashes) per microbatch, each
         rank's parameter and accumulator bytes, bytes per edge, the bytes each stage and rank
         holds (`.stage_memory()`), and each cell's measured time (`StageProfile`; print
-        `.table()`). Runs the step `rounds` times cell by cell, and once more to size its buffers."""
+        `.table()`). Runs the step `rounds` times cell by cell (timed on `clock`, as
+        `measure_timeline`), and once more to size its buffers."""
         entry, leaves = self._entry(args)
         entry.plan.check_single_process(f"{self.name}.profile_stages")
         try:
@@ -204,6 +208,7 @@ class _StepFunction:
                 dict(enumerate(leaves)),
                 entry.place(self.placer, leaves),
                 rounds,
+                clock,
             )
         finally:
             self.compiler.forget_lowerings()
@@ -335,8 +340,10 @@ def step_function(fn: Callable, *, compiler: Compiler, **kwargs) -> Callable:
     return _StepFunction(fn, compiler=compiler, **kwargs)
 
 
-def profile_stages(fn: Callable, *args, mesh, schedule, rounds: int = 3, **step_kwargs) -> StageProfile:
+def profile_stages(
+    fn: Callable, *args, mesh, schedule, rounds: int = 3, clock: str = "wall", **step_kwargs
+) -> StageProfile:
     """`sxvalue_and_grad(fn, mesh=, schedule=, **step_kwargs).profile_stages(*args)`: the
     per-stage profile of `fn`'s pipelined training step on these arguments."""
     step = sxvalue_and_grad(fn, mesh=mesh, schedule=schedule, **step_kwargs)
-    return step.profile_stages(*args, rounds=rounds)
+    return step.profile_stages(*args, rounds=rounds, clock=clock)

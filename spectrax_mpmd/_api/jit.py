@@ -82,13 +82,13 @@ class _JitFunction:
         """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""
         return host_cost(self, args, rounds)
 
-    def measure_timeline(self, *args) -> Timeline:
-        """Run one call cell by cell, timing each schedule action (see
+    def measure_timeline(self, *args, clock: str = "wall") -> Timeline:
+        """Run one call cell by cell, timing each schedule action on `clock` (see
         `sxvalue_and_grad(...).measure_timeline`); donated arguments are copied first, not consumed."""
         entry, leaves = cached_entry(self, args)
         entry.plan.check_single_process(f"{self.name}.measure_timeline")
         plan, n = entry.plan, self.mesh.mpmd_dim
-        spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)())
+        spans = action_spans(plan, fresh_inputs(entry, self.placer, leaves)(), clock)
         return measured_timeline(spans, n, repr(plan.schedule), plan.schedule.stage_labels(n))
 
     def measure_peak_bytes(self, *args) -> tuple[int, ...]:

@@ -34,22 +34,35 @@ from .slots import (
     ZeroGrad,
 )
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
-def action_spans(plan, placed_inputs: Sequence) -> list[tuple[int, object, float, float]]:
+
+def clock_named(clock: str, where: str):
+    """The timer `clock` names: `"wall"` (elapsed time) or `"cpu"` (this process's CPU time, all
+    its threads: what a cell computes, without the waits another process's load adds)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"{where}: clock must be 'wall' or 'cpu', received {clock!r}.")
+    return CLOCKS[clock]
+
+
+def action_spans(
+    plan, placed_inputs: Sequence, clock: str = "wall"
+) -> list[tuple[int, object, float, float]]:
     """Run once, each step alone (waiting for its results), and return per action
-    `(rank, action, start, end)` in seconds from the first step: the cell and the
-    sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+    `(rank, action, start, end)` in seconds of `clock` from the first step: the cell and
+    the sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
     plan.check_single_process("timeline")
+    now = clock_named(clock, "timeline")
     owner = {k: j for j, (_, _, a, b) in enumerate(plan.action_steps) for k in range(a, b)}
     spans: dict[int, list[float]] = {}
     t0 = None
 
     def call(k, fn, args):
         nonlocal t0
-        start = time.perf_counter()
+        start = now()
         t0 = start if t0 is None else t0
         results = jax.block_until_ready(fn(*args))
-        end = time.perf_counter()
+        end = now()
         if k in owner:
             span = spans.setdefault(owner[k], [start - t0, end - t0])
             span[1] = end - t0

@@ -41,6 +41,7 @@ class CellProfile:
     temp_bytes: int
     saved_bytes: int
     seconds: float | None
+    median_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,22 @@ class StageProfile:
     def cell(self, stage: int, kind: str) -> CellProfile:
         return next(c for c in self.cells if c.stage == stage and c.kind == kind)
 
-    def stage_cost(self, comm: float = 0.0) -> StageCost:
+    def stage_cost(self, comm: float = 0.0, statistic: str = "min") -> StageCost:
         """The measured cell times as a `spectrax_core.schedules.StageCost` (seconds), for
         `simulate` with any schedule over the same stages.
+
+        `statistic="min"` takes each cell's least time (a lower bound, steady under other
+        load: good for comparing schedules); `"median"` its typical time, which predicts
+        what a step's ranks are busy for.
 
         The last stage's fused loss cell is its F (its B, I and W are then 0). A stage
         profiled with a full backward gets `I = W = B / 2`; one profiled with split
         I and W cells gets `B = I + W` (a stage without an I cell has I = 0).
         """
-        measured = {(c.stage, c.kind): c.seconds for c in self.cells}
+        if statistic not in ("min", "median"):
+            raise ValueError(f"stage_cost: statistic must be 'min' or 'median', received {statistic!r}.")
+        field = "seconds" if statistic == "min" else "median_seconds"
+        measured = {(c.stage, c.kind): getattr(c, field) for c in self.cells}
         last = max(c.stage for c in self.cells)
         rows: dict = {"F": [], "B": [], "I": [], "W": []}
         for s in range(last + 1):
@@ -170,18 +178,21 @@ def _cell_seconds(plan, spans) -> dict:
     return times
 
 
-def stage_profile(plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3) -> StageProfile:
+def stage_profile(
+    plan, compile_spec, param_leaves: dict, placed_inputs, rounds: int = 3, clock: str = "wall"
+) -> StageProfile:
     """The `StageProfile` of a training plan.
 
     `compile_spec` gives a cell spec's executable (the step's compiler),
     `param_leaves` maps each parameter leaf index to an array or ShapeDtypeStruct,
-    `placed_inputs` are the plan's inputs (for the timed rounds).
+    `placed_inputs` are the plan's inputs (for the timed rounds, on `clock`: see `action_spans`).
     """
     per_cell: dict = {}
     for _ in range(rounds):
-        for key, seconds in _cell_seconds(plan, action_spans(plan, placed_inputs)).items():
+        for key, seconds in _cell_seconds(plan, action_spans(plan, placed_inputs, clock)).items():
             per_cell.setdefault(key, []).extend(seconds)
     best = {key: min(values) for key, values in per_cell.items()}
+    median = {key: float(np.median(values)) for key, values in per_cell.items()}
     ranks = 1 + max(plan.stage_ranks)
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
@@ -203,6 +214,7 @@ def stage_profile(plan, compile_spec, param_leaves: dict, placed_inputs, rounds:
                 temp_bytes=int(memory.temp_size_in_bytes),
                 saved_bytes=sum(_nbytes(o) for o in outs[len(outs) - kept :]),
                 seconds=best.get((stage, kind)),
+                median_seconds=median.get((stage, kind)),
             )
         )
     params = [0] * ranks

@@ -1,6 +1,6 @@
-"""The planner's predictions against a real step: peak bytes per rank (within 5%; with an optimizer's
-state, against the whole training step) and busy time per rank (within 15%), on a heterogeneous
-pipeline (embedding, a wide block, narrow blocks, head)."""
+"""The planner's memory predictions against a real step: peak bytes per rank (within 5%; with an
+optimizer's state, against the whole training step), on a heterogeneous pipeline (embedding, a wide
+block, narrow blocks, head). Busy-time predictions: test_mpmd_planner_time.py."""
 
 import dataclasses
 
@@ -53,38 +53,6 @@ def test_profiling_and_measuring_leave_the_results_bitwise_equal(measured):
     after = step(*args)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def run_cost(timeline, n_stages: int) -> S.StageCost:
-    """Per stage and kind, the mean measured seconds of one run's cells (the last stage's fused loss
-    cell is its F; a full B is split evenly into I and W, split cells add up to B)."""
-    seconds: dict = {}
-    for row in timeline.events:
-        for e in row:
-            (action,) = e.cell.parts
-            seconds.setdefault((action.stage, action.kind), []).append((e.end - e.start) * 1e-6)
-    mean = {key: sum(v) / len(v) for key, v in seconds.items()}
-    rows = {"F": [], "B": [], "I": [], "W": []}
-    for s in range(n_stages):
-        f, b = mean[(s, "F")], mean.get((s, "B"), 0.0)
-        i, w = (mean.get((s, "I"), 0.0), mean[(s, "W")]) if (s, "W") in mean else (b / 2, b / 2)
-        for kind, value in zip("FBIW", (f, b if (s, "B") in mean else i + w, i, w)):
-            rows[kind].append(value)
-    return S.StageCost(*(tuple(rows[k]) for k in "FBIW"))
-
-
-@pytest.mark.parametrize("remat", (False, True))
-@pytest.mark.parametrize("name", ("Std1F1B", "ZeroBubbleH1", "InterleavedH1"))
-def test_predicted_busy_time_per_rank_within_15_percent(name, remat):
-    """The simulator, given one measured run's cell times per stage and kind, predicts each rank's
-    busy time in that run (the sum of its cells) within 15%. (DualPipeV is not among these: its
-    fused forward+backward cells ran 10-15% faster than the sum of their parts here, which a
-    per-part cost model does not see; see docs/planner.md.)"""
-    step, args, *_ = profiled(SCHEDULES[name], remat)
-    run = step.measure_timeline(*args)
-    predicted = S.simulate(step.schedule, 4, run_cost(run, 4 * step.schedule.virtual_stages)).busy
-    for rank, (p, m) in enumerate(zip(predicted, run.busy)):
-        assert abs(p * 1e6 - m) <= 0.15 * m, (name, rank, predicted, run.busy)
 
 
 def test_optimizer_estimate_adds_parameter_copies(measured):
