@@ -167,7 +167,7 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
-        if hot is not None and not kwargs and not context.snapshot():
+        if hot is not None and not kwargs and not context.active():
             epoch, n, roots, leaf_types, compiled, plan = hot
             if epoch == _graph.epoch and len(args) == n:
                 k = len(roots)
@@ -186,7 +186,7 @@ class Jitted:
         else:
             statics = ()
         split = Split(args, kwargs)
-        arrays, others = context.partition(context.snapshot())
+        arrays, others = context.partition(context.snapshot()) if context.active() else ({}, ())
         bound, bound_tree = jax.tree.flatten(arrays)
         key = (split.static, statics, others, bound_tree)
         compiled = self._cache.get(key)

@@ -46,6 +46,11 @@ def get(key: str, default: Any = _MISSING) -> Any:
     return default
 
 
+def active() -> bool:
+    """Whether any `scope` block is open (one context-variable read)."""
+    return bool(_frames.get())
+
+
 def snapshot() -> dict[str, Any]:
     """Every bound name with the value `get` returns for it now."""
     out: dict[str, Any] = {}
@@ -77,4 +82,4 @@ def partition(snap: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, An
 
 scope.get = get  # `spx.scope.get(name)`
 
-__all__ = ["get", "partition", "scope", "snapshot"]
+__all__ = ["active", "get", "partition", "scope", "snapshot"]
