@@ -18,7 +18,7 @@ from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
 from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
 from ._module_methods import ModuleMethods
-from ._policy import push_policy
+from ._policy import Policy, push_policy
 from ._static import immutable
 from ._variable import Variable, _new_like
 
@@ -293,13 +293,13 @@ _ABSENT = object()
 
 def _hooked(fn: Callable) -> Callable:
     """Wrap a `__call__` so output transforms (stage markers) and inspection hooks (spx.summary)
-    see every module's output, run under the module's `policy` (`spx.Policy`) when it has one."""
+    see every module's output, run under the module's `policy` attribute when it is an `spx.Policy`."""
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self.__dict__.get(HOOKS)
-        policy = self.__dict__.get("policy")
-        if policy is None:
+        policy = self.__dict__.get("policy")  # an attribute `policy` that is no Policy is plain data
+        if not isinstance(policy, Policy):
             out = (
                 fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
             )

@@ -1,6 +1,7 @@
 """`spx.Policy`: the dtypes a module subtree computes and returns in.
 
-`model.policy = spx.Policy(compute_dtype=jnp.bfloat16, output_dtype=jnp.float32)`:
+`model.policy = spx.Policy(compute_dtype=jnp.bfloat16, output_dtype=jnp.float32)` (an
+attribute `policy` holding anything else, e.g. a sub-module, is ordinary):
 while `model` runs, the built-in layers below it (until one with its own
 policy) cast their floating inputs and parameters to `compute_dtype`, and
 `model`'s result is cast to `output_dtype`. The stored parameters keep their
