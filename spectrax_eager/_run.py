@@ -330,10 +330,10 @@ def sxcall(
 
     Train mode: `batch` is `(inputs, *targets)`, `loss_fn(outputs, *targets)`; returns `(loss,
     grads)` (`(loss, grads, aux)` with `has_aux`), `grads` a `State` of the whole model. Forward
-    mode: `batch` is the inputs (or a 1-tuple of them). `transport="device_put"`,
-    `donate_argnums` (buffers are freed after their last use either way) and the unset
-    `donate_activations`, `chunks`, `static_argnums`, `fuse_*` are accepted for code written
-    for `spectrax-lib`; other values of them are refused.
+    mode: `batch` is the inputs (or a 1-tuple of them). For code written for `spectrax-lib`,
+    `transport="device_put"`, `donate_argnums` (not acted on: donating the batch only saves
+    memory) and the unset `donate_activations`, `chunks`, `static_argnums`, `fuse_*` are
+    accepted; other values of them are refused.
     """
     import spectrax_mpmd as mp
 
