@@ -4,7 +4,7 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
-from . import contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
+from . import common_types, context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
 from ._assign import assign_stage
 from ._autodiff import grad, jvp, value_and_grad, vjp
 from ._checkpoint import restore_checkpoint, save_checkpoint
@@ -21,6 +21,7 @@ from ._control import (
     vmap,
     while_loop,
 )
+from ._deferred import DeferredBuffer, DeferredParameter
 from ._errors import (
     CyclicGraphError,
     IllegalMutationError,
@@ -33,9 +34,12 @@ from ._errors import (
 from ._graph import GraphDef
 from ._inspect import count_bytes, count_parameters, summary
 from ._jit import jit
+from ._lazy import lazy_init
 from ._markers import Opaque, Static
 from ._module import Module
 from ._optimizer import MultiOptimizer, Optimizer, OptState
+from ._placement import InitPlacementHook, variable_init_placement
+from ._policy import Policy
 from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
 from ._reexports import MPMD_NAMES as _MPMD_NAMES
 from ._reexports import __all__ as _pipeline_names
@@ -84,6 +88,7 @@ from ._state import (
     update,
 )
 from ._variable import Buffer, Parameter, Variable
+from .context import scope
 from .sharding import (
     DEFAULT_MESH_AXIS_DIMS,
     DEFAULT_MESH_AXIS_NAMES,
@@ -132,6 +137,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DeferredBuffer",
+    "DeferredParameter",
+    "InitPlacementHook",
+    "lazy_init",
+    "Policy",
+    "common_types",
+    "context",
+    "scope",
+    "variable_init_placement",
     "StateAxes",
     "AxisNames",
     "DEFAULT_MESH_AXIS_DIMS",

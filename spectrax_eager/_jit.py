@@ -5,7 +5,8 @@ arguments)`: values never enter it, so changing them never retraces, while any
 structural change (new GraphDef) compiles a new program. Per call the work is
 one pytree flatten of the arguments, a read of the cached plan, a list of the
 variables' values, the compiled call, and the write-back of what the function
-changed (`{index: value}` returned by the program).
+changed (`{index: value}` returned by the program). Values bound by `spx.scope`
+at the call are part of it too: arrays as inputs, other values in the cache key.
 
 A call with the same modules in the leading positions and arrays of the same
 types after them, with no structural change since (same structure epoch),
@@ -22,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from . import _graph, _module
+from . import _graph, _module, context
 from ._lift import Split, allowed, changes, rebuild
 from ._module import Module, _walk
 from ._variable import Variable, set_value
@@ -166,7 +167,7 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
-        if hot is not None and not kwargs:
+        if hot is not None and not kwargs and not context.active():
             epoch, n, roots, leaf_types, compiled, plan = hot
             if epoch == _graph.epoch and len(args) == n:
                 k = len(roots)
@@ -185,16 +186,21 @@ class Jitted:
         else:
             statics = ()
         split = Split(args, kwargs)
-        key = (split.static, statics)
+        arrays, others = context.partition(context.snapshot()) if context.active() else ({}, ())
+        bound, bound_tree = jax.tree.flatten(arrays)
+        key = (split.static, statics, others, bound_tree)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._cache[key] = self._compile(split, statics, args, kwargs)
+            compiled = self._cache[key] = self._compile(split, statics, args, kwargs, (others, bound_tree))
         if self.mesh is not None and not getattr(self.mesh, "is_mpmd", False):
             with jax.set_mesh(getattr(self.mesh, "jax_mesh", self.mesh)):
-                out, updates = compiled(split.values, *split.leaves)
+                out, updates = compiled(split.values, *split.leaves, *bound)
         else:
-            out, updates = compiled(split.values, *split.leaves)
-            self._remember(split, args, kwargs, statics, compiled)
+            out, updates = compiled(split.values, *split.leaves, *bound)
+            if bound or others:
+                self._hot = None
+            else:
+                self._remember(split, args, kwargs, statics, compiled)
         if updates:
             _write_back(split.plan, updates)
         return out
@@ -214,8 +220,11 @@ class Jitted:
             return
         self._hot = (_graph.epoch, len(args), args[:k], tuple(map(type, args[k:])), compiled, split.plan)
 
-    def _compile(self, split: Split, statics: tuple, args: tuple, kwargs: dict) -> Callable:
+    def _compile(self, split: Split, statics: tuple, args: tuple, kwargs: dict, scoped: tuple) -> Callable:
+        """The program of one cache key; `scoped` is `(other values, array treedef)` of `spx.scope`."""
         static = split.static
+        others, bound_tree = scoped
+        n_bound = bound_tree.num_leaves
         ok = allowed(split.plan, self.mutable)
         donated = self._donated_leaves(args, kwargs)
         donate_all = donated.pop("modules")
@@ -223,6 +232,7 @@ class Jitted:
         where = f"spx.jit({getattr(fn, '__name__', 'fn')})"
 
         def pure(values: list, *leaves: Any) -> tuple[Any, dict]:
+            leaves, bound = leaves[: len(leaves) - n_bound], leaves[len(leaves) - n_bound :]
             call_args, call_kwargs, roots, new_vars = rebuild(static, values, list(leaves))
             if statics:
                 nums, svals, named = statics
@@ -231,7 +241,8 @@ class Jitted:
             sink: dict = {}
             outer, _module.sow_sink[0] = _module.sow_sink[0], sink
             try:
-                out = fn(*call_args, **call_kwargs)
+                with context.scope(**dict(others), **bound_tree.unflatten(bound)):
+                    out = fn(*call_args, **call_kwargs)
             finally:
                 _module.sow_sink[0] = outer
             updates = changes(static, roots, new_vars, values, ok, where, mutable)
@@ -247,7 +258,7 @@ class Jitted:
         if donate:
             kw["donate_argnums"] = donate
         if self.in_shardings is not None:
-            kw["in_shardings"] = self._leaf_shardings(split, args)
+            kw["in_shardings"] = (*self._leaf_shardings(split, args), *[None] * n_bound)
         if self.out_shardings is not None:
             kw["out_shardings"] = (self.out_shardings, None)  # None: write-backs keep their inferred sharding
         if getattr(self.mesh, "is_mpmd", False):

@@ -17,6 +17,8 @@ from . import _graph
 from ._errors import CyclicGraphError
 from ._graph import GraphDef, VarInfo
 from ._hooks import HOOKS, RemovableHandle, add_hook, call_with_hooks
+from ._module_methods import ModuleMethods
+from ._policy import Policy, push_policy
 from ._static import immutable
 from ._variable import Variable, _new_like
 
@@ -166,7 +168,7 @@ def _check_attr(owner: Module, name: str, value: Any) -> None:
             )
 
 
-class Module:
+class Module(ModuleMethods):
     """Base class of eager modules: define `__init__` and `forward` (or `__call__`).
 
     Modules are JAX pytrees whose leaves are their Variables' values, so
@@ -212,6 +214,10 @@ class Module:
     def eval(self) -> Module:
         """Set `training = False` everywhere (dropout off); returns self."""
         return self.train(False)
+
+    def _spx_plan_now(self) -> Plan:
+        """The module's current plan (its variables and sub-modules in definition order)."""
+        return plan_of(self)
 
     def register_forward_pre_hook(
         self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
@@ -287,12 +293,24 @@ _ABSENT = object()
 
 def _hooked(fn: Callable) -> Callable:
     """Wrap a `__call__` so output transforms (stage markers) and inspection hooks (spx.summary)
-    see every module's output."""
+    see every module's output, run under the module's `policy` attribute when it is an `spx.Policy`."""
 
     @functools.wraps(fn)
     def call(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self.__dict__.get(HOOKS)
-        out = fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
+        policy = self.__dict__.get("policy")  # an attribute `policy` that is no Policy is plain data
+        if not isinstance(policy, Policy):
+            out = (
+                fn(self, *args, **kwargs) if hooks is None else call_with_hooks(fn, self, hooks, args, kwargs)
+            )
+        else:
+            with push_policy(policy):
+                out = (
+                    fn(self, *args, **kwargs)
+                    if hooks is None
+                    else call_with_hooks(fn, self, hooks, args, kwargs)
+                )
+            out = policy.cast_output(out)
         for transform in _output_transforms:
             out = transform(self, out)
         for hook in _call_hooks:

@@ -1,11 +1,15 @@
-"""Pipeline names re-exported by `spx`: the schedule classes from `spectrax_core.schedules`.
+"""Pipeline names re-exported by `spx`: the schedule classes (`_schedules`) and entry points
+(`_entry_points`).
 
-`sxstage_iter`, `sxjit`, ... come from `spectrax_mpmd`,
+`sxstage_iter`, `MpmdMesh`, ... come from `spectrax_mpmd`,
 imported on first use (`spx.__getattr__`), so `import spectrax_eager` never
 depends on the MPMD runtime being importable.
 """
 
-from spectrax_core.schedules import (
+from spectrax_core.schedules import Schedule
+
+from ._entry_points import sxgrad, sxjit, sxstage_region, sxvalue_and_grad, sxvalue_and_grad_and_apply
+from ._schedules import (
     DualPipeV,
     Eager1F1B,
     GPipe,
@@ -13,7 +17,6 @@ from spectrax_core.schedules import (
     InterleavedGPipe,
     InterleavedH1,
     KimiK2,
-    Schedule,
     Std1F1B,
     ZeroBubbleH1,
 )
@@ -29,15 +32,16 @@ __all__ = [
     "Schedule",
     "Std1F1B",
     "ZeroBubbleH1",
+    "sxgrad",
+    "sxjit",
+    "sxstage_region",
+    "sxvalue_and_grad",
+    "sxvalue_and_grad_and_apply",
 ]
 
 MPMD_NAMES = (
     "sxstage_iter",
-    "sxstage_region",
     "gather",
     "stage_sizes",
-    "sxjit",
-    "sxgrad",
-    "sxvalue_and_grad",
     "MpmdMesh",
 )

@@ -33,9 +33,13 @@ class RngCount(Variable):
 
 
 class RngStream(Module):
-    """One named stream: `stream()` returns a fresh key (`counter`: the draws already made)."""
+    """One named stream: `stream()` returns a fresh key (`counter`: the draws already made).
 
-    def __init__(self, seed: int | jax.Array, *, counter: int = 0):
+    `ref_id` is taken for code written for `spectrax-lib` and not kept: a stream's identity
+    is the object's (share a stream by sharing the object)."""
+
+    def __init__(self, seed: int | jax.Array, *, counter: int = 0, ref_id: int | None = None):
+        del ref_id
         key = jax.random.key(seed) if isinstance(seed, int) else seed
         self.key = RngKey(key)
         self.count = RngCount(jnp.asarray(counter, jnp.uint32))

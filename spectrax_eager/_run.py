@@ -225,6 +225,8 @@ def run(
     optimizer: Any = None,
     remat: Any = False,
     offload: Any = False,
+    fuse_1f1b: bool | None = None,
+    fuse_zb: bool | None = None,
     max_new_tokens: Any = None,
     **options: Any,
 ) -> Any:
@@ -242,6 +244,8 @@ def run(
     each call draws fresh dropout masks; a stream's key (any PRNG key among the
     variables) reaches microbatch `i` as `jax.random.fold_in(key, i)`. Buffers
     and other non-parameter variables are read, not written back.
+    `fuse_1f1b` / `fuse_zb` may be given as False (or None): the schedule's table says which
+    forward and backward run as one fused cell (`KimiK2`, `DualPipeV` have them).
     `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
     `spectrax_mpmd.balance`), once per configuration.
 
@@ -272,6 +276,7 @@ def run(
     """
     import spectrax_mpmd as mp
 
+    _no_fusion("spx.run", fuse_1f1b=fuse_1f1b, fuse_zb=fuse_zb)
     if mode == "generate" or options or max_new_tokens is not None:
         return _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, options)
 
@@ -353,21 +358,86 @@ def _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, 
     )
 
 
+def _no_fusion(name: str, **flags) -> None:
+    import spectrax_mpmd as mp
+
+    for key, value in flags.items():
+        if value:
+            raise mp.MpmdError(
+                f"{name}: {key}=True is not taken: which forward and backward run as one fused cell is "
+                "the schedule's table (KimiK2 and DualPipeV fuse); leave it unset."
+            )
+
+
 def sxcall(
-    stages, batch, *, mesh, schedule=None, loss_fn: Callable | None = None, mode: str = "train"
+    stages,
+    batch,
+    *,
+    mesh,
+    schedule=None,
+    loss_fn: Callable | None = None,
+    mode: str = "train",
+    has_aux: bool = False,
+    transport: str = "device_put",
+    donate_activations: bool = False,
+    static_argnums=None,
+    donate_argnums=None,
+    chunks: int | None = None,
+    fuse_1f1b: bool = False,
+    fuse_zb: bool = False,
 ) -> Any:
     """`spectrax_mpmd.sxcall` that also takes a `PipelineSequential` (run with `spx.run`, one stage per child).
 
-    Train mode: `batch` is `(inputs, targets)`; returns `(loss, grads)`, `grads` a `State` for a
-    `PipelineSequential`. Forward mode: `batch` is the inputs.
+    Train mode: `batch` is `(inputs, *targets)`, `loss_fn(outputs, *targets)`; returns `(loss,
+    grads)` (`(loss, grads, aux)` with `has_aux`), `grads` a `State` of the whole model. Forward
+    mode: `batch` is the inputs (or a 1-tuple of them). For code written for `spectrax-lib`,
+    `transport="device_put"`, `donate_argnums` (not acted on: donating the batch only saves
+    memory) and the unset `donate_activations`, `chunks`, `static_argnums`, `fuse_*` are
+    accepted; other values of them are refused.
     """
     import spectrax_mpmd as mp
 
-    if not isinstance(stages, PipelineSequential):
-        return mp.sxcall(stages, batch, mesh=mesh, schedule=schedule, loss_fn=loss_fn, mode=mode)
-    if mode == "train" and not (isinstance(batch, tuple) and len(batch) == 2):
-        raise mp.MpmdError("spx.sxcall: with mode='train', batch must be a pair (inputs, targets).")
-    inputs, targets = batch if mode == "train" else (batch, None)
-    return run(
-        stages, inputs=inputs, targets=targets, mesh=mesh, mode=mode, loss_fn=loss_fn, schedule=schedule
+    _no_fusion("spx.sxcall", fuse_1f1b=fuse_1f1b, fuse_zb=fuse_zb)
+    unsupported = dict(
+        transport=(transport != "device_put", "arrays move between ranks with jax.device_put"),
+        donate_activations=(bool(donate_activations), "activations are freed after their last use"),
+        chunks=(chunks is not None, "microbatches are the schedule's (GPipe(microbatches=...))"),
+        static_argnums=(static_argnums not in (None, ()), "close over static values in loss_fn"),
     )
+    for key, (bad, why) in unsupported.items():
+        if bad:
+            raise mp.MpmdError(f"spx.sxcall: {key}= is not taken here ({why}); leave it unset.")
+    if not isinstance(stages, PipelineSequential):
+        if has_aux:
+            raise mp.MpmdError("spx.sxcall: has_aux=True needs a PipelineSequential (run through spx.run).")
+        return mp.sxcall(stages, batch, mesh=mesh, schedule=schedule, loss_fn=loss_fn, mode=mode)
+    if mode == "forward":
+        inputs = batch[0] if isinstance(batch, tuple) and len(batch) == 1 else batch
+        return run(stages, inputs=inputs, mesh=mesh, mode=mode, schedule=schedule)
+    if not (isinstance(batch, tuple) and len(batch) >= 1):
+        raise mp.MpmdError("spx.sxcall: with mode='train', batch must be a tuple (inputs, *targets).")
+    inputs, targets = batch[0], batch[1:]
+    loss = None if loss_fn is None else _spread_targets(loss_fn)
+    out = run(
+        stages,
+        inputs=inputs,
+        targets=targets,
+        mesh=mesh,
+        mode=mode,
+        loss_fn=loss,
+        schedule=schedule,
+        has_aux=has_aux,
+    )
+    if has_aux:
+        (value, aux), grads = out
+        return value, grads, aux
+    return out
+
+
+def _spread_targets(loss_fn: Callable) -> Callable:
+    """`loss_fn(outputs, *targets)` as a function of `(outputs, targets)`."""
+
+    def loss(outputs, targets):
+        return loss_fn(outputs, *targets)
+
+    return loss

@@ -15,6 +15,7 @@ import jax
 
 from . import _graph
 from ._assign import stamp
+from ._placement import placed
 from ._sharding_rules import Sharding, annotation_axes
 from ._static import immutable
 
@@ -79,7 +80,8 @@ class Variable:
         **more: Any,
     ):
         """`sharding=` / `axis_names=` (logical names, one per axis) are stored as `axes`
-        metadata; `dtype=` casts the value; `metadata=` is a dict of more entries."""
+        metadata; `dtype=` casts the value; `metadata=` is a dict of more entries. Inside
+        `spx.variable_init_placement(hook)` the value is what the hook returns."""
         if isinstance(value, Variable):
             value = value.value
         if dtype is not None:
@@ -88,6 +90,7 @@ class Variable:
         names = sharding if sharding is not None else axis_names
         if names is not None:
             metadata["axes"] = annotation_axes(type(self).__name__, names)
+        value = placed(value, metadata, names is not None)
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "kind", kind if kind is not None else type(self).default_kind)
         object.__setattr__(self, "metadata", stamp(_immutable_metadata(type(self), metadata)))

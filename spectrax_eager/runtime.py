@@ -1,8 +1,8 @@
 """`spx.runtime`: the pipeline runtime's user-facing names in one place.
 
-The schedule classes come from `spectrax_core.schedules`; the entry points
-(`sxjit`, `sxcall`, `sxgrad`, `sxvalue_and_grad`), the stage markers
-(`sxstage_iter`, `sxstage_region`) and the mesh type (`MpmdMesh`) from
+The schedule classes and the entry points (`sxjit`, `sxcall`, `sxgrad`,
+`sxvalue_and_grad`, `sxvalue_and_grad_and_apply`, `sxstage_region`) are `spx`'s;
+the stage marker `sxstage_iter` and the mesh type `MpmdMesh` come from
 `spectrax_mpmd`, imported on first use.
 """
 
@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectrax_core.schedules import (
-    Action,
+from spectrax_core.schedules import Action, FusedAction, Schedule
+
+from ._entry_points import sxgrad, sxjit, sxstage_region, sxvalue_and_grad, sxvalue_and_grad_and_apply
+from ._run import sxcall
+from ._schedules import (
     DualPipeV,
     Eager1F1B,
-    FusedAction,
     GPipe,
     Interleaved1F1BPlusOne,
     InterleavedGPipe,
     InterleavedH1,
     KimiK2,
-    Schedule,
     Std1F1B,
     ZeroBubbleH1,
 )
@@ -28,7 +29,7 @@ from spectrax_core.schedules import (
 #: The fused forward+backward cell of a schedule table (`FusedAction` here).
 FusedTask = FusedAction
 
-MPMD_NAMES = ("sxjit", "sxcall", "sxgrad", "sxvalue_and_grad", "sxstage_iter", "sxstage_region", "MpmdMesh")
+MPMD_NAMES = ("sxstage_iter", "MpmdMesh")
 
 
 def __getattr__(name: str) -> Any:
@@ -53,5 +54,11 @@ __all__ = [
     "Schedule",
     "Std1F1B",
     "ZeroBubbleH1",
+    "sxcall",
+    "sxgrad",
+    "sxjit",
+    "sxstage_region",
+    "sxvalue_and_grad",
+    "sxvalue_and_grad_and_apply",
     *MPMD_NAMES,
 ]

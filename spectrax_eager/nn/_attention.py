@@ -59,6 +59,17 @@ def _annotate_projections(layer: CoreLayer, qkv: Any, out: Any, qkv_bias: Any, o
     annotate(layer, where, q__bias=qkv_bias, k__bias=qkv_bias, v__bias=qkv_bias, o__bias=out_bias)
 
 
+def _no_cache(where: str, decode: bool) -> None:
+    """These layers keep no KV cache, so `cache_sharding` (the cache's annotation) has nothing to
+    annotate and is accepted as is; `decode=True` is refused."""
+    if decode:
+        raise ValueError(
+            f"{where}: decode=True asks for a KV cache, which this layer does not keep; decode with "
+            "the core attention layers (spectrax_core.nn.MultiHeadAttention with a cache) or run the "
+            "whole prefix each step."
+        )
+
+
 @also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class MultiheadAttention(CoreLayer):
     """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
@@ -98,7 +109,11 @@ class MultiheadAttention(CoreLayer):
         out_sharding: Any = None,
         qkv_bias_sharding: Any = None,
         out_bias_sharding: Any = None,
+        decode: bool = False,
+        cache_sharding: Any = None,
     ):
+        _no_cache(type(self).__name__, decode)
+        del cache_sharding  # see _no_cache
         self._adopt(
             sc.nn.MultiHeadAttention.init(
                 key_from(rngs, type(self).__name__),
@@ -187,7 +202,9 @@ class CausalSelfAttention(CoreLayer):
         out_sharding: Any = None,
         qkv_bias_sharding: Any = None,
         out_bias_sharding: Any = None,
+        cache_sharding: Any = None,
     ):
+        del cache_sharding  # no KV cache to annotate (see _no_cache)
         self._adopt(
             sc.nn.MultiHeadAttention.init(
                 key_from(rngs, "CausalSelfAttention"),

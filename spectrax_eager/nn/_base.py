@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._module import Module
+from .._policy import current_policy
 from .._rngs import current_rngs
 from .._sharding_rules import annotation_axes
 from .._variable import Buffer, Parameter, Variable, set_value
@@ -73,6 +74,10 @@ class CoreLayer(Module):
         return self.core_cls(**kw)
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        policy = current_policy()
+        if policy is not None and policy.compute_dtype is not None:
+            cast = policy.cast_param
+            return sc.apply(cast(self.core_params()), cast(x), *cast(args), **cast(kwargs))
         return sc.apply(self.core_params(), x, *args, **kwargs)
 
 

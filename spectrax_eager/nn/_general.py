@@ -8,6 +8,7 @@ import jax
 
 import spectrax_core as sc
 
+from .._lazy import building_lazily, check_may_materialize
 from .._rngs import Rngs
 from ._base import PARAM_DTYPE, CoreLayer, annotate, dtype_kwargs, key_from, sharding_axes
 
@@ -90,12 +91,14 @@ class DenseGeneral(CoreLayer):
             features, in_shape = out_features, features
         kw = dict(axis=axis, use_bias=use_bias, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         self.features, self.pending = features, (tuple(kw.items()), sharding, bias_sharding, w_init)
+        self.explicit_lazy = in_shape is None and building_lazily()
         key_from(rngs, "DenseGeneral")  # fail now, not at the first call, when rngs is missing
         self.rngs = rngs
         if in_shape is not None:
             self._build(in_shape)
 
     def _build(self, in_shape: int | Sequence[int]) -> None:
+        check_may_materialize(self.explicit_lazy, "DenseGeneral(features)")
         kw, sharding, bias_sharding, w_init = self.pending
         n_in = 1 if isinstance(in_shape, int) else len(tuple(in_shape))
         n_out = 1 if isinstance(self.features, int) else len(tuple(self.features))
@@ -103,7 +106,7 @@ class DenseGeneral(CoreLayer):
         params = sc.nn.DenseGeneral.init(
             key_from(self.rngs, "DenseGeneral"), in_shape, self.features, axes=axes, **dict(kw)
         )
-        for name in ("pending", "rngs", "features"):
+        for name in ("pending", "rngs", "features", "explicit_lazy"):
             delattr(self, name)
         self._adopt(params)
         annotate(self, "DenseGeneral", bias=bias_sharding)

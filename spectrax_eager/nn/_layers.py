@@ -14,6 +14,7 @@ import jax
 
 import spectrax_core as sc
 
+from .._lazy import building_lazily, check_may_materialize
 from .._rngs import Rngs
 from ._base import (
     PARAM_DTYPE,
@@ -58,7 +59,11 @@ class Linear(CoreLayer):
         kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
         if d_in is None:
             self.d_out, self.rngs = d_out, rngs
-            self.init_kwargs = (*kw.items(), ("bias_sharding", bias_sharding))
+            self.init_kwargs = (
+                *kw.items(),
+                ("bias_sharding", bias_sharding),
+                ("explicit", building_lazily()),
+            )
             self.d_in = None
             key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
@@ -68,6 +73,7 @@ class Linear(CoreLayer):
     def forward(self, x: jax.Array) -> jax.Array:
         if self.d_in is None:
             kw = dict(self.init_kwargs)
+            check_may_materialize(kw.pop("explicit"), "Linear(None, ...)")
             bias_sharding = kw.pop("bias_sharding")
             params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **kw)
             for name in ("init_kwargs", "rngs"):

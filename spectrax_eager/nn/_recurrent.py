@@ -22,8 +22,8 @@ class RNNCellBase(CoreLayer):
 
     def __init__(
         self,
-        input_size: int,
-        hidden_size: int,
+        input_size: int | None = None,
+        hidden_size: int | None = None,
         *,
         use_bias: bool = True,
         dtype: Any = None,
@@ -34,6 +34,12 @@ class RNNCellBase(CoreLayer):
         **extra: Any,
     ):
         where = type(self).__name__
+        if input_size is None and hidden_size is None and not extra:
+            return  # a cell written by subclassing: its own __init__ makes its variables
+        if input_size is None or hidden_size is None:
+            raise TypeError(
+                f"{where}: give both input_size and hidden_size, got {input_size}, {hidden_size}."
+            )
         kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
         self._adopt(
             self.core_cls.init(

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spectrax_core as sc
+from spectrax_core.sharding import TOKENS
 import spectrax_eager as spx
 from spectrax_eager import sharding as shd
 
@@ -61,9 +62,20 @@ def test_prebuilt_names_match_the_core_specs(mesh):
 
 
 def test_partition_axis_and_rules_context(mesh):
-    assert shd.PartitionAxis().rules() == RULES
+    def core_tokens(rules):  # the core's tokens of both tables (a PartitionAxis also maps EXTRA_NAMES)
+        return [[(t, a) for t, a in table if t in TOKENS] for table in (rules.train, rules.decode)]
+
+    assert core_tokens(shd.PartitionAxis().rules()) == core_tokens(RULES)
     custom = shd.PartitionAxis(hidden_state_axis=None, mlp_axis=("fsdp", "tp"))
-    assert custom.rules() == RULES.replace(EMBED=None, mode="train").replace(MLP=("fsdp", "tp"))
+    want = RULES.replace(EMBED=None, mode="train").replace(MLP=("fsdp", "tp"))
+    assert core_tokens(custom.rules()) == core_tokens(want)
+    seed_style = shd.PartitionAxis(tensor_parallel_axis="model", mlp_intermediate_axis=("fsdp", "model"))
+    assert seed_style.head_axis == "model" and seed_style.mlp_axis == ("fsdp", "model")
+    assert dict(seed_style.rules().train)["HEAD_DIM"] == () and dict(seed_style.rules().train)[
+        "KV_LENGTH"
+    ] == ("sp",)
+    with pytest.raises(ValueError, match="one field"):
+        shd.PartitionAxis(mlp_axis="tp", mlp_intermediate_axis="fsdp")
     assert shd.current_rules() == RULES and shd.current_mode() == "train"
     assert shd.current_axis_rules()["EMBED"] == "fsdp" and shd.current_axis_rules()["BATCH"] == ("dp", "fsdp")
     with shd.logical_axis_rules(custom) as rules:
