@@ -6,7 +6,7 @@ ZeroBubbleH1, InterleavedH1 (v=2) and DualPipeV, with saved residuals and
 with `remat=True`. Peak bytes: `simulate(..., memory=profile.stage_memory())`
 against `step.measure_peak_bytes`, and the device-time sweep
 (`peak_bytes(order="time")`) beside them. Busy time: the simulator given one
-profile's cell times (an earlier call; median per stage and kind) against the
+profile's cell times (an earlier call; mean per stage and kind) against the
 median of separately measured steps, on the CPU clock and on the wall clock, on
 a larger model (`--time-d`, `--time-hidden`: cells of about a millisecond),
 with the simulated makespan, the measured busy time over the cores and the
@@ -74,11 +74,11 @@ def loss_of(n_stages: int):
 
 
 def busy_prediction(step, data, schedule, clock: str, runs: int) -> dict:
-    """Each rank's busy time predicted from a profile (cells timed in an earlier call, median per
+    """Each rank's busy time predicted from a profile (cells timed in an earlier call, mean per
     stage and kind) against the median of `runs` separately measured steps, both on `clock`; the
     simulated makespan next to the step's wall time when its ranks run concurrently."""
     profile = step.profile_stages(*data, rounds=runs, clock=clock)
-    predicted = S.simulate(schedule, 4, profile.stage_cost(statistic="median"))
+    predicted = S.simulate(schedule, 4, profile.stage_cost(statistic="mean"))
     measured = np.median([step.measure_timeline(*data, clock=clock).busy for _ in range(runs)], axis=0) * 1e-6
     walls = []
     for _ in range(runs):

@@ -41,7 +41,7 @@ class CellProfile:
     temp_bytes: int
     saved_bytes: int
     seconds: float | None
-    median_seconds: float | None = None
+    mean_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,16 +93,17 @@ class StageProfile:
         `simulate` with any schedule over the same stages.
 
         `statistic="min"` takes each cell's least time (a lower bound, steady under other
-        load: good for comparing schedules); `"median"` its typical time, which predicts
-        what a step's ranks are busy for.
+        load: good for comparing schedules); `"mean"` its average time, whose sums predict
+        what a step's ranks are busy for (a median would not: other load skews cell times
+        upwards, so the median of each cell sums to less than the cells take).
 
         The last stage's fused loss cell is its F (its B, I and W are then 0). A stage
         profiled with a full backward gets `I = W = B / 2`; one profiled with split
         I and W cells gets `B = I + W` (a stage without an I cell has I = 0).
         """
-        if statistic not in ("min", "median"):
-            raise ValueError(f"stage_cost: statistic must be 'min' or 'median', received {statistic!r}.")
-        field = "seconds" if statistic == "min" else "median_seconds"
+        if statistic not in ("min", "mean"):
+            raise ValueError(f"stage_cost: statistic must be 'min' or 'mean', received {statistic!r}.")
+        field = "seconds" if statistic == "min" else "mean_seconds"
         measured = {(c.stage, c.kind): getattr(c, field) for c in self.cells}
         last = max(c.stage for c in self.cells)
         rows: dict = {"F": [], "B": [], "I": [], "W": []}
@@ -196,7 +197,7 @@ def stage_profile(
         for key, seconds in _cell_seconds(plan, action_spans(plan, placed_inputs, clock)).items():
             per_cell.setdefault(key, []).extend(seconds)
     best = {key: min(values) for key, values in per_cell.items()}
-    median = {key: float(np.median(values)) for key, values in per_cell.items()}
+    mean = {key: float(np.mean(values)) for key, values in per_cell.items()}
     ranks = 1 + max(plan.stage_ranks)
     cells = []
     for (stage, kind), spec in sorted(plan.cells.items()):
@@ -218,7 +219,7 @@ def stage_profile(
                 temp_bytes=int(memory.temp_size_in_bytes),
                 saved_bytes=sum(_nbytes(o) for o in outs[len(outs) - kept :]),
                 seconds=best.get((stage, kind)),
-                median_seconds=median.get((stage, kind)),
+                mean_seconds=mean.get((stage, kind)),
             )
         )
     params = [0] * ranks
