@@ -17,6 +17,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_work
 LIMIT = 180  # seconds for the whole job; a hang is killed with its process group
 
 
+@pytest.mark.slow  # launched processes: 30-50 s on 2 shared cores
 @pytest.mark.parametrize("transport", ["transfer", "ppermute"])
 def test_two_processes_generate_the_unsplit_tokens(tmp_path, transport):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

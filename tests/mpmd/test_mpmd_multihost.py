@@ -102,6 +102,7 @@ def _check(merged: dict, loss, grads) -> None:
         np.testing.assert_allclose(merged[f"g{k}"], g, rtol=RTOL, atol=1e-6)
 
 
+@pytest.mark.slow  # launched processes: 30-50 s on 2 shared cores
 def test_two_processes_two_devices_every_schedule(tmp_path):
     """2 processes x 2 devices, 4 ranks: GPipe, Std1F1B, ZeroBubbleH1, InterleavedH1 (v=2), a
     tied parameter whose gradient is summed across processes, then a model on 2 ranks of 2
@@ -125,6 +126,7 @@ def test_two_processes_two_devices_every_schedule(tmp_path):
     assert error.startswith("sxvalue_and_grad.profile runs the plan step by step in one process")
 
 
+@pytest.mark.slow  # launched processes: 30-50 s on 2 shared cores
 def test_four_processes_std1f1b_and_adamw_curve(tmp_path):
     """4 processes x 1 device: one Std1F1B step, an `mp.Runner` step and an eager `spx.run` step
     equal their references (the last: the same call in one process),

@@ -60,6 +60,7 @@ def _written_by(step_dir, item: str, process: int) -> set[str]:
     return {k.decode().rsplit("/", 1)[0] for k in keys if not k.decode().endswith(".zarray")}
 
 
+@pytest.mark.slow  # launched processes: 30-50 s on 2 shared cores
 def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _job(2, tmp_path / "a", ckpt, "--ranks", "4", "--schedule", "Std1F1B", "--save-at", str(SAVE_AT))
