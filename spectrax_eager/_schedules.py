@@ -43,14 +43,19 @@ def _check_layout(name: str, stage_layout) -> None:
     )
 
 
+def _subclass(base: type, __init__) -> type:
+    """`base` under its own name, built with `__init__` (which takes the seed's arguments)."""
+    return type(
+        base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": __name__}
+    )
+
+
 def _flat(base: type) -> type:
     def __init__(self, microbatches: int, lazy_bwd_batching: bool = False):
         _check_lazy(base.__name__, lazy_bwd_batching)
         base.__init__(self, microbatches)
 
-    return type(
-        base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": __name__}
-    )
+    return _subclass(base, __init__)
 
 
 def _interleaved(base: type) -> type:
@@ -65,9 +70,7 @@ def _interleaved(base: type) -> type:
         _check_layout(base.__name__, stage_layout)
         base.__init__(self, microbatches, virtual_stages)
 
-    return type(
-        base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": __name__}
-    )
+    return _subclass(base, __init__)
 
 
 GPipe = _flat(core.GPipe)
