@@ -27,8 +27,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
+from .._comm import Exchange
 from .digest import verify as _verify
-from .hosts import for_owners, read_held, removing_partial_steps, uncommitted
+from .hosts import PRIMARY, for_owners, read_held, removing_partial_steps, uncommitted
 from .layout import CheckpointError, save_arrays
 from .orbax_io import load_orbax, open_manager, read_failure, settle
 from .target import staged_opt_target, tree_target
@@ -83,6 +84,7 @@ class CheckpointManager:
         checksums: bool = True,
     ):
         ocp = load_orbax()
+        self._steps_exchange = None  # multi-process: the committing process's step list, made on first use
         self.directory = Path(directory).absolute()
         if not create and not self.directory.is_dir():
             raise CheckpointError(
@@ -97,7 +99,23 @@ class CheckpointManager:
 
     # -- steps ---------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
-        """The committed steps, oldest first."""
+        """The committed steps, oldest first.
+
+        In a multi-process run every process calls it, in the same order (as it
+        calls `save`, `restore` and `delete`): the committing process reads the
+        directory and every process gets that list, so what a job decides from it
+        (the step to resume, the later steps to delete) is the same everywhere,
+        even while that process is committing or deleting a step.
+        """
+        steps = self._read_steps()
+        if jax.process_count() == 1:
+            return steps
+        if self._steps_exchange is None:
+            self._steps_exchange = Exchange("checkpoint_steps")
+        return json.loads(self._steps_exchange.allgather(json.dumps(steps))[PRIMARY])
+
+    def _read_steps(self) -> list[int]:
+        """The committed steps this process reads in the directory now."""
         self._manager.reload()
         return sorted(self._manager.all_steps())
 
@@ -108,7 +126,10 @@ class CheckpointManager:
 
     def delete(self, step: int) -> None:
         """Remove a committed step (e.g. the later steps of a run resumed from an earlier one)."""
-        self._manager.delete(self._resolve(step, "delete"))
+        step = self._resolve(step, "delete")
+        if step not in self._manager.all_steps():  # committed after this process last read the directory
+            self._manager.reload()
+        self._manager.delete(step)
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
@@ -216,7 +237,7 @@ class CheckpointManager:
             raise CheckpointError(
                 f"restore: step {step} in {self.directory} cannot be read ({read_failure(err)}): a file "
                 f"of the step is damaged, truncated or missing. Restore another step (it holds "
-                f"{self.all_steps()}), or copy the step again from where it was saved."
+                f"{self._read_steps()}), or copy the step again from where it was saved."
             ) from err
 
     def _resolve(self, step: int | None, where: str = "restore") -> int:
@@ -225,26 +246,26 @@ class CheckpointManager:
         steps = self.all_steps()
         if not steps:
             raise CheckpointError(
-                f"restore: {self.directory} holds no committed checkpoint; save one first "
+                f"{where}: {self.directory} holds no committed checkpoint; save one first "
                 "(an interrupted save is never read)."
             )
         if step is None:
             return steps[-1]
         if step not in steps and uncommitted(self.directory, step):
             raise CheckpointError(
-                f"restore: step {step} in {self.directory} was never committed (its save did not "
+                f"{where}: step {step} in {self.directory} was never committed (its save did not "
                 f"complete in every process: {uncommitted(self.directory, step)[0].name}), so it is not "
                 f"read; the committed steps are {steps}."
             )
         if step not in steps:
             raise CheckpointError(
-                f"restore: step {step} is not in {self.directory}; it holds steps {steps}. Give one "
+                f"{where}: step {step} is not in {self.directory}; it holds steps {steps}. Give one "
                 "of them, or step=None for the latest."
             )
         return step
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({str(self.directory)!r}, steps={self.all_steps()})"
+        return f"CheckpointManager({str(self.directory)!r}, steps={self._read_steps()})"
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):

@@ -93,10 +93,6 @@ def test_two_process_run_saves_and_resumes_on_other_layouts(tmp_path):
 
 
 @pytest.mark.slow  # two launched jobs: about 100 s on 2 shared cores
-@pytest.mark.skip(
-    reason="the resumed 2-process ZeroBubbleH1 job of the main job hung after its restore once in two "
-    "full runs (both processes alive, past 240 s); skipped until that hang is found, run it by hand to reproduce"
-)
 def test_the_main_job_under_the_launcher_stops_and_resumes_with_another_schedule(tmp_path):
     """`examples/train_lm.py` (tiny) on 2 processes x 2 devices, 4 ranks: Std1F1B stops after 5 steps
     (saved at 3 and 5, each process writing its own ranks' arrays); a second job resumes from step 3
@@ -123,6 +119,19 @@ def test_the_main_job_under_the_launcher_stops_and_resumes_with_another_schedule
     assert len(stopped["losses"]) == 5 and stopped["checkpoint"]["saved"] == [3, 5]
     assert resumed["first_step"] == 3 and len(resumed["losses"]) == 3
     np.testing.assert_allclose(resumed["losses"][:2], stopped["losses"][3:5], rtol=RTOL)
+
+
+def test_every_process_decides_from_the_same_list_of_steps_while_one_deletes(tmp_path):
+    """Process 1 lists the steps 2 s after process 0, which deletes the files of a step it chose to
+    delete: both must see the list process 0 saw (else process 1 skips the collective delete and
+    the job hangs in orbax's barrier, or it raises on a step that vanished)."""
+    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "1"]
+    worker = [os.path.join(HERE, "steps_worker.py"), str(tmp_path / "ckpt"), str(tmp_path)]
+    code, text, _ = _Job([*cmd, "--timeout", "30", *worker], 90).wait()
+    assert code == 0, text[-4000:]
+    for p in range(2):
+        with open(tmp_path / f"p{p}.json") as f:
+            assert json.load(f) == {"later": [2], "left": [1]}, p
 
 
 def test_an_array_every_process_holds_is_written_once_and_a_sharded_one_by_its_owner(tmp_path):
