@@ -4,8 +4,14 @@ The main job's model (TransformerLM, vocab 256, d=128, 4 layers, d_ff 512: 1.12 
 parameters) on 4 pipeline ranks (Std1F1B, m=4); AdamW with global-norm clipping at 1.0.
 Contenders, each given the same gradients every round:
 
-  unsplit   one `jax.jit` of clip + adamw + apply_updates over the unstaged model, one device
-  staged    `mp.StagedOptimizer(adamw, max_grad_norm=1.0).update` on the pipelined gradients
+  unsplit       one `jax.jit` of clip + adamw + apply_updates over the unstaged model, one device
+  unsplit-2dev  the same program with everything replicated on two devices: what each rank of
+                `staged` computes (a rank's two devices each run the whole update; fake CPU
+                devices share the cores, so it costs about twice `unsplit` here)
+  staged        `mp.StagedOptimizer(adamw, max_grad_norm=1.0).update` on the pipelined
+                gradients, 4 ranks x 2 devices (the main job's layout)
+  staged-1dev   the same on 4 ranks x 1 device: compare with `unsplit`
+  *-noclip      `unsplit` and `staged-1dev` without clipping (no norm pass)
   eager     `spx.Optimizer(model, adamw).update` on `spx.run`'s pipelined gradients (an eager
             MLP of 8 Linear(128, 128) blocks on 4 ranks), next to the same optimizer given
             gradients already on the parameters' device (`eager-local`)
@@ -32,8 +38,10 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from _timing import summary  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import spectrax_core as sc  # noqa: E402
 import spectrax_eager as spx  # noqa: E402
@@ -45,39 +53,62 @@ from spectrax_core.schedules import Std1F1B  # noqa: E402
 OUT = pathlib.Path(__file__).parent / "results" / "optimizer.json"
 
 
-def lm_contenders() -> dict:
+def _lm_problem():
     lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
     tokens = jax.random.randint(jax.random.key(1), (16, 32), 0, 256)
-    targets = jnp.roll(tokens, -1, axis=1)
-    mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")
+    return lm, tokens, jnp.roll(tokens, -1, axis=1)
+
+
+def staged_contender(devices_per_rank: int, clip: bool = True):
+    """`StagedOptimizer.update` on the pipelined gradients of 4 ranks x `devices_per_rank`."""
+    lm, tokens, targets = _lm_problem()
+    devices = jax.devices()[: 4 * devices_per_rank]
+    mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp", devices=devices)
     step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=Std1F1B(microbatches=4))
     params = mp.stage_blocks(lm, 4)
     _, grads = step(params, tokens, targets)
-    staged = mp.StagedOptimizer(optax.adamw(1e-3), max_grad_norm=1.0)
+    staged = mp.StagedOptimizer(optax.adamw(1e-3), max_grad_norm=1.0 if clip else None)
     state = {"s": staged.init(params, grads), "p": params}
 
     def run_staged():
         state["p"], state["s"] = staged.update(grads, state["s"], state["p"])
         return state["p"], state["s"]
 
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
-    dev = jax.devices()[0]
-    u_params = jax.device_put(lm, dev)
-    u_grads = jax.device_put(jax.grad(lambda p: softmax_cross_entropy(sc.apply(p, tokens), targets))(lm), dev)
+    return run_staged
+
+
+def unsplit_contender(devices: int, clip: bool = True):
+    """clip + adamw + apply_updates as one `jax.jit`, everything replicated on `devices` devices."""
+    lm, tokens, targets = _lm_problem()
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)) if clip else optax.adamw(1e-3)
+    place = NamedSharding(Mesh(np.array(jax.devices()[:devices]), ("d",)), PartitionSpec())
+    params = jax.device_put(lm, place)
+    grads = jax.device_put(jax.grad(lambda p: softmax_cross_entropy(sc.apply(p, tokens), targets))(lm), place)
 
     @jax.jit
     def unsplit(grads, opt_state, params):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    u_state = {"s": jax.jit(tx.init)(u_params), "p": u_params}
+    state = {"s": jax.jit(tx.init)(params), "p": params}
 
     def run_unsplit():
-        state_out = unsplit(u_grads, u_state["s"], u_state["p"])
-        u_state["p"], u_state["s"] = state_out
-        return state_out
+        out = unsplit(grads, state["s"], state["p"])
+        state["p"], state["s"] = out
+        return out
 
-    return {"unsplit": run_unsplit, "staged": run_staged}
+    return run_unsplit
+
+
+def lm_contenders() -> dict:
+    return {
+        "unsplit": unsplit_contender(1),
+        "unsplit-2dev": unsplit_contender(2),
+        "staged": staged_contender(2),
+        "staged-1dev": staged_contender(1),
+        "unsplit-noclip": unsplit_contender(1, clip=False),
+        "staged-1dev-noclip": staged_contender(1, clip=False),
+    }
 
 
 class Net(spx.Module):
@@ -135,7 +166,7 @@ def main(argv=None) -> list[dict]:
             cpu[name].append((time.thread_time() - c0) / args.calls)
     records = []
     print(
-        f"{'contender':12} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
+        f"{'contender':18} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
         f"{'cpu ms':>7}"
     )
     for name in contenders:
@@ -143,7 +174,7 @@ def main(argv=None) -> list[dict]:
         row.update(summary(wall[name], cpu[name]))
         records.append(row)
         print(
-            f"{name:12} {row['first_s']:10.2f} {row['second_ms']:8.1f} {row['min_ms']:8.2f} "
+            f"{name:18} {row['first_s']:10.2f} {row['second_ms']:8.1f} {row['min_ms']:8.2f} "
             f"{row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}"
         )
     OUT.parent.mkdir(exist_ok=True)

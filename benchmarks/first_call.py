@@ -1,0 +1,150 @@
+"""Where the main job's first call goes, program by program, against the unsplit step's.
+
+The LM configurations of `mpmd_overhead.py --sections lm` (the pipelined update step and the
+same model and update as one program over one rank's devices). JAX reports each lowering
+(jaxpr to StableHLO) and each XLA compile with the program's name and duration through
+`jax.monitoring`; this script listens to both during each first call and prints, per program,
+the seconds of each, then the totals. Each XLA
+compile's seconds are its own thread's wall time (the pipeline compiles two programs at a time on
+two cores, so its compile phase is shorter than the sum). A program of one addition, compiled
+`--trivial` times, gives XLA's fixed cost per program.
+
+Two floors fall out of the table: the fixed cost of each distinct program, and the block code
+each stage program holds (the unsplit step scans its blocks: it compiles one block's forward and
+backward whatever the depth).
+
+    python benchmarks/first_call.py [--configs lm,lm-large] [--trivial 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; affects the CPU backend only
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from mpmd_overhead import LM_CONFIGS, Updating, first_call_cpu, lm_steps  # noqa: E402
+
+LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+OUT = Path(__file__).parent / "results" / "first_call.json"
+
+
+class Listener:
+    """The lowerings and compiles JAX reports while `recording` is on, in order, by program name."""
+
+    def __init__(self):
+        self.events: list = []
+        self.recording = False
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, seconds: float, **info) -> None:
+        if self.recording and event in (LOWER_EVENT, COMPILE_EVENT):
+            kind = "lower" if event == LOWER_EVENT else "compile"
+            self.events.append((kind, info.get("fun_name", "?"), seconds))
+
+    def record(self, fn) -> tuple[float, float, list]:
+        """Wall and process CPU seconds of `fn()`'s first call, and the events it caused."""
+        self.events, self.recording = [], True
+        try:
+            wall, cpu = first_call_cpu(fn)
+        finally:
+            self.recording = False
+        return wall, cpu, self.events
+
+
+def by_program(events: list) -> dict:
+    """`{name: {"lowered": k, "lower_s": s, "compiled": k, "compile_s": s}}`, summed per name."""
+    out: dict = {}
+    for kind, name, seconds in events:
+        row = out.setdefault(name, {"lowered": 0, "lower_s": 0.0, "compiled": 0, "compile_s": 0.0})
+        row["lowered" if kind == "lower" else "compiled"] += 1
+        row[f"{kind}_s"] += seconds
+    return out
+
+
+def trivial_compile_s(times: int) -> float:
+    """The median wall seconds XLA takes to compile a one-addition program (fresh each time)."""
+    spent = []
+    for k in range(times):
+        lowered = jax.jit(lambda x, k=k: x + k).lower(jnp.zeros(4))
+        start = time.perf_counter()
+        lowered.compile()
+        spent.append(time.perf_counter() - start)
+    return statistics.median(spent)
+
+
+def profile(name: str, listener: Listener) -> dict:
+    d_model, blocks, per_rank, sequences = LM_CONFIGS[name]
+    (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
+    runs = {}
+    for side, contender in (
+        ("unsplit", Updating(spmd_step, lm, tx, batch)),
+        ("pipeline", Updating(mpmd_step, staged, tx, batch)),
+    ):
+        wall, cpu, events = listener.record(contender)
+        programs = by_program(events)
+        runs[side] = {
+            "first_s": wall,
+            "first_cpu_s": cpu,
+            "programs": programs,
+            "lower_s": sum(p["lower_s"] for p in programs.values()),
+            "compile_s": sum(p["compile_s"] for p in programs.values()),
+            "compiles": sum(p["compiled"] for p in programs.values()),
+        }
+    runs["pipeline"]["phases"] = mpmd_step.runner.update_step.timings()["seconds"]
+    return {"config": name, **runs}
+
+
+def print_profile(row: dict, fixed_s: float) -> None:
+    print(f"\n{row['config']}: program                     lowered  lower s  compiled  compile s")
+    for side in ("unsplit", "pipeline"):
+        run = row[side]
+        for program, p in sorted(run["programs"].items(), key=lambda kv: -kv[1]["compile_s"]):
+            print(
+                f"  {side:9} {program[:28]:28} {p['lowered']:7d} {p['lower_s']:8.3f} "
+                f"{p['compiled']:9d} {p['compile_s']:10.3f}"
+            )
+        print(
+            f"  {side:9} {'total':28} {'':7} {run['lower_s']:8.3f} {run['compiles']:9d} "
+            f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, {run['first_cpu_s']:.2f} s CPU"
+        )
+    pipe, unsplit = row["pipeline"], row["unsplit"]
+    print(
+        f"  ratios: first call {pipe['first_s'] / unsplit['first_s']:.2f}x, CPU "
+        f"{pipe['first_cpu_s'] / unsplit['first_cpu_s']:.2f}x, lowering "
+        f"{pipe['lower_s'] / unsplit['lower_s']:.2f}x, XLA compile (summed over threads) "
+        f"{pipe['compile_s'] / unsplit['compile_s']:.2f}x; fixed cost per program {fixed_s * 1e3:.0f} ms "
+        f"x {pipe['compiles']} = {fixed_s * pipe['compiles']:.2f} s"
+    )
+    print("  pipeline phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in pipe["phases"].items()))
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="lm,lm-large")
+    ap.add_argument("--trivial", type=int, default=5, help="fresh one-addition compiles for the fixed cost")
+    args = ap.parse_args(argv)
+    listener = Listener()
+    fixed_s = trivial_compile_s(args.trivial)
+    rows = []
+    for name in args.configs.split(","):
+        row = profile(name, listener)
+        row["fixed_compile_s"] = fixed_s
+        print_profile(row, fixed_s)
+        rows.append(row)
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
