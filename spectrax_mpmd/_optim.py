@@ -159,9 +159,8 @@ class StagedOptimizer:
         back as a global array without local shards (never the stale value
         this process was given): read it on its owner, or with `mp.gather`.
         """
-        p_leaves = jax.tree.leaves(params)
+        p_leaves, treedef = jax.tree.flatten(params)
         g_leaves = jax.tree.leaves(grads)
-        treedef = jax.tree.structure(params)
         local = [g for g, idx in enumerate(state.groups) if _local(g_leaves[idx[0]])]
         norm_inputs = self._norm_inputs(g_leaves, state.groups, local)
         new = list(p_leaves)
