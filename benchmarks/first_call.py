@@ -6,8 +6,10 @@ same model and update as one program over one rank's devices). JAX reports each 
 `jax.monitoring`; this script listens to both during each first call and prints, per program,
 the seconds of each, then the totals. Each XLA
 compile's seconds are its own thread's wall time (the pipeline compiles two programs at a time on
-two cores, so its compile phase is shorter than the sum). A program of one addition, compiled
-`--trivial` times, gives XLA's fixed cost per program.
+two cores, so its compile phase is shorter than the sum, and each compile's time is inflated by
+the others); a third build (`serial`) compiles one program at a time
+(`SPECTRAX_MPMD_COMPILE_THREADS=1`), so each program's time is its own. A program of one
+addition, compiled `--trivial` times, gives XLA's fixed cost per program.
 
 Two floors fall out of the table: the fixed cost of each distinct program, and the block code
 each stage program holds (the unsplit step scans its blocks: it compiles one block's forward and
@@ -32,6 +34,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from mpmd_overhead import LM_CONFIGS, Updating, first_call_cpu, lm_steps  # noqa: E402
+
+from spectrax_mpmd._env import COMPILE_THREADS_ENV  # noqa: E402
 
 LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -101,12 +105,27 @@ def profile(name: str, listener: Listener) -> dict:
             "compiles": sum(p["compiled"] for p in programs.values()),
         }
     runs["pipeline"]["phases"] = mpmd_step.runner.update_step.timings()["seconds"]
+    os.environ[COMPILE_THREADS_ENV] = "1"  # again, fresh, one compile at a time: each program's own time
+    try:
+        (serial_step, staged), _, tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
+        wall, cpu, events = listener.record(Updating(serial_step, staged, tx, batch))
+    finally:
+        del os.environ[COMPILE_THREADS_ENV]
+    programs = by_program(events)
+    runs["serial"] = {
+        "first_s": wall,
+        "first_cpu_s": cpu,
+        "programs": programs,
+        "lower_s": sum(p["lower_s"] for p in programs.values()),
+        "compile_s": sum(p["compile_s"] for p in programs.values()),
+        "compiles": sum(p["compiled"] for p in programs.values()),
+    }
     return {"config": name, **runs}
 
 
 def print_profile(row: dict, fixed_s: float) -> None:
     print(f"\n{row['config']}: program                     lowered  lower s  compiled  compile s")
-    for side in ("unsplit", "pipeline"):
+    for side in ("unsplit", "pipeline", "serial"):
         run = row[side]
         for program, p in sorted(run["programs"].items(), key=lambda kv: -kv[1]["compile_s"]):
             print(
@@ -117,13 +136,18 @@ def print_profile(row: dict, fixed_s: float) -> None:
             f"  {side:9} {'total':28} {'':7} {run['lower_s']:8.3f} {run['compiles']:9d} "
             f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, {run['first_cpu_s']:.2f} s CPU"
         )
-    pipe, unsplit = row["pipeline"], row["unsplit"]
+    pipe, unsplit, serial = row["pipeline"], row["unsplit"], row["serial"]
     print(
         f"  ratios: first call {pipe['first_s'] / unsplit['first_s']:.2f}x, CPU "
         f"{pipe['first_cpu_s'] / unsplit['first_cpu_s']:.2f}x, lowering "
         f"{pipe['lower_s'] / unsplit['lower_s']:.2f}x, XLA compile (summed over threads) "
         f"{pipe['compile_s'] / unsplit['compile_s']:.2f}x; fixed cost per program {fixed_s * 1e3:.0f} ms "
         f"x {pipe['compiles']} = {fixed_s * pipe['compiles']:.2f} s"
+    )
+    print(
+        f"  one compile at a time: XLA compile {serial['compile_s']:.2f} s = "
+        f"{serial['compile_s'] / unsplit['compile_s']:.2f}x the unsplit step's, first call "
+        f"{serial['first_s'] / unsplit['first_s']:.2f}x"
     )
     print("  pipeline phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in pipe["phases"].items()))
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 
-from .errors import DistributedError
+from .errors import DistributedError, MpmdError
 
 TIMEOUT_ENV = "SPECTRAX_MPMD_TIMEOUT"  # seconds a cross-process transfer may take
 TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"  # the cross-process transport, one of TRANSPORTS
 HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process's transfer server at
 CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their arguments, one of INPUT_CHECKS
+COMPILE_THREADS_ENV = "SPECTRAX_MPMD_COMPILE_THREADS"  # how many programs XLA compiles at once
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 
 DEFAULT_TIMEOUT = 30.0
@@ -52,6 +53,22 @@ def configured_input_check() -> str:
     if name not in INPUT_CHECKS:
         raise DistributedError(f"{CHECK_INPUTS_ENV}={name!r}: expected one of {', '.join(INPUT_CHECKS)}.")
     return name
+
+
+def configured_compile_threads() -> int:
+    """How many stage programs a first call compiles at once: `$SPECTRAX_MPMD_COMPILE_THREADS`,
+    default the number of CPUs (1 compiles one program at a time: each program's compile time is
+    then its own, and a large model's compiles do not hold their memory together)."""
+    raw = os.environ.get(COMPILE_THREADS_ENV)
+    if raw is None:
+        return os.cpu_count() or 1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise MpmdError(f"{COMPILE_THREADS_ENV}={raw!r}: expected a positive number of threads, e.g. 1 or 4.")
+    return value
 
 
 def transfer_host() -> str | None:

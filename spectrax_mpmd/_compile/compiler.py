@@ -33,7 +33,6 @@ side effects are identified from their lowering only.
 from __future__ import annotations
 
 import hashlib
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,6 +40,7 @@ from typing import Any, Callable
 import jax
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
+from .._env import configured_compile_threads
 from .._trace.context import config_key
 from .identity import Held, jaxpr_key
 from .relocate import persistent_cache_active, relocate, relocation_available, serialized
@@ -184,13 +184,13 @@ class Compiler:
         other devices that run them.
 
         XLA's compiler releases the GIL, so stage programs compile concurrently
-        with each other and with lowering; this is build-time only (the step
-        itself uses no threads).
+        with each other and with lowering (`$SPECTRAX_MPMD_COMPILE_THREADS` at a
+        time); this is build-time only (the step itself uses no threads).
         """
         todo: dict = {}
         started: dict = {}
         relocating = self.relocating
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        with ThreadPoolExecutor(max_workers=configured_compile_threads()) as pool:
             for spec in specs:
                 key, lowered = self._lower(spec)
                 if key in self.cache or key in todo:

@@ -138,3 +138,35 @@ def test_cells_with_side_effects_are_identified_by_their_lowering():
         compiler.compile_spec(c)(jnp.ones(4))
     jax.effects_barrier()
     assert record == ["first", "second"] and not compiler.known
+
+
+def _compile_spans(threads, monkeypatch) -> list:
+    """(start, end) of each XLA compile of four distinct programs prefetched with `threads` threads."""
+    monkeypatch.setenv("SPECTRAX_MPMD_COMPILE_THREADS", str(threads))
+    spans = []
+
+    def listen(event, start, end, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            spans.append((start, end))
+
+    jax.monitoring.register_event_time_span_listener(listen)
+    try:
+        compiler = Compiler()
+        cells = [CellSpec(_closure([1.0, 2.0, 3.0, float(k)]), (_spec((4,)),), (ONE,)) for k in range(4)]
+        compiler.prefetch(cells)
+        for k, cell in enumerate(cells):
+            np.testing.assert_array_equal(np.asarray(compiler.compile_spec(cell)(jnp.ones(4))[0]), [1, 2, 3, k])
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(listen)
+    assert compiler.stats.compiled == 4
+    return spans
+
+
+def test_compile_threads_bound_how_many_programs_compile_at_once(monkeypatch):
+    """With one thread no two compiles overlap; a bad setting is refused naming the variable."""
+    spans = sorted(_compile_spans(1, monkeypatch))
+    assert len(spans) == 4
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    monkeypatch.setenv("SPECTRAX_MPMD_COMPILE_THREADS", "0")
+    with pytest.raises(ValueError, match="SPECTRAX_MPMD_COMPILE_THREADS='0': expected a positive"):
+        Compiler().prefetch([CellSpec(_add(9.0), (_spec((4,)),), (ONE,))])
