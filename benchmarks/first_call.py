@@ -86,33 +86,11 @@ def trivial_compile_s(times: int) -> float:
     return statistics.median(spent)
 
 
-def profile(name: str, listener: Listener) -> dict:
-    d_model, blocks, per_rank, sequences = LM_CONFIGS[name]
-    (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
-    runs = {}
-    for side, contender in (
-        ("unsplit", Updating(spmd_step, lm, tx, batch)),
-        ("pipeline", Updating(mpmd_step, staged, tx, batch)),
-    ):
-        wall, cpu, events = listener.record(contender)
-        programs = by_program(events)
-        runs[side] = {
-            "first_s": wall,
-            "first_cpu_s": cpu,
-            "programs": programs,
-            "lower_s": sum(p["lower_s"] for p in programs.values()),
-            "compile_s": sum(p["compile_s"] for p in programs.values()),
-            "compiles": sum(p["compiled"] for p in programs.values()),
-        }
-    runs["pipeline"]["phases"] = mpmd_step.runner.update_step.timings()["seconds"]
-    os.environ[COMPILE_THREADS_ENV] = "1"  # again, fresh, one compile at a time: each program's own time
-    try:
-        (serial_step, staged), _, tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
-        wall, cpu, events = listener.record(Updating(serial_step, staged, tx, batch))
-    finally:
-        del os.environ[COMPILE_THREADS_ENV]
+def first_call_record(listener: Listener, contender) -> dict:
+    """One first call: wall and CPU seconds, its programs, and their summed lowering and compiles."""
+    wall, cpu, events = listener.record(contender)
     programs = by_program(events)
-    runs["serial"] = {
+    return {
         "first_s": wall,
         "first_cpu_s": cpu,
         "programs": programs,
@@ -120,6 +98,22 @@ def profile(name: str, listener: Listener) -> dict:
         "compile_s": sum(p["compile_s"] for p in programs.values()),
         "compiles": sum(p["compiled"] for p in programs.values()),
     }
+
+
+def profile(name: str, listener: Listener) -> dict:
+    d_model, blocks, per_rank, sequences = LM_CONFIGS[name]
+    (mpmd_step, staged), (spmd_step, lm), tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
+    runs = {
+        "unsplit": first_call_record(listener, Updating(spmd_step, lm, tx, batch)),
+        "pipeline": first_call_record(listener, Updating(mpmd_step, staged, tx, batch)),
+    }
+    runs["pipeline"]["phases"] = mpmd_step.runner.update_step.timings()["seconds"]
+    os.environ[COMPILE_THREADS_ENV] = "1"  # again, fresh, one compile at a time: each program's own time
+    try:
+        (serial_step, staged), _, tx, batch = lm_steps(d_model, blocks, per_rank, sequences)
+        runs["serial"] = first_call_record(listener, Updating(serial_step, staged, tx, batch))
+    finally:
+        del os.environ[COMPILE_THREADS_ENV]
     return {"config": name, **runs}
 
 
