@@ -243,29 +243,33 @@ class CheckpointManager:
     def _resolve(self, step: int | None, where: str = "restore") -> int:
         step = None if step is None else _check_step(step, where)
         self._manager.wait_until_finished()  # this manager's saves in flight are steps it holds
-        steps = self.all_steps()
-        if not steps:
-            raise CheckpointError(
-                f"{where}: {self.directory} holds no committed checkpoint; save one first "
-                "(an interrupted save is never read)."
-            )
-        if step is None:
-            return steps[-1]
-        if step not in steps and uncommitted(self.directory, step):
-            raise CheckpointError(
-                f"{where}: step {step} in {self.directory} was never committed (its save did not "
-                f"complete in every process: {uncommitted(self.directory, step)[0].name}), so it is not "
-                f"read; the committed steps are {steps}."
-            )
-        if step not in steps:
-            raise CheckpointError(
-                f"{where}: step {step} is not in {self.directory}; it holds steps {steps}. Give one "
-                "of them, or step=None for the latest."
-            )
-        return step
+        return _pick_step(self.directory, self.all_steps(), step, where)
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self._read_steps()})"
+
+
+def _pick_step(directory: Path, steps: list[int], step: int | None, where: str) -> int:
+    """`step` (None: the latest) if committed among `steps`, else a `CheckpointError` saying why."""
+    if not steps:
+        raise CheckpointError(
+            f"{where}: {directory} holds no committed checkpoint; save one first "
+            "(an interrupted save is never read)."
+        )
+    if step is None:
+        return steps[-1]
+    if step not in steps and uncommitted(directory, step):
+        raise CheckpointError(
+            f"{where}: step {step} in {directory} was never committed (its save did not "
+            f"complete in every process: {uncommitted(directory, step)[0].name}), so it is not "
+            f"read; the committed steps are {steps}."
+        )
+    if step not in steps:
+        raise CheckpointError(
+            f"{where}: step {step} is not in {directory}; it holds steps {steps}. Give one "
+            "of them, or step=None for the latest."
+        )
+    return step
 
 
 def _opt_target(meta, like, shardings, optimizer, opt_like):
