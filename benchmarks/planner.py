@@ -24,9 +24,9 @@ import os
 import pathlib
 import time
 
-_FLAG = "--xla_force_host_platform_device_count"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; affects the CPU backend only
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+from _devices import cpu_devices
+
+cpu_devices(8)  # before JAX is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -54,7 +54,7 @@ from ._rngs import (
     split_rngs,
     split_stream_keys,
 )
-from ._run import run, sxcall
+from ._run import run
 from ._selector import (
     Everything,
     Nothing,
@@ -87,6 +87,7 @@ from ._state import (
     unfreeze,
     update,
 )
+from ._sxcall import sxcall
 from ._variable import Buffer, Parameter, Variable
 from .context import scope
 from .sharding import (

@@ -13,7 +13,6 @@ from typing import Any
 from spectrax_core.schedules import Action, FusedAction, Schedule
 
 from ._entry_points import sxgrad, sxjit, sxstage_region, sxvalue_and_grad, sxvalue_and_grad_and_apply
-from ._run import sxcall
 from ._schedules import (
     DualPipeV,
     Eager1F1B,
@@ -25,6 +24,7 @@ from ._schedules import (
     Std1F1B,
     ZeroBubbleH1,
 )
+from ._sxcall import sxcall
 
 #: The fused forward+backward cell of a schedule table (`FusedAction` here).
 FusedTask = FusedAction

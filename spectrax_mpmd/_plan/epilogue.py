@@ -22,6 +22,7 @@ from .._compile.compiler import CellSpec, shape_spec
 from .._runtime.slots import Input
 from .._trace.ownership import Partition, Program, partition
 from .draft import Draft
+from .gradients import grad_stage
 from .layout import Layout
 
 
@@ -85,7 +86,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
             continue
         if kind in ("param", "grad"):
             a = role[1]
-            rank = _grad_rank(layout, a)
+            rank = layout.ranks[grad_stage(layout, a)]
             slot = grads[a] if kind == "grad" else draft.slot(Input("param", a, rank))
             specs[v] = layout.param_specs.get(a)
         elif kind == "loss":
@@ -130,14 +131,6 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         )
         draft.steps[k] = draft.steps[k]._replace(fn=spec)
     return {"loss": outputs["loss"], "results": results, "replicated": everywhere}
-
-
-def _grad_rank(layout: Layout, a: int) -> int:
-    """The rank holding leaf `a`'s gradient: its first reader's (the first stage's for an unused leaf)."""
-    for s, stage in enumerate(layout.graph.stages):
-        if a in stage.arg_inputs:
-            return layout.ranks[s]
-    return layout.ranks[0]
 
 
 def _output(em: _Emitter, v, default: int) -> int:

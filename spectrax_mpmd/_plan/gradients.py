@@ -24,12 +24,13 @@ def accumulator_cells(
     """
     per_rank: dict[int, tuple[list, list, list]] = {}
     read = {a for p in programs for a in p.io.params}
-    unused = [a for a in args.params if a not in read]
-    if unused:
-        shardings, avals, outs = per_rank.setdefault(layout.ranks[0], ([], [], []))
-        shardings += [layout.param(a, 0) for a in unused]
-        avals += [layout.graph.in_avals[a] for a in unused]
-        outs += [draft.slot(ZeroGrad(a)) for a in unused]
+    for a in args.params:
+        if a not in read:
+            s = grad_stage(layout, a)
+            shardings, avals, outs = per_rank.setdefault(layout.ranks[s], ([], [], []))
+            shardings.append(layout.param(a, s))
+            avals.append(layout.graph.in_avals[a])
+            outs.append(draft.slot(ZeroGrad(a)))
     for s, p in enumerate(programs):
         shardings, avals, outs = per_rank.setdefault(layout.ranks[s], ([], [], []))
         shardings += [layout.param(a, s) for a in p.io.params]
@@ -46,9 +47,15 @@ def accumulator_cells(
     ]
 
 
+def grad_stage(layout: Layout, a: int) -> int:
+    """The logical stage whose rank holds parameter leaf `a`'s gradient (and the update of `a`
+    after the backward): the first stage reading it, or the first stage for a leaf no stage reads."""
+    return next((s for s, stage in enumerate(layout.graph.stages) if a in stage.arg_inputs), 0)
+
+
 def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram], args: PlanArgs) -> dict:
     """Sum the gradients of shared parameter leaves (a tied weight, the copies of a stage) on
-    their owner (the first stage reading them) and the loss of every loss stage on the last
+    their owner (`grad_stage`) and the loss of every loss stage on the last
     stage, cast accumulators back, stack each auxiliary result over microbatches. Returns
     the output slots: `{"loss": slot, "grads": {leaf: slot}, "aux": {output: slot}}`."""
     users: dict[int, list[int]] = {}
@@ -57,7 +64,9 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
             users.setdefault(a, []).append(s)
     grads = {a: draft.slot(ZeroGrad(a)) for a in args.params if a not in users}
     for a, stages in users.items():
-        sh = layout.param(a, stages[0])
+        owner = grad_stage(layout, a)
+        sh = layout.param(a, owner)
+        stages = [owner, *(s for s in stages if s != owner)]  # summed on the owner, into its accumulator
         parts = [(draft.slot(GradAccumulator(s, a)), layout.param(a, s)) for s in stages]
         slot = _sum_on(draft, parts, sh, layout.accumulator_aval(a))
         grads[a] = _cast_back(draft, slot, layout.accumulator_aval(a), layout.graph.in_avals[a], sh)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import apply_worker
 import jax
 import numpy as np
+from launching import launch
 from mpmd_cases import RTOL
-from test_mpmd_multihost import TRANSPORTS, _Job
+from test_mpmd_multihost import TRANSPORTS
 
 import spectrax_mpmd as mp
 
@@ -35,8 +35,7 @@ def test_two_processes_train_as_one(tmp_path):
     the transformation, and with clipping and non-finite skips validated after the fact, give
     the losses, parameters and optimizer state of the same steps in one process, through each
     transport; every process returns the losses and holds only its ranks' leaves."""
-    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
-    job = _Job([*cmd, "--timeout", "20", WORKER, str(tmp_path)], limit=300)
+    job = launch(WORKER, tmp_path, nproc=2, devices=2, limit=300, timeout=20)
     mesh = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
     refs = {case: apply_worker.train(case, mesh) for case in apply_worker.CASES}
     code, out, _ = job.wait()

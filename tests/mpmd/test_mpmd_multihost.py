@@ -20,6 +20,7 @@ import jax
 import multihost_worker as worker
 import numpy as np
 import pytest
+from launching import Job, job_env, launch
 from mpmd_cases import RTOL, hetero_loss
 
 import spectrax_mpmd as mp
@@ -27,37 +28,6 @@ import spectrax_mpmd as mp
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multihost_worker.py")
 TRANSPORTS = ("transfer", "ppermute")
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_backend_optimization_level=0",  # as the suite (see conftest); devices: the launcher's
-        PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]),
-        **extra,
-    )
-    return env
-
-
-class _Job:
-    """A command in its own process group; `wait` kills the group at the time limit."""
-
-    def __init__(self, cmd: list, limit: float, env: dict | None = None):
-        self.cmd, self.limit, self.start = cmd, limit, time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait(self) -> tuple[int, str, float]:
-        """(exit code, output, seconds since the start)."""
-        try:
-            out, _ = self.proc.communicate(timeout=max(1.0, self.limit - (time.monotonic() - self.start)))
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            out, _ = self.proc.communicate()
-            pytest.fail(f"{self.cmd} ran past {self.limit} s:\n{out.decode(errors='replace')[-3000:]}")
-        return self.proc.returncode, out.decode(errors="replace"), time.monotonic() - self.start
 
 
 def _launch(
@@ -68,13 +38,13 @@ def _launch(
     limit: float,
     timeout: float = 20,
     transport: str = "transfer",
-) -> _Job:
+) -> Job:
     """Start `multihost_worker.py MODE` under the launcher (the tests compute their references
     while it runs). `schedules` and `adamw` run every case through each transport themselves;
     `transport` is the launcher's choice for the other modes."""
-    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc"]
-    cmd += [str(devices), "--timeout", str(timeout), "--transport", transport, WORKER, mode, str(out_dir)]
-    return _Job(cmd, limit)
+    return launch(
+        WORKER, mode, out_dir, nproc=nproc, devices=devices, limit=limit, timeout=timeout, transport=transport
+    )
 
 
 def _merged(out_dir, case: str, nproc: int) -> dict:
@@ -226,7 +196,7 @@ def test_setup_errors_are_clear_and_fast(monkeypatch):
     members = [  # processes 0 and 1 of a 3-process job, waiting for process 2
         subprocess.Popen(
             [sys.executable, "-c", code],
-            env=_env(
+            env=job_env(
                 JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="3", JAX_PROCESS_ID=str(p)
             ),
             stdout=subprocess.DEVNULL,

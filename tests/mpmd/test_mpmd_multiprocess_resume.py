@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
+from launching import Job, job_env, launch
 from mpmd_cases import RTOL
-from test_mpmd_multihost import _env, _Job
 
 import spectrax_mpmd as mp
 
@@ -29,13 +29,12 @@ def _job(nproc: int, out, ckpt, *args: str, limit: float = 240) -> list[dict]:
     out.mkdir()
     worker = [WORKER, str(out), str(ckpt), "--steps", str(STEPS), *args]
     if nproc == 1:
-        cmd = [sys.executable, *worker]
-        env = _env()
+        env = job_env()
         env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+        job = Job([sys.executable, *worker], limit, env)
     else:
-        cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc", "2"]
-        cmd, env = cmd + ["--timeout", "60", *worker], None
-    code, text, _ = _Job(cmd, limit, env).wait()
+        job = launch(*worker, nproc=nproc, devices=2, limit=limit, timeout=60)
+    code, text, _ = job.wait()
     assert code == 0, text[-4000:]
     records = []
     for p in range(nproc):
@@ -101,15 +100,15 @@ def test_the_main_job_under_the_launcher_stops_and_resumes_with_another_schedule
     flags = (
         "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --lr 1e-2 --sample-tokens 2 --stages 4"
     )
-    launch = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
-    base = [*launch, "--timeout", "60", script, *flags.split(), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    base = [script, *flags.split(), "--checkpoint-dir", str(tmp_path / "ckpt")]
     runs = {
         "stopped": ["--schedule", "Std1F1B", "--save-every", "3", "--stop-after", "5"],
         "resumed": ["--schedule", "ZeroBubbleH1", "--resume", "3", "--overwrite"],
     }
     metrics = {}
     for name, extra in runs.items():
-        code, text, _ = _Job([*base, *extra, "--out", str(tmp_path / name)], 240).wait()
+        job = launch(*base, *extra, "--out", tmp_path / name, nproc=2, devices=2, limit=240, timeout=60)
+        code, text, _ = job.wait()
         assert code == 0, text[-4000:]
         with open(tmp_path / name / "metrics.json") as f:
             metrics[name] = json.load(f)
@@ -125,9 +124,9 @@ def test_every_process_decides_from_the_same_list_of_steps_while_one_deletes(tmp
     """Process 1 lists the steps 2 s after process 0, which deletes the files of a step it chose to
     delete: both must see the list process 0 saw (else process 1 skips the collective delete and
     the job hangs in orbax's barrier, or it raises on a step that vanished)."""
-    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "1"]
-    worker = [os.path.join(HERE, "steps_worker.py"), str(tmp_path / "ckpt"), str(tmp_path)]
-    code, text, _ = _Job([*cmd, "--timeout", "30", *worker], 90).wait()
+    worker = os.path.join(HERE, "steps_worker.py")
+    job = launch(worker, tmp_path / "ckpt", tmp_path, nproc=2, devices=1, limit=90, timeout=30)
+    code, text, _ = job.wait()
     assert code == 0, text[-4000:]
     for p in range(2):
         with open(tmp_path / f"p{p}.json") as f:
@@ -140,8 +139,8 @@ def test_an_array_every_process_holds_is_written_once_and_a_sharded_one_by_its_o
     against their checksums."""
     A = np.arange(6, dtype=np.float32) * 3  # as owners_worker.py saves them
     B = np.arange(16, dtype=np.float32).reshape(4, 4)
-    cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", "2", "--devices-per-proc", "2"]
-    code, text, _ = _Job([*cmd, os.path.join(HERE, "owners_worker.py"), str(tmp_path)], 120).wait()
+    job = launch(os.path.join(HERE, "owners_worker.py"), tmp_path, nproc=2, devices=2, limit=120)
+    code, text, _ = job.wait()
     assert code == 0, text[-4000:]
     written = [_written_by(tmp_path / "1", "params", p) for p in range(2)]
     assert written == [{"['a']"}, {"['b']"}]
