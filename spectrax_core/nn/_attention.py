@@ -275,12 +275,13 @@ def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | 
 
 def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, length: int) -> None:
     expected = (batch, cache.max_len, params.n_kv_heads, params.head_dim)
+    layout = "(batch, max_len, n_kv_heads, head_dim)"
     if isinstance(cache, KVCacheSlot):
-        expected = (cache.k.shape[0], *expected)
+        expected, layout = (cache.k.shape[0], *expected), "(layers, batch, max_len, n_kv_heads, head_dim)"
     if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape != ():
         raise ValueError(
             f"Attention: cache buffers of shape {tuple(cache.k.shape)} / index {tuple(cache.index.shape)} "
-            f"do not fit this layer and input; expected (batch, max_len, n_kv_heads, head_dim) = {expected} "
+            f"do not fit this layer and input; expected {layout} = {expected} "
             "and a scalar index. Build one with `attn.init_cache(batch, max_len)`."
         )
     if length > cache.max_len:
