@@ -1,23 +1,28 @@
-"""Per-token decode cost of a BlockStack with a stacked KV cache, for 1, 2 and 4 blocks.
+"""Per-token decode cost of a BlockStack with a stacked KV cache, against its blocks run one by one.
 
-The model is a TransformerLM (byte vocabulary, d_model 128, 4 heads, d_ff 512) with `n` blocks;
-a batch of `--batch` prompts of 8 tokens is prefilled into a cache of `--max-len` positions, then
-`--tokens` one-token steps of `lm_generate_step` (jitted, the cache donated) are timed. A row is
-the per-token wall time (min / median / spread over rounds) and the issuing thread's CPU time; the
-last column is the per-token time over the 1-block row's (a decode that costs what its blocks cost
-is about `n`).
+The model is a TransformerLM (byte vocabulary, d_model 128, 4 heads, d_ff 512) with n = 1, 2, 4
+blocks; a batch of `--batch` prompts of 8 tokens is prefilled into a cache of `--max-len`
+positions, then `--tokens` greedy one-token steps are timed, the cache donated to each jitted step.
+Sides, per n (both give the same tokens, checked):
+  stack    `lm_generate_step`: the BlockStack's `lax.scan` over the stacked cache
+  blocks   the same step with the n blocks applied one by one, each on its own unstacked cache
+           (what the blocks cost; this side does not go through BlockStack)
+A row is the per-token wall time (min / median / spread over rounds), the issuing thread's CPU
+time, and the median over the same n's `blocks` median (a stack that costs what its blocks cost
+is about 1).
 
-Rounds interleave the block counts. With `--trees A B ...` every round runs this script once per
-tree (a child process with `PYTHONPATH=tree`, in turn), so two versions of the library are
-measured in interleaved rounds on the same machine; one table row per tree and block count.
+Rounds interleave the sides and block counts. With `--trees A B ...` every round runs this script
+once per tree (a child process with `PYTHONPATH=tree`, in turn), so two versions of the library
+are measured in interleaved rounds on the same machine.
 
     python benchmarks/stack_decode.py [--rounds 5] [--out benchmarks/results/stack_decode.json]
-    python benchmarks/stack_decode.py --trees /path/to/before /path/to/after --rounds 5
+    python benchmarks/stack_decode.py --trees /path/to/before /path/to/after --rounds 7
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -46,8 +51,24 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+@functools.partial(jax.jit, donate_argnums=3)
+def blocks_step(lm, blocks, tokens, caches, starts, state):
+    """`lm_generate_step` with the blocks run one by one, each on its own unstacked cache."""
+    from spectrax_core.models._generate import lm_blocks, lm_embed, lm_sample_head
+    from spectrax_core.models._sample import Sampler
+
+    x = lm_embed(lm, tokens[:, None] if tokens.ndim == 1 else tokens)
+    new = []
+    for blk, cache in zip(blocks, caches):
+        x, cache = lm_blocks(blk, x, cache, starts)
+        new.append(cache)
+    token, state = lm_sample_head(lm, x, state, Sampler(), 0)
+    return token, new, state
+
+
 def decoders(args) -> dict:
-    """Per block count: a function that decodes `args.tokens` tokens after a prefill (compiled once)."""
+    """Per (side, block count): a function that decodes `args.tokens` greedy tokens after a prefill
+    and returns (wall, thread CPU) seconds per token; compiled, and both sides' tokens checked equal."""
     from spectrax_core.models import TransformerLM, init_cache
     from spectrax_core.models._generate import lm_generate_step
     from spectrax_core.models._sample import Sampler, gen_state
@@ -59,39 +80,53 @@ def decoders(args) -> dict:
         lm = TransformerLM.init(
             jax.random.key(0), vocab_size=256, d_model=128, n_layers=n, n_heads=4, d_ff=512
         )
+        blocks = [lm.blocks.layer(i) for i in range(n)]
+        sides = {
+            "stack": (
+                lambda lm=lm: init_cache(lm, args.batch, args.max_len),
+                lambda t, c, s, lm=lm: lm_generate_step(lm, t, c, starts, s, Sampler(), 0),
+            ),
+            "blocks": (
+                lambda blocks=blocks: [b.init_cache(args.batch, args.max_len) for b in blocks],
+                lambda t, c, s, lm=lm, blocks=blocks: blocks_step(lm, blocks, t, c, starts, s),
+            ),
+        }
+        for side, (cache0, step) in sides.items():
 
-        def run(lm=lm) -> float:
-            """Prefill, then time the one-token steps: (wall, thread CPU) seconds per token."""
-            state = gen_state(args.batch, args.tokens + 1, None, ())
-            cache = init_cache(lm, args.batch, args.max_len)
-            tokens, cache, state = lm_generate_step(lm, prompt, cache, starts, state, Sampler(), 0)
-            jax.block_until_ready((tokens, cache))
-            w0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.tokens):
-                tokens, cache, state = lm_generate_step(lm, tokens, cache, starts, state, Sampler(), 0)
-            jax.block_until_ready((tokens, cache))
-            return (time.perf_counter() - w0) / args.tokens, (time.thread_time() - c0) / args.tokens
+            def run(cache0=cache0, step=step, tokens_out=None) -> tuple[float, float]:
+                state = gen_state(args.batch, args.tokens + 1, None, ())
+                tokens, cache, state = step(prompt, cache0(), state)
+                jax.block_until_ready((tokens, cache))
+                w0, c0 = time.perf_counter(), time.thread_time()
+                for _ in range(args.tokens):
+                    tokens, cache, state = step(tokens, cache, state)
+                    if tokens_out is not None:
+                        tokens_out.append(tokens)
+                jax.block_until_ready((tokens, cache))
+                return (time.perf_counter() - w0) / args.tokens, (time.thread_time() - c0) / args.tokens
 
-        run()  # compile
-        out[n] = run
-    return out
+            got: list = []
+            run(tokens_out=got)  # compile and keep the tokens
+            out[(side, n)] = (run, jnp.stack(got))
+        assert bool((out[("stack", n)][1] == out[("blocks", n)][1]).all()), f"{n} blocks: tokens differ"
+    return {k: fn for k, (fn, _) in out.items()}
 
 
 def rounds_here(args, rounds: int) -> dict:
-    """`rounds` interleaved rounds in this process: {n: {"wall": [...], "cpu": [...]}}."""
-    fns = decoders(args)
-    times = {n: {"wall": [], "cpu": []} for n in fns}
+    """`rounds` interleaved rounds in this process: {"side n=k": {"wall": [...], "cpu": [...]}}."""
+    fns = {f"{side} n={n}": fn for (side, n), fn in decoders(args).items()}
+    times = {k: {"wall": [], "cpu": []} for k in fns}
     for _ in range(rounds):
-        for n, fn in fns.items():
+        for k, fn in fns.items():
             wall, cpu = fn()
-            times[n]["wall"].append(wall)
-            times[n]["cpu"].append(cpu)
+            times[k]["wall"].append(wall)
+            times[k]["cpu"].append(cpu)
     return times
 
 
 def rounds_trees(args) -> dict:
-    """Each round runs one child per tree in turn: {tree: {n: {"wall": [...], "cpu": [...]}}}."""
-    times = {t: {n: {"wall": [], "cpu": []} for n in BLOCKS} for t in args.trees}
+    """Each round runs one child per tree in turn: {tree: {"side n=k": {"wall": [...], "cpu": [...]}}}."""
+    times: dict = {t: {} for t in args.trees}
     child = [sys.executable, __file__, "--child", "--rounds", "1", "--batch", str(args.batch),
              "--max-len", str(args.max_len), "--tokens", str(args.tokens)]  # fmt: skip
     for _ in range(args.rounds):
@@ -100,29 +135,30 @@ def rounds_trees(args) -> dict:
             got = json.loads(
                 subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
             )
-            for n in BLOCKS:
-                for k in ("wall", "cpu"):
-                    times[tree][n][k] += got[str(n)][k]
+            for k, t in got.items():
+                mine = times[tree].setdefault(k, {"wall": [], "cpu": []})
+                mine["wall"] += t["wall"]
+                mine["cpu"] += t["cpu"]
     return times
 
 
 def table(times: dict) -> dict:
-    """Print one row per (tree, block count) and return the rows."""
+    """Print one row per (tree, side, block count) and return the rows (times in us per token)."""
     rows = {}
-    print(f"{'tree':28s} {'blocks':>6s} {'us/token min':>12s} {'median':>8s} {'spread':>7s} "
-          f"{'cpu median us':>13s} {'x 1 block':>9s}")  # fmt: skip
-    for tree, per_n in times.items():
-        for n, t in per_n.items():
+    print(f"{'tree':20s} {'side':6s} {'blocks':>6s} {'us/token min':>12s} {'median':>8s} {'spread':>7s} "
+          f"{'cpu median us':>13s} {'/ blocks':>8s}")  # fmt: skip
+    for tree, per_side in times.items():
+        for k, t in per_side.items():
             stats = summary(t["wall"], t["cpu"])  # seconds per token in, so its "ms" are ms per token
-            row = {k.replace("_ms", "_us"): v * 1e3 for k, v in stats.items() if k != "spread"}
+            row = {key.replace("_ms", "_us"): v * 1e3 for key, v in stats.items() if key != "spread"}
             row["spread"] = stats["spread"]
-            rows[f"{tree} n={n}"] = row
-        one = rows[f"{tree} n={BLOCKS[0]}"]["median_us"]
-        for n in per_n:
-            row = rows[f"{tree} n={n}"]
-            row["vs_one_block"] = row["median_us"] / one
-            print(f"{tree[-28:]:28s} {n:6d} {row['min_us']:12.1f} {row['median_us']:8.1f} {row['spread']:7.2f} "
-                  f"{row['cpu_median_us']:13.1f} {row['vs_one_block']:9.2f}")  # fmt: skip
+            rows[f"{tree} {k}"] = row
+        for n in BLOCKS:
+            for side in ("blocks", "stack"):
+                row = rows[f"{tree} {side} n={n}"]
+                row["vs_blocks"] = row["median_us"] / rows[f"{tree} blocks n={n}"]["median_us"]
+                print(f"{tree[-20:]:20s} {side:6s} {n:6d} {row['min_us']:12.1f} {row['median_us']:8.1f} "
+                      f"{row['spread']:7.2f} {row['cpu_median_us']:13.1f} {row['vs_blocks']:8.2f}")  # fmt: skip
     return rows
 
 
