@@ -56,6 +56,25 @@ class KVCache(eqx.Module):
         return {"k": kv, "v": kv, "index": lead}
 
 
+class KVCacheSlot(eqx.Module):
+    """Layer `layer`'s slot in a stacked KVCache, as `BlockStack` hands it to each layer.
+
+    The attention writes its new keys/values into the stacked buffers at
+    `(layer, :, index)` and reads that layer's slice, so a scan carrying the
+    stack updates it in place instead of rebuilding every layer's buffers.
+    """
+
+    k: Float[Array, "layers batch max_len kv_heads head_dim"]
+    v: Float[Array, "layers batch max_len kv_heads head_dim"]
+    index: Int[Array, ""]
+    layer: Int[Array, ""]
+
+    @property
+    def max_len(self) -> int:
+        """Number of positions each layer's buffers hold."""
+        return self.k.shape[-3]
+
+
 class Attention(eqx.Module):
     """Parameters of multi-head attention: projections `q`, `k`, `v` and output `o`.
 
@@ -178,8 +197,8 @@ def dot_product_attention(
 
 @register_apply(Attention)
 def apply_attention(
-    params: Attention, x: Array, *, mask: Array | None = None, cache: KVCache | None = None
-) -> Array | tuple[Array, KVCache]:
+    params: Attention, x: Array, *, mask: Array | None = None, cache: KVCache | KVCacheSlot | None = None
+) -> Array | tuple[Array, KVCache | KVCacheSlot]:
     """Self-attention over `x` of shape `(batch, length, d_model)`.
 
     `mask`: optional boolean array broadcastable to `(batch, n_heads, length,
@@ -190,6 +209,7 @@ def apply_attention(
     (for RoPE and the causal mask) start at `cache.index`, attention covers the
     slots written so far, and `(y, new_cache)` is returned. The caller keeps
     `cache.index + length <= cache.max_len`; it is checked when `index` is concrete.
+    A `KVCacheSlot` is written and read in its stack (see `_write_cache`).
     """
     check_ndim("Attention", x, 3, "(batch, length, d_model)")
     check_last_dim("Attention", x, params.d_model)
@@ -213,11 +233,9 @@ def apply_attention(
         key_pos = positions
         written = None
     else:
-        k = lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.index, axis=1)
-        v = lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.index, axis=1)
+        k, v, cache = _write_cache(cache, k, v)
         key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
-        written = key_pos < cache.index + length
-        cache = KVCache(k=k, v=v, index=cache.index + length)
+        written = key_pos < cache.index
 
     allowed = _position_mask(positions, key_pos, params.causal, written)
     if mask is not None:
@@ -225,6 +243,24 @@ def apply_attention(
     y = dot_product_attention(q, k, v, allowed)
     y = _linear(params.o, y.reshape(b, length, params.n_heads * params.head_dim))
     return y if cache is None else (y, cache)
+
+
+def _write_cache(
+    cache: KVCache | KVCacheSlot, k: Array, v: Array
+) -> tuple[Array, Array, KVCache | KVCacheSlot]:
+    """Write `k`, `v` `(batch, length, kv_heads, head_dim)` at `cache.index`: the layer's full
+    buffers to attend to, and the cache with `index` advanced by `length`."""
+    index = cache.index + k.shape[1]
+    if isinstance(cache, KVCache):
+        k = lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.index, axis=1)
+        v = lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.index, axis=1)
+        return k, v, KVCache(k=k, v=v, index=index)
+    zero = jnp.zeros((), jnp.int32)
+    at = (cache.layer, zero, cache.index, zero, zero)
+    k_all = lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype)[None], at)
+    v_all = lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype)[None], at)
+    new = KVCacheSlot(k=k_all, v=v_all, index=index, layer=cache.layer)
+    return k_all[cache.layer], v_all[cache.layer], new
 
 
 def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | None) -> Array | None:
@@ -237,12 +273,15 @@ def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | 
     return None if allowed is None else allowed[None, None]
 
 
-def _check_cache(params: Attention, cache: KVCache, batch: int, length: int) -> None:
+def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, length: int) -> None:
     expected = (batch, cache.max_len, params.n_kv_heads, params.head_dim)
+    layout = "(batch, max_len, n_kv_heads, head_dim)"
+    if isinstance(cache, KVCacheSlot):
+        expected, layout = (cache.k.shape[0], *expected), "(layers, batch, max_len, n_kv_heads, head_dim)"
     if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape != ():
         raise ValueError(
             f"Attention: cache buffers of shape {tuple(cache.k.shape)} / index {tuple(cache.index.shape)} "
-            f"do not fit this layer and input; expected (batch, max_len, n_kv_heads, head_dim) = {expected} "
+            f"do not fit this layer and input; expected {layout} = {expected} "
             "and a scalar index. Build one with `attn.init_cache(batch, max_len)`."
         )
     if length > cache.max_len:

@@ -17,7 +17,7 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._apply import apply, register_apply
 from .._checks import check_last_dim
-from ._attention import KVCache
+from ._attention import KVCache, KVCacheSlot
 from ._block import Block
 from ._validate import check_ndim
 
@@ -82,7 +82,10 @@ def apply_block_stack(
 ) -> Array | tuple[Array, KVCache]:
     """Run the layers in order over `x` of shape `(batch, length, d_model)` with `lax.scan`.
 
-    With stacked `cache` (from `init_cache`), returns `(y, new_caches)`.
+    With stacked `cache` (from `init_cache`), returns `(y, new_caches)`. The scan
+    carries the stacked buffers and each layer writes only its new positions into
+    them (a `KVCacheSlot`), so a step costs what its layers cost: under `jit` with
+    the cache donated the buffers are updated in place, not rebuilt per layer.
     """
     check_ndim("BlockStack", x, 3, "(batch, length, d_model)")
     check_last_dim("BlockStack", x, params.d_model)
@@ -100,4 +103,13 @@ def apply_block_stack(
             f"BlockStack: writing {x.shape[1]} positions at cache index {int(cache.index.max())} "
             f"overflows max_len {max_len}; allocate a longer cache."
         )
-    return lax.scan(lambda h, layer: apply(layer[0], h, mask=mask, cache=layer[1]), x, (params.layers, cache))
+
+    def step(carry, xs):
+        h, k, v = carry
+        layer, i, index = xs
+        h, slot = apply(layer, h, mask=mask, cache=KVCacheSlot(k=k, v=v, index=index, layer=i))
+        return (h, slot.k, slot.v), slot.index
+
+    layer_ids = jnp.arange(params.n_layers, dtype=jnp.int32)
+    (y, k, v), index = lax.scan(step, (x, cache.k, cache.v), (params.layers, layer_ids, cache.index))
+    return y, KVCache(k=k, v=v, index=index)
