@@ -25,6 +25,23 @@ def check_mesh(name: str, mesh) -> MpmdMesh:
     return mesh
 
 
+def check_weight_fn(name: str, weight_fn, reduce: str):
+    """`microbatch_weight_fn`: None or a callable, which replaces the reduction."""
+    if weight_fn is None:
+        return None
+    if not callable(weight_fn):
+        raise MpmdError(
+            f"{name}: microbatch_weight_fn must be a function with the loss function's signature "
+            f"returning one microbatch's weight, got {type(weight_fn).__name__}."
+        )
+    if reduce != "mean":
+        raise MpmdError(
+            f"{name}: microbatch_weight_fn gives the weighted mean sum(w_i * loss_i) / sum(w_i); it "
+            f"does not combine with reduce={reduce!r}. Drop one of them."
+        )
+    return weight_fn
+
+
 def check_reduce(name: str, reduce) -> None:
     if reduce not in ("mean", "sum"):
         raise MpmdError(

@@ -28,10 +28,18 @@ from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.pipelined import inside_train_step
 from .._trace.policy import stage_policies
 from .._trace.split import StageGraph, split, trace
+from .._trace.weights import BATCH, PARAM, loss_weights, reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
-from .checks import check_mesh, check_reduce, check_schedule, microbatches, pipeline_schedule
+from .checks import (
+    check_mesh,
+    check_reduce,
+    check_schedule,
+    check_weight_fn,
+    microbatches,
+    pipeline_schedule,
+)
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 
 
@@ -77,7 +85,9 @@ class _StepFunction:
         static_argnums=(),
         reduce="mean",
         region_ranks=None,
+        microbatch_weight_fn=None,
         value=True,
+        exact=True,
         compiler: Compiler | None = None,
     ):
         self.name = "sxvalue_and_grad" if value else "sxgrad"
@@ -88,6 +98,7 @@ class _StepFunction:
         self.v, self.schedule_error = check_schedule(self.name, schedule, self.mesh.mpmd_dim)
         self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
         self.value, self.reduce, self.region_ranks, self.offload = value, reduce, region_ranks, offload
+        self.weight_fn, self.exact = check_weight_fn(self.name, microbatch_weight_fn, reduce), exact
         stage_policies(remat, offload, None if self.schedule_error else self.n_stages)  # bad values fail now
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
@@ -129,8 +140,9 @@ class _StepFunction:
                 "reduce it (e.g. mean over the batch) before returning."
             )
         pipeline_schedule(self, None, regions)
+        closed, weights = self._weights(sig, kinds, micro, closed)
         with self.compiler.stats.timed("split"):
-            graph = split(closed, self.n_stages)
+            graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(self, graph, regions)
         dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
@@ -140,11 +152,34 @@ class _StepFunction:
             batch_avals={a: sig.aval(a) for a in kinds.batch},
             keys=kinds.keys,
             param_specs=param_specs(self.rules, self.mesh, dynamic, sig, kinds.argnums, ranges),
-            reduce=self.reduce,
+            weights=weights,
             **stage_policies(self.remat, self.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
+
+    def _weights(self, sig: Signature, kinds, micro: list, closed) -> tuple:
+        """The loss jaxpr the stages run and how its microbatches weigh (`_trace.weights`)."""
+        roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
+        weight = None
+        if self.weight_fn is not None:
+            weight = trace(sig.bind(self.weight_fn), sig.in_tree.unflatten(micro))[0]
+
+        def whole():
+            with self.compiler.stats.timed("trace"):
+                full = traced_avals(sig, None, 1)
+                return trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(full))[0]
+
+        return loss_weights(
+            self.name,
+            closed,
+            roles,
+            reduce=self.reduce,
+            weight_fn=weight,
+            whole=whole,
+            keys=kinds.keys,
+            exact=self.exact,
+        )
 
     def _build(self, sig: Signature) -> Entry:
         pipe = self.pipeline(sig)
@@ -269,6 +304,7 @@ def sxvalue_and_grad(
     static_argnums: int | Sequence[int] = (),
     reduce: str = "mean",
     region_ranks: dict | None = None,
+    microbatch_weight_fn: Callable | None = None,
 ) -> Callable:
     """Pipelined `jax.value_and_grad`: `step(params, batch, ...) -> (loss, grads)`.
 
@@ -280,9 +316,17 @@ def sxvalue_and_grad(
     `jax.random.fold_in(key, i)`. `static_argnums` are hashed into the cache key
     and bound into the trace, as in `jax.jit`.
 
-    The loss is the mean (`reduce="mean"`) or the sum (`"sum"`) of the
-    microbatch losses, and the gradients are its exact gradients, each leaf on
-    the submesh of the rank that owns it (the first stage that reads it).
+    The loss is the loss of the whole batch and the gradients are its exact
+    gradients, each leaf on the submesh of the rank that owns it (the first
+    stage that reads it). A loss ending in a division (or multiplication) by
+    values computed from the batch alone — `jnp.mean`, a padded token mean
+    `jnp.sum(ce * mask) / jnp.sum(mask)` — is divided by those values computed
+    on the whole batch; any other loss is the mean (`reduce="mean"`) or the sum
+    (`"sum"`) of the microbatch losses, and a loss that scales by a
+    batch-computed value elsewhere is refused. `microbatch_weight_fn=w` (`w`
+    with `fn`'s signature, returning a scalar from each microbatch's slice of
+    the batch arguments) makes the loss `sum(w_i * loss_i) / sum(w_i)`
+    instead, gradients alike (see `docs/mpmd.md`, "Which losses are exact").
     `remat=True` recomputes each stage's forward in its backward instead of
     keeping residuals; a `jax.checkpoint_policies` name (`"dots_saveable"`)
     keeps what that policy saves; a sequence (one per model stage) or mapping
@@ -312,6 +356,7 @@ def sxvalue_and_grad(
         static_argnums=static_argnums,
         reduce=reduce,
         region_ranks=region_ranks,
+        microbatch_weight_fn=microbatch_weight_fn,
         value=True,
     )
 
@@ -330,6 +375,7 @@ def sxgrad(
     static_argnums: int | Sequence[int] = (),
     reduce: str = "mean",
     region_ranks: dict | None = None,
+    microbatch_weight_fn: Callable | None = None,
 ) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
     return _StepFunction(
@@ -345,6 +391,7 @@ def sxgrad(
         static_argnums=static_argnums,
         reduce=reduce,
         region_ranks=region_ranks,
+        microbatch_weight_fn=microbatch_weight_fn,
         value=False,
     )
 

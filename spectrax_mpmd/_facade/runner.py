@@ -23,8 +23,7 @@ from spectrax_core.schedules import GPipe
 
 from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from .._mesh import MpmdMesh, as_mpmd_mesh
-from .._trace.args import is_prng_key
-from .._trace.cells import fold_key
+from .._trace.args import fold_key, is_prng_key
 from ..errors import MpmdError
 
 MODES = ("train", "forward")

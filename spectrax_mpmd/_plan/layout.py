@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
 from .._trace.split import StageGraph
+from .._trace.weights import LossWeights
 from .copies import copy_stages
 
 REPLICATED = PartitionSpec()
@@ -29,7 +30,7 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, how microbatch losses are reduced, what each model stage
+    leaves, parameter PartitionSpecs, how microbatch losses are weighed (`LossWeights`), what each model stage
     keeps for its backward (`remat`: one value or one per model stage; `offload`: one `Offload` per
     model stage, empty for none; see `spectrax_mpmd._trace.policy`), and the program run on
     the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
@@ -40,7 +41,7 @@ class PlanArgs:
     keys: frozenset = frozenset()
     donated: frozenset = frozenset()
     param_specs: dict = field(default_factory=dict)
-    reduce: str = "mean"
+    weights: LossWeights = LossWeights()
     remat: bool | str | tuple = False
     offload: tuple = ()
     epilogue: object = None

@@ -76,7 +76,7 @@ def programs_of(layout: Layout, args: PlanArgs, m: int, remat) -> list[StageProg
     for s, io in enumerate(stage_ios(layout, args, m)):
         specs = input_specs(layout, io, s, args)
         model = layout.model[s]
-        cells = StageCells(io, m, remat[model] if isinstance(remat, tuple) else remat, specs, args.reduce)
+        cells = StageCells(io, m, remat[model] if isinstance(remat, tuple) else remat, specs, args.weights)
         offload = args.offload[model] if args.offload else NO_OFFLOAD
         programs.append(StageProgram(io, cells, specs, offload=offload))
     return programs

@@ -52,6 +52,14 @@ def is_prng_key(shape: tuple, dtype) -> bool:
     return dtype == np.uint32 and tuple(shape) == (2,)
 
 
+def fold_key(key, idx):
+    """Microbatch `idx`'s key: `jax.random.fold_in` of a typed key array (any shape) or a raw key."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or key.ndim == 0:
+        return jax.random.fold_in(key, idx)
+    folded = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key.reshape(-1), idx)
+    return folded.reshape(key.shape)
+
+
 @dataclass(frozen=True)
 class Signature:
     """One call's arguments as the runtime keys and traces them."""
