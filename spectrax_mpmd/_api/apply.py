@@ -34,6 +34,8 @@ def sxvalue_and_grad_and_apply(
     static_argnums: int | Sequence[int] = (),
     reduce: str = "mean",
     region_ranks: dict | None = None,
+    microbatch_weight_fn: Callable | None = None,
+    update_kwargs: Callable | None = None,
     donate: bool = True,
     max_grad_norm: float | None = None,
     skip_nonfinite: bool = False,
@@ -61,6 +63,11 @@ def sxvalue_and_grad_and_apply(
     `"post"` updates each rank as soon as its backward ends and recomputes
     only when clipping triggers or a value is not finite: the same numbers,
     without the wait (see `spectrax_mpmd._api.validation`).
+
+    `tx.update` receives `value=loss` when `tx` takes extra arguments
+    (`optax.GradientTransformationExtraArgs`: `optax.contrib.reduce_on_plateau`,
+    `optax.polyak_sgd` in a chain), and whatever `update_kwargs(loss, aux)` returns
+    (a dict; `aux` is None without `has_aux`).
     """
     name = "sxvalue_and_grad_and_apply"
     if not (hasattr(tx, "init") and hasattr(tx, "update")):
@@ -79,7 +86,13 @@ def sxvalue_and_grad_and_apply(
         static_argnums=static_argnums,
         reduce=reduce,
         region_ranks=region_ranks,
+        microbatch_weight_fn=microbatch_weight_fn,
     )
+    if update_kwargs is not None and not callable(update_kwargs):
+        raise MpmdError(
+            f"{name}: update_kwargs must be a function (loss, aux) -> dict of tx.update's keyword "
+            f"arguments, got {type(update_kwargs).__name__}."
+        )
     if validation not in VALIDATIONS:
         raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {validation!r}.")
     grad_step.name = name
@@ -98,11 +111,25 @@ def sxvalue_and_grad_and_apply(
             max_grad_norm=max_grad_norm,
             skip_nonfinite=skip_nonfinite,
             validation=validation,
+            extra=update_arguments(name, tx, value if has_aux else (value, None), update_kwargs),
         )
         return value, params, opt_state
 
     shifted = tuple(k + 1 if k > 0 else k for k in as_tuple(static_argnums))
     return sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())
+
+
+def update_arguments(name: str, tx, value, update_kwargs) -> dict:
+    """`tx.update`'s keyword arguments: `value=loss` for a transformation taking extra arguments,
+    then `update_kwargs(loss, aux)`."""
+    loss, aux = value
+    extra = {"value": loss} if isinstance(tx, optax.GradientTransformationExtraArgs) else {}
+    if update_kwargs is not None:
+        more = update_kwargs(loss, aux)
+        if not isinstance(more, dict):
+            raise MpmdError(f"{name}: update_kwargs(loss, aux) must return a dict, got {type(more).__name__}.")
+        extra.update(more)
+    return extra
 
 
 def check_state(name: str, tx, params, opt_state) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, NamedTuple, Sequence
 
@@ -88,6 +89,7 @@ class _StepFunction:
         microbatch_weight_fn=None,
         value=True,
         exact=True,
+        fold_keys=True,
         compiler: Compiler | None = None,
     ):
         self.name = "sxvalue_and_grad" if value else "sxgrad"
@@ -99,6 +101,7 @@ class _StepFunction:
         self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
         self.value, self.reduce, self.region_ranks, self.offload = value, reduce, region_ranks, offload
         self.weight_fn, self.exact = check_weight_fn(self.name, microbatch_weight_fn, reduce), exact
+        self.fold_keys = fold_keys  # broadcast PRNG keys folded per microbatch
         stage_policies(remat, offload, None if self.schedule_error else self.n_stages)  # bad values fail now
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
@@ -128,6 +131,8 @@ class _StepFunction:
         """Trace and split the loss for this signature: what a plan of it is built from."""
         m = microbatches(self, sig)
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
+        if not self.fold_keys:
+            kinds = dataclasses.replace(kinds, keys=frozenset())
         micro = traced_avals(sig, kinds, m)
         with self.compiler.stats.timed("trace"):
             closed, _, out_tree, regions = trace(

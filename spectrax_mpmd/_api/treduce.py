@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._trace.jaxpr import eval_eqns, read
 from .._trace.pipelined import inside_train_step, train_step_owner
 from ..errors import MpmdError
 from .grad import step_function
@@ -77,21 +78,43 @@ def _length(xs, axis: int) -> int:
     return sizes.pop()
 
 
-def treduce(fn: Callable, xs, schedule=None, *, axis: int = 0, operation=Add):
-    """Reduce `fn(microbatch)` over the microbatches of `xs` (see the module docstring)."""
+def _reduce(op: Reduction, stacked, weights):
+    """`op` over the stacked per-microbatch values; `Mean` weighted by `weights` when given."""
+    if weights is None or op is not Mean:
+        return op.reduce(stacked)
+    w = weights.reshape(-1, *([1] * (stacked.ndim - 1)))
+    return jnp.sum(stacked * w, axis=0) / jnp.sum(weights)
+
+
+def _weights(weight_fn, xs, axis: int, m: int):
+    """The float32 weight of every microbatch (None without `weight_fn`)."""
+    if weight_fn is None:
+        return None
+    return jnp.stack([jnp.asarray(weight_fn(_microbatch(xs, i, axis)), jnp.float32) for i in range(m)])
+
+
+def treduce(fn: Callable, xs, schedule=None, *, axis: int = 0, operation=Add, microbatch_weight_fn=None):
+    """Reduce `fn(microbatch)` over the microbatches of `xs` (see the module docstring).
+
+    `microbatch_weight_fn(microbatch)` gives each microbatch a weight `w_i`: the `Mean`
+    outputs (the loss among them) are then `sum(w_i * out_i) / sum(w_i)`.
+    """
     if not jax.tree.leaves(xs):
         raise MpmdError("treduce: xs holds no arrays; pass the microbatched batch.")
     m = _length(xs, axis)
     if inside_train_step() and schedule is not None:
-        return _pipelined(fn, xs, schedule, axis, operation, m)
+        return _pipelined(fn, xs, schedule, axis, operation, m, microbatch_weight_fn)
     outs = [fn(_microbatch(xs, i, axis)) for i in range(m)]
     tree = jax.tree.structure(outs[0])
     stacked = [jnp.stack(leaves) for leaves in zip(*(jax.tree.leaves(o) for o in outs))]
     ops = _operations(operation, outs[0])
-    return jax.tree.unflatten(tree, [op.reduce(x) for op, x in zip(ops, stacked)])
+    if microbatch_weight_fn is not None and ops[0] is Add:
+        raise MpmdError("treduce: microbatch_weight_fn weighs Mean outputs; the loss is reduced by Add.")
+    weights = _weights(microbatch_weight_fn, xs, axis, m)
+    return jax.tree.unflatten(tree, [_reduce(op, x, weights) for op, x in zip(ops, stacked)])
 
 
-def _pipelined(fn, xs, schedule, axis: int, operation, m: int):
+def _pipelined(fn, xs, schedule, axis: int, operation, m: int, weight_fn):
     if axis != 0:
         raise MpmdError(f"treduce: inside sxjit the microbatches lie on axis 0 of xs; got axis={axis}.")
     if m != schedule.microbatches:
@@ -107,12 +130,15 @@ def _pipelined(fn, xs, schedule, axis: int, operation, m: int):
             "treduce: inside sxjit fn's first output is the loss, a scalar reduced by Mean or Add; got "
             f"{leaves[0] if leaves else 'no output'} reduced by {ops[0] if ops else None}."
         )
-    converted, consts = jax.closure_convert(fn, first)
+    converted, floats, others = _hoisted(fn, first)
     tree = jax.tree.structure(out_shape)
 
-    def loss(consts, xs):
-        out = jax.tree.leaves(converted(_microbatch(xs, 0, 0), *consts))
+    def loss(floats, xs, others):
+        out = jax.tree.leaves(converted(_microbatch(xs, 0, 0), floats, others))
         return out[0], tuple(out[1:])
+
+    def weight(floats, xs, others):
+        return weight_fn(_microbatch(xs, 0, 0))
 
     owner = train_step_owner()
     step = step_function(
@@ -123,30 +149,58 @@ def _pipelined(fn, xs, schedule, axis: int, operation, m: int):
         has_aux=True,
         batch_argnums=1,
         reduce="sum" if ops[0] is Add else "mean",
+        microbatch_weight_fn=None if weight_fn is None else weight,
+        exact=False,
+        fold_keys=False,
     )
 
     @jax.custom_vjp
-    def run(consts, xs):
-        return step(consts, xs)[0]
+    def run(floats, xs, others):
+        return step(floats, xs, others)[0]
 
-    def forward(consts, xs):
-        value, grads = step(consts, xs)
-        return value, (grads, xs)
+    def forward(floats, xs, others):
+        value, grads = step(floats, xs, others)
+        return value, (grads, xs, others)
 
     def backward(res, ct):
-        grads, xs = res
-        scale = ct[0]
-        zeros = jax.tree.map(
-            lambda x: (
-                np.zeros(x.shape, jax.dtypes.float0)
-                if not jnp.issubdtype(x.dtype, jnp.inexact)
-                else jnp.zeros_like(x)
-            ),
-            xs,
-        )
-        return jax.tree.map(lambda g: scale * g, grads), zeros
+        grads, xs, others = res
+        return jax.tree.map(lambda g: ct[0] * g, grads), _zero_cotangents(xs), _zero_cotangents(others)
 
     run.defvjp(forward, backward)
-    value, aux = run(list(consts), xs)
-    reduced = [value, *(op.reduce(x) for op, x in zip(ops[1:], aux))]
+    value, aux = run(floats, xs, others)
+    weights = _weights(weight_fn, xs, 0, m)
+    reduced = [value, *(_reduce(op, x, weights) for op, x in zip(ops[1:], aux))]
     return jax.tree.unflatten(tree, reduced)
+
+
+def _zero_cotangents(tree):
+    return jax.tree.map(
+        lambda x: (
+            np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x)
+        ),
+        tree,
+    )
+
+
+def _hoisted(fn, first):
+    """`fn` as `g(microbatch, floats, others)` of the traced values it closes over, with those
+    values: the floating-point ones are differentiated, the others (PRNG keys, integers)
+    reach every microbatch as they are, as in the plain loop."""
+    closed = jax.make_jaxpr(fn)(first)
+    jaxpr = closed.jaxpr
+    traced = [k for k, c in enumerate(closed.consts) if isinstance(c, jax.core.Tracer)]
+    is_float = {k: jnp.issubdtype(closed.consts[k].dtype, jnp.inexact) for k in traced}
+    floats = [closed.consts[k] for k in traced if is_float[k]]
+    others = [closed.consts[k] for k in traced if not is_float[k]]
+    out_tree = jax.tree.structure(jax.eval_shape(fn, first))
+
+    def converted(microbatch, floats, others):
+        values, fl, ot = list(closed.consts), iter(floats), iter(others)
+        for k in traced:
+            values[k] = next(fl) if is_float[k] else next(ot)
+        env = dict(zip(jaxpr.constvars, values))
+        env.update(zip(jaxpr.invars, jax.tree.leaves(microbatch)))
+        eval_eqns(jaxpr.eqns, env)
+        return jax.tree.unflatten(out_tree, [read(env, v) for v in jaxpr.outvars])
+
+    return converted, floats, others

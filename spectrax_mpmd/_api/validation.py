@@ -31,21 +31,25 @@ def _clipped(grads, norm, max_norm):
     return jax.tree.map(lambda g: jax.lax.select(keep, g, (g / norm.astype(g.dtype)) * max_norm), grads)
 
 
-def _apply(tx, params, state, grads):
-    updates, state = tx.update(grads, state, params)
+def _apply(tx, params, state, grads, extra: dict):
+    updates, state = tx.update(grads, state, params, **extra)
     return optax.apply_updates(params, updates), state
 
 
-def guarded_update(tx, params, state, grads, *, max_grad_norm, skip_nonfinite: bool, validation: str):
+def guarded_update(
+    tx, params, state, grads, *, max_grad_norm, skip_nonfinite: bool, validation: str, extra: dict | None = None
+):
     """`(new_params, new_state)`: `tx` on `grads` clipped to `max_grad_norm` (None: no clipping),
-    the step dropped when `skip_nonfinite` and the gradients are not finite."""
+    the step dropped when `skip_nonfinite` and the gradients are not finite; `extra` are keyword
+    arguments of `tx.update` (`value=` for `optax.contrib.reduce_on_plateau`)."""
+    extra = extra or {}
     if max_grad_norm is None and not skip_nonfinite:
-        return _apply(tx, params, state, grads)
+        return _apply(tx, params, state, grads, extra)
     norm = optax.tree.norm(grads)
     finite = jnp.isfinite(norm) if skip_nonfinite else jnp.bool_(True)
 
     def exact():
-        new_params, new_state = _apply(tx, params, state, _clipped(grads, norm, max_grad_norm))
+        new_params, new_state = _apply(tx, params, state, _clipped(grads, norm, max_grad_norm), extra)
         if not skip_nonfinite:
             return new_params, new_state
         return jax.tree.map(
@@ -54,7 +58,7 @@ def guarded_update(tx, params, state, grads, *, max_grad_norm, skip_nonfinite: b
 
     if validation == "sync":
         return exact()
-    speculative = _apply(tx, params, state, grads)
+    speculative = _apply(tx, params, state, grads, extra)
     triggered = ~finite
     if max_grad_norm is not None:
         triggered = triggered | (norm >= max_grad_norm)

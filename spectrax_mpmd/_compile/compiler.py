@@ -41,7 +41,7 @@ import jax
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from .._env import configured_compile_threads
-from .._trace.context import config_key
+from .._trace.context import config_key, own_mesh
 from .identity import Held, jaxpr_key
 from .relocate import persistent_cache_active, relocate, relocation_available, serialized
 from .stats import BuildStats
@@ -106,6 +106,12 @@ def _host_state(lowered) -> tuple:
         tuple(args.get("ordered_effects") or ()),
         frozenset(args.get("unordered_effects") or ()),
     )
+
+
+def _mesh_of(shardings):
+    """The one mesh a cell's named shardings share (the stage's submesh), else None."""
+    meshes = {sh.mesh for sh in shardings if isinstance(sh, NamedSharding)}
+    return meshes.pop() if len(meshes) == 1 else None
 
 
 def _devices_of(shardings) -> tuple:
@@ -293,7 +299,9 @@ class _Traced:
             donate_argnums=spec.donate,
             keep_unused=True,  # the text then holds every argument: dropped ones would not show in it
         )
-        self.traced = jitted.trace(*spec.in_specs)
+        self.mesh = _mesh_of(self.in_shardings + self.out_shardings)
+        with own_mesh(self.mesh):
+            self.traced = jitted.trace(*spec.in_specs)
 
     def key(self) -> tuple | None:
         """The program's identity from its trace (None: only its lowering can tell, see identity)."""
@@ -303,7 +311,8 @@ class _Traced:
         return (program, *self._interface())
 
     def lower(self):
-        return self.traced.lower()
+        with own_mesh(self.mesh):
+            return self.traced.lower()
 
     def _interface(self) -> tuple:
         """Everything besides the program's body its executable depends on."""

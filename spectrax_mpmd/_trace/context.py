@@ -17,6 +17,7 @@ is used only when present, with a public fallback that is never less safe:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import jax
@@ -72,3 +73,15 @@ def check_no_trace(name: str) -> None:
             "cannot be traced into another program. Call it from plain Python; it is compiled already. "
             "To differentiate, use sxvalue_and_grad / sxgrad instead of wrapping the step in jax.grad."
         )
+
+
+def own_mesh(mesh=None):
+    """A context in which JAX's context mesh is `mesh` (None: no mesh), whatever the caller set.
+
+    A caller's `with mesh:` or `jax.set_mesh(...)` names the whole mesh; the
+    runtime traces the function without it and each stage program with its
+    own submesh, so programs never see devices they do not run on."""
+    current = jax.sharding.get_abstract_mesh()
+    if mesh is None and current.empty:
+        return contextlib.nullcontext()
+    return jax.set_mesh(mesh)
