@@ -46,6 +46,8 @@ def _auto_runner(
     """A train step whose stage sizes are chosen on its first call by `balance` (kept as
     `step.balance`); later calls reuse that split."""
     schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
+    weight = memory["microbatch_weight_fn"]
+    profiled = dict(memory, microbatch_weight_fn=weight and (lambda model, extra, x, y: weight(x, y)))
 
     def step(model, inputs, targets=None):
         if step.runner is None:
@@ -64,7 +66,7 @@ def _auto_runner(
                 batch_argnums=(2, 3),
                 has_aux=has_aux,
                 rules=rules,
-                **memory,
+                **profiled,
             )
             step.runner = Runner(
                 core_forward(apply_fn, pipeline_stages(mesh, schedule), step.balance.sizes),
@@ -115,6 +117,7 @@ def runner(
     remat=False,
     offload=False,
     advice=None,
+    microbatch_weight_fn: Callable | None = None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
@@ -161,7 +164,7 @@ def runner(
                 raise MpmdError(
                     "run: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss."
                 )
-            memory = dict(remat=remat, offload=offload)
+            memory = dict(remat=remat, offload=offload, microbatch_weight_fn=microbatch_weight_fn)
             return _auto_runner(
                 mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget, memory
             )
@@ -179,6 +182,7 @@ def runner(
         tx=tx,
         remat=remat,
         offload=offload,
+        microbatch_weight_fn=microbatch_weight_fn,
     )
 
     @functools.wraps(inner.__call__)
@@ -212,6 +216,7 @@ def run(
     region_ranks: dict | None = None,
     remat=False,
     offload=False,
+    microbatch_weight_fn: Callable | None = None,
     max_new_tokens=None,
     **options,
 ):
@@ -228,8 +233,10 @@ def run(
     forward places `sxstage_iter` markers and `sxstage_region`s (placed by
     `region_ranks`, as in `sxvalue_and_grad`).
 
-    `mode="train"`: returns `(loss, grads)`, the mean of `loss_fn(outputs,
-    targets)` over `microbatches` and its gradients, shaped like `model`.
+    `mode="train"`: returns `(loss, grads)`, `loss_fn(outputs, targets)` of the
+    whole batch (see `sxvalue_and_grad` for which losses split exactly; other
+    losses are averaged over `microbatches`, or weighed by
+    `microbatch_weight_fn(inputs, targets)`) and its gradients, shaped like `model`.
     `mode="forward"`: returns the outputs in batch order. `remat` and `offload`
     set what each pipelined stage keeps for its backward (see `sxvalue_and_grad`).
     Each call compiles;
@@ -262,6 +269,7 @@ def run(
         region_ranks=region_ranks,
         remat=remat,
         offload=offload,
+        microbatch_weight_fn=microbatch_weight_fn,
     )
     return step(model, inputs, targets)
 

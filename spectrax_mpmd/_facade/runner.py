@@ -24,6 +24,7 @@ from spectrax_core.schedules import GPipe
 from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._trace.args import fold_key, is_prng_key
+from .._trace.weights import BATCH, OTHER, PARAM, microbatched_loss
 from ..errors import MpmdError
 
 MODES = ("train", "forward")
@@ -90,6 +91,10 @@ class Runner:
     opt_state, extra, inputs, targets)` is the whole training step. `remat` and
     `offload` (as `sxvalue_and_grad` takes them) set what each stage keeps for its
     backward on an MPMD mesh; a plain SPMD step ignores them.
+    `microbatch_weight_fn(inputs, targets)` weighs each microbatch's loss (the
+    step's loss is `sum(w_i * loss_i) / sum(w_i)`; see `sxvalue_and_grad`), on
+    either kind of mesh; without it both give the loss of the whole batch for a
+    loss ending in batch factors (a padded token mean).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Runner:
         tx: optax.GradientTransformation | None = None,
         remat=False,
         offload=False,
+        microbatch_weight_fn: Callable | None = None,
     ):
         if mode not in MODES:
             raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
@@ -122,6 +128,7 @@ class Runner:
                 f"microbatches={schedule.microbatches}; give one of them."
             )
         self.forward, self.mode, self.loss_fn = forward, mode, loss_fn
+        self.microbatch_weight_fn = microbatch_weight_fn
         self.has_aux, self.rules, self.name = has_aux, rules, name
         self.mpmd = _is_mpmd(mesh)
         self.mesh = (
@@ -142,6 +149,7 @@ class Runner:
                 region_ranks=region_ranks,
                 remat=remat,
                 offload=offload,
+                microbatch_weight_fn=self._weight_of(),
             )
             if tx is not None:
                 self.update_step = sxvalue_and_grad_and_apply(self._loss, tx, **train)
@@ -174,24 +182,44 @@ class Runner:
         )
 
     def _spmd_train(self, params, extra, inputs, targets):
+        """The microbatches accumulated in one program, weighed as the pipelined step weighs them."""
         m = self.microbatches
-        grad_fn = jax.value_and_grad(self._loss, has_aux=self.has_aux)
+        args = (params, extra, inputs, targets)
+        leaves = jax.tree.leaves(args)
+        n_p, n_x = len(jax.tree.leaves(params)), len(jax.tree.leaves(extra))
+        kinds = {a: PARAM if a < n_p else OTHER if a < n_p + n_x else BATCH for a in range(len(leaves))}
+        keys = frozenset(a for a in range(n_p, n_p + n_x) if is_prng_key(leaves[a].shape, leaves[a].dtype))
+        weight = self._weight_of()
+        piece, coefficient, out_tree = microbatched_loss(
+            self.name, self._loss, args, kinds, m, weight_fn=weight, keys=keys
+        )
+        p_tree = jax.tree.structure(params)
 
         def one(i):
-            return grad_fn(
-                params, fold_keys(extra, i), self._microbatch(inputs, i), self._microbatch(targets, i)
-            )
+            def scaled(p_leaves):
+                outs = piece(i, [*p_leaves, *leaves[n_p:]])
+                loss = outs[0]
+                value = loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * coefficient(i, leaves)
+                return value, outs
+
+            (value, outs), grads = jax.value_and_grad(scaled, has_aux=True)(leaves[:n_p])
+            aux = jax.tree.unflatten(out_tree, outs)[1] if self.has_aux else None
+            return (value.astype(outs[0].dtype), jax.tree.unflatten(p_tree, grads)), aux
 
         def body(carry, i):  # also for m == 1, so aux is stacked per microbatch on both paths
-            value, grads = one(i)
-            loss, aux = value if self.has_aux else (value, None)
-            total = jax.tree.map(lambda a, b: a + b / m, carry, (loss, grads))
-            return total, aux
+            part, aux = one(i)
+            return jax.tree.map(jnp.add, carry, part), aux
 
-        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: one(0)))
-        zero = (zero[0][0], zero[1]) if self.has_aux else zero
+        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: one(0)[0]))
         (loss, grads), aux = jax.lax.scan(body, zero, jnp.arange(m))
         return ((loss, aux) if self.has_aux else loss), grads
+
+    def _weight_of(self):
+        """The user's microbatch weight as a function of the step's arguments (None without)."""
+        weight = self.microbatch_weight_fn
+        if weight is None:
+            return None
+        return lambda params, extra, inputs, targets: weight(inputs, targets)
 
     def _spmd_update(self, params, opt_state, extra, inputs, targets):
         value, grads = self._spmd_train(params, extra, inputs, targets)

@@ -140,9 +140,15 @@ def _flags(closed: ClosedJaxpr, kinds: dict, eqns=None) -> dict:
 
 @dataclass(frozen=True)
 class Chain:
-    """The scalings that end a loss: `(equation index, operand position, divides)` per factor."""
+    """The equations that end a loss, outermost first: `(equation index, position of the operand
+    carrying the loss, position of the factor or None, divides)` each."""
 
-    factors: tuple[tuple[int, int, bool], ...]
+    path: tuple[tuple[int, int, int | None, bool], ...]
+
+    @property
+    def factors(self) -> tuple[tuple[int, int, bool], ...]:
+        """`(equation index, factor position, divides)` of each scaling."""
+        return tuple((k, f, d) for k, _, f, d in self.path if f is not None)
 
     def values(self, closed: ClosedJaxpr) -> list:
         return [closed.jaxpr.eqns[k].invars[pos] for k, pos, _ in self.factors]
@@ -154,24 +160,25 @@ def loss_chain(closed: ClosedJaxpr, kinds: dict) -> Chain:
     jaxpr = closed.jaxpr
     made = producers(jaxpr.eqns)
     flags = _flags(closed, kinds)
-    factors, v = [], jaxpr.outvars[0]
+    path, v = [], jaxpr.outvars[0]
     while isinstance(v, Var) and v in made:
         k = made[v]
         eqn = jaxpr.eqns[k]
         name = eqn.primitive.name
         free = [not isinstance(x, Var) or not flags.get(x, 0) & PARAM for x in eqn.invars]
         if name in _PASS_THROUGH and len(eqn.invars) == 1:
-            v = eqn.invars[0]
+            path.append((k, 0, None, False))
         elif name == "div" and free[1] and not free[0]:
-            factors.append((k, 1, True))
-            v = eqn.invars[0]
+            path.append((k, 0, 1, True))
         elif name == "mul" and free.count(True) == 1:
             pos = free.index(True)
-            factors.append((k, pos, False))
-            v = eqn.invars[1 - pos]
+            path.append((k, 1 - pos, pos, False))
         else:
             break
-    return Chain(tuple(factors))
+        v = eqn.invars[path[-1][1]]
+    while path and path[-1][2] is None:  # casts below the innermost factor stay in the loss
+        path.pop()
+    return Chain(tuple(path))
 
 
 def _batch_scaled(closed: ClosedJaxpr, kinds: dict, skip: set) -> list[str]:
@@ -205,13 +212,20 @@ def _literal_one(v):
 
 
 def unscaled(closed: ClosedJaxpr, chain: Chain) -> ClosedJaxpr:
-    """`closed` with the chain's factors replaced by ones: its loss is the unscaled loss."""
+    """`closed` whose loss is the unscaled loss: the chain recomputed with its factors set to one
+    (the original equations stay for the other outputs that read their values)."""
     eqns = list(closed.jaxpr.eqns)
-    for k, pos, _ in chain.factors:
+    value = None
+    for k, carried, factor, _ in reversed(chain.path):
         invars = list(eqns[k].invars)
-        invars[pos] = _literal_one(invars[pos])
-        eqns[k] = eqns[k].replace(invars=invars)
-    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)
+        if value is not None:
+            invars[carried] = value
+        if factor is not None:
+            invars[factor] = _literal_one(invars[factor])
+        value = Var(eqns[k].outvars[0].aval)
+        eqns.append(eqns[k].replace(invars=invars, outvars=[value]))
+    outvars = [value, *closed.jaxpr.outvars[1:]]
+    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
 
 
 def _refuse(name: str, what: str) -> MpmdError:
@@ -250,7 +264,7 @@ def loss_weights(
     chain = loss_chain(closed, kinds)
     flags = _flags(closed, kinds)
     scaled_by_batch = any(flags.get(v, 0) & BATCH for v in chain.values(closed) if isinstance(v, Var))
-    odd = _batch_scaled(closed, kinds, {v for k, _, _ in chain.factors for v in closed.jaxpr.eqns[k].outvars})
+    odd = _batch_scaled(closed, kinds, {v for k, _, _, _ in chain.path for v in closed.jaxpr.eqns[k].outvars})
     if odd:
         raise _refuse(name, f"scales a value by a scalar computed from the batch ({odd[0]}) before its last step")
     if reduce == "sum":
@@ -299,3 +313,48 @@ def reading_weights(graph: StageGraph, weights: LossWeights) -> StageGraph:
     stages = list(graph.stages)
     stages[s] = dataclasses.replace(stage, arg_inputs=tuple(sorted({*stage.arg_inputs, *missing})))
     return dataclasses.replace(graph, stages=tuple(stages))
+
+
+def microbatched_loss(
+    name: str, loss: Callable, args: tuple, kinds: dict, m: int, *, weight_fn=None, keys=frozenset()
+):
+    """The loss of `args` (flat leaves of kind `kinds`, batch leaves split in `m`, `keys` folded
+    per microbatch) as a loop's pieces: `(piece(i, leaves) -> outputs, coefficient(i, leaves),
+    out_tree)`, microbatch `i`'s outputs (its loss unscaled as the pipeline's stages compute it)
+    and its weight, so that `sum_i coefficient(i) * piece(i)[0]` is the step's loss (see
+    `loss_weights`; `reduce="mean"`). For a loop over microbatches in one program (a step
+    without a pipeline axis), so that it equals the pipelined step."""
+    leaves, tree = jax.tree.flatten(args)
+    box: list = []
+    batch = frozenset(a for a, k in kinds.items() if k == BATCH)
+
+    def avals(split: bool) -> list:
+        return [
+            jax.ShapeDtypeStruct((x.shape[0] // m, *x.shape[1:]) if split and a in batch else x.shape, x.dtype)
+            for a, x in enumerate(leaves)
+        ]
+
+    def flat(*xs):
+        out, out_tree = jax.tree.flatten(loss(*jax.tree.unflatten(tree, xs)))
+        box.append(out_tree)
+        return out
+
+    closed = jax.make_jaxpr(flat)(*avals(True))
+    weight = None if weight_fn is None else jax.make_jaxpr(lambda *xs: weight_fn(*jax.tree.unflatten(tree, xs)))(*avals(True))
+    closed, weights = loss_weights(
+        name, closed, kinds, reduce="mean", weight_fn=weight, whole=lambda: jax.make_jaxpr(flat)(*avals(False))
+    )
+    whole = Subprogram.of(closed, closed.jaxpr.outvars)
+
+    def piece(i, xs: list) -> list:
+        size = {a: xs[a].shape[0] // m for a in batch}
+        own = {a: jax.lax.dynamic_slice_in_dim(x, i * size[a], size[a]) if a in batch else x for a, x in enumerate(xs)}
+        own.update((a, fold_key(own[a], i)) for a in keys)
+        return whole(own)
+
+    def coefficient(i, xs: list):
+        if weights.is_default:
+            return jnp.float32(1 / m)
+        return weights.coefficient(dict(enumerate(xs)), batch, i, m)
+
+    return piece, coefficient, box[0]
