@@ -25,6 +25,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._trace.context import methods_outside_context_mesh
+
 
 class StagedOptState(NamedTuple):
     """Per-group optax states; `groups[k]` lists the flat leaf indices of group `k`."""
@@ -37,6 +39,7 @@ def _device_key(x) -> tuple[int, ...]:
     return tuple(sorted(d.id for d in x.sharding.device_set))
 
 
+@methods_outside_context_mesh
 class StagedOptimizer:
     """Apply an optax transformation rank by rank.
 

@@ -21,6 +21,7 @@ from jaxtyping import Array
 from spectrax_core import apply, register_apply
 from spectrax_core.nn import BlockStack, KVCache
 
+from ._trace.context import outside_context_mesh
 from ._trace.marker import sxstage_iter
 from .errors import StageSplitError
 
@@ -112,6 +113,7 @@ def apply_staged_stack(
     return x if cache is None else (x, tuple(new_caches))
 
 
+@outside_context_mesh
 def stage_blocks(model, n_stages: int, sizes: Sequence[int] | None = None):
     """`model` with its `blocks` (a `BlockStack`) cut into `n_stages` parts (`StagedStack`).
 
@@ -129,6 +131,7 @@ def stage_blocks(model, n_stages: int, sizes: Sequence[int] | None = None):
     return eqx.tree_at(lambda m: m.blocks, model, blocks)
 
 
+@outside_context_mesh
 def unstage_blocks(model):
     """`model` with a `StagedStack` of blocks joined back into one `BlockStack`."""
     blocks = _blocks_of(model)

@@ -26,6 +26,7 @@ from .._runtime import (
     stage_profile,
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import inside_train_step
 from .._trace.policy import stage_policies
 from .._trace.split import StageGraph, split, trace
@@ -68,6 +69,7 @@ def param_specs(rules, mesh, dynamic, sig: Signature, argnums, ranges) -> dict:
     return specs
 
 
+@methods_outside_context_mesh
 class _StepFunction:
     """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
 

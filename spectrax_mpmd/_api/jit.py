@@ -13,6 +13,7 @@ from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
 from .._runtime import HostProfile, action_spans, measure_peak_bytes, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from .agree import InputsCheck
@@ -21,6 +22,7 @@ from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh
 from .train_step import build_train_step
 
 
+@methods_outside_context_mesh
 class _JitFunction:
     """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
 

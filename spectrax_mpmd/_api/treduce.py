@@ -176,7 +176,9 @@ def _pipelined(fn, xs, schedule, axis: int, operation, m: int, weight_fn):
 def _zero_cotangents(tree):
     return jax.tree.map(
         lambda x: (
-            np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x)
+            np.zeros(x.shape, jax.dtypes.float0)
+            if not jnp.issubdtype(x.dtype, jnp.inexact)
+            else jnp.zeros_like(x)
         ),
         tree,
     )

@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spectrax_core import sharding as core_sharding
 
 from .._comm import Exchange
+from .._trace.context import methods_outside_context_mesh, outside_context_mesh
 from .digest import verify as _verify
 from .hosts import PRIMARY, for_owners, read_held, removing_partial_steps, uncommitted
 from .layout import CheckpointError, save_arrays
@@ -47,6 +48,7 @@ class Restored(NamedTuple):
     extra: Any
 
 
+@methods_outside_context_mesh
 class CheckpointManager:
     """Numbered checkpoints in `directory`, saved and restored through orbax.
 
@@ -313,6 +315,7 @@ def _check_step(step, where: str = "save") -> int:
     return value
 
 
+@outside_context_mesh
 def save_checkpoint(
     directory: str | os.PathLike,
     step: int,
@@ -328,6 +331,7 @@ def save_checkpoint(
     return manager.directory / str(step)
 
 
+@outside_context_mesh
 def restore_checkpoint(
     directory: str | os.PathLike,
     step: int | None = None,
@@ -344,6 +348,7 @@ def restore_checkpoint(
         return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
 
 
+@outside_context_mesh
 def owner_shardings(step, params, *args):
     """Where a training step keeps each parameter leaf: the sharding its gradient comes back with.
 

@@ -30,6 +30,7 @@ from spectrax_core.nn import KVCache
 from .._api import sxjit
 from .._mesh import as_mpmd_mesh
 from .._stages import stage_blocks
+from .._trace.context import methods_outside_context_mesh
 from ..errors import MpmdError
 from .generate.links import Transfers, make_links
 from .generate.programs import input_specs
@@ -41,6 +42,7 @@ def _decode_step(lm, tokens, cache):
     return apply(lm, tokens, cache=cache)
 
 
+@methods_outside_context_mesh
 class PipelineDecoder:
     """Generation and token-by-token decoding of a core LM (`TransformerLM`) across pipeline ranks.
 

@@ -20,6 +20,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 
 from .._comm import Exchange, make_transport
+from .._trace.context import outside_context_mesh
 from ..errors import MpmdError
 
 
@@ -35,6 +36,7 @@ def _first_device(process: int) -> jax.Device:
     return min((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
 
 
+@outside_context_mesh
 def gather(tree, device: jax.Device | None = None):
     """Every leaf of `tree` copied to one device (default: this process's first), e.g. parameters
     spread over ranks. In a multi-process run every process must call it with the same tree (leaves

@@ -24,6 +24,7 @@ from spectrax_core.schedules import GPipe
 from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._trace.args import fold_key, is_prng_key
+from .._trace.context import methods_outside_context_mesh
 from .._trace.weights import BATCH, OTHER, PARAM, microbatched_loss
 from ..errors import MpmdError
 
@@ -81,6 +82,7 @@ def train_loss(forward: Callable, loss_fn: Callable) -> Callable:
     return loss
 
 
+@methods_outside_context_mesh
 class Runner:
     """A run configuration, compiled on first use per argument signature.
 

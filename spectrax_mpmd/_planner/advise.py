@@ -25,6 +25,7 @@ from spectrax_core import schedules as S
 
 from .._api import check_mesh, step_function
 from .._compile.compiler import Compiler
+from .._trace.context import outside_context_mesh
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
 from .memory import fitted, host_bandwidth
@@ -99,6 +100,7 @@ def _optimizer_note(tx, optimizer_states) -> str:
     return "from tx: tx.init's state on each parameter's rank, and its update timed"
 
 
+@outside_context_mesh
 def advise(
     fn: Callable,
     *args,

@@ -25,6 +25,7 @@ from spectrax_core import schedules as S
 from .._api import check_mesh, check_schedule, sxvalue_and_grad
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._stages import stage_sizes
+from .._trace.context import outside_context_mesh
 from ..errors import StageSplitError
 from .optimizer import ASSUMED_STATES
 
@@ -231,6 +232,7 @@ def _fixed_cell_seconds(profile) -> float:
     return float(min(max(intercept, 0.0), seconds.min()))
 
 
+@outside_context_mesh
 def balance(
     fn: Callable,
     *,

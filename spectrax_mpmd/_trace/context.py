@@ -18,6 +18,8 @@ is used only when present, with a public fallback that is never less safe:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Callable
 
 import jax
@@ -85,3 +87,24 @@ def own_mesh(mesh=None):
     if mesh is None and current.empty:
         return contextlib.nullcontext()
     return jax.set_mesh(mesh)
+
+
+def outside_context_mesh(fn: Callable) -> Callable:
+    """`fn` run with JAX's context mesh cleared (`own_mesh()`): a public entry point that runs
+    per-rank programs, each of which sets its own submesh where it needs one."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with own_mesh():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def methods_outside_context_mesh(cls: type) -> type:
+    """`cls` with `__call__` and every public method wrapped by `outside_context_mesh`."""
+    for name, member in list(vars(cls).items()):
+        plain = inspect.isfunction(member)  # not a property, staticmethod, classmethod or nested class
+        if plain and (name == "__call__" or not name.startswith("_")):
+            setattr(cls, name, outside_context_mesh(member))
+    return cls

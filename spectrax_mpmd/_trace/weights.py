@@ -87,7 +87,11 @@ class LossWeights:
     @property
     def reads(self) -> tuple[int, ...]:
         """The flat leaves the coefficient reads (batch leaves whole, broadcast leaves as given)."""
-        return tuple(sorted({*(self.factors.reads if self.factors else ()), *(self.weight.reads if self.weight else ())}))
+        return tuple(
+            sorted(
+                {*(self.factors.reads if self.factors else ()), *(self.weight.reads if self.weight else ())}
+            )
+        )
 
     @property
     def is_default(self) -> bool:
@@ -266,10 +270,14 @@ def loss_weights(
     scaled_by_batch = any(flags.get(v, 0) & BATCH for v in chain.values(closed) if isinstance(v, Var))
     odd = _batch_scaled(closed, kinds, {v for k, _, _, _ in chain.path for v in closed.jaxpr.eqns[k].outvars})
     if odd:
-        raise _refuse(name, f"scales a value by a scalar computed from the batch ({odd[0]}) before its last step")
+        raise _refuse(
+            name, f"scales a value by a scalar computed from the batch ({odd[0]}) before its last step"
+        )
     if reduce == "sum":
         if scaled_by_batch:
-            raise _refuse(name, "ends in a scaling by a value computed from the batch while reduce='sum' adds")
+            raise _refuse(
+                name, "ends in a scaling by a value computed from the batch while reduce='sum' adds"
+            )
         return closed, LossWeights(reduce)
     if not chain.factors:
         return closed, LossWeights(reduce)
@@ -330,7 +338,9 @@ def microbatched_loss(
 
     def avals(split: bool) -> list:
         return [
-            jax.ShapeDtypeStruct((x.shape[0] // m, *x.shape[1:]) if split and a in batch else x.shape, x.dtype)
+            jax.ShapeDtypeStruct(
+                (x.shape[0] // m, *x.shape[1:]) if split and a in batch else x.shape, x.dtype
+            )
             for a, x in enumerate(leaves)
         ]
 
@@ -340,15 +350,27 @@ def microbatched_loss(
         return out
 
     closed = jax.make_jaxpr(flat)(*avals(True))
-    weight = None if weight_fn is None else jax.make_jaxpr(lambda *xs: weight_fn(*jax.tree.unflatten(tree, xs)))(*avals(True))
+    weight = (
+        None
+        if weight_fn is None
+        else jax.make_jaxpr(lambda *xs: weight_fn(*jax.tree.unflatten(tree, xs)))(*avals(True))
+    )
     closed, weights = loss_weights(
-        name, closed, kinds, reduce="mean", weight_fn=weight, whole=lambda: jax.make_jaxpr(flat)(*avals(False))
+        name,
+        closed,
+        kinds,
+        reduce="mean",
+        weight_fn=weight,
+        whole=lambda: jax.make_jaxpr(flat)(*avals(False)),
     )
     whole = Subprogram.of(closed, closed.jaxpr.outvars)
 
     def piece(i, xs: list) -> list:
         size = {a: xs[a].shape[0] // m for a in batch}
-        own = {a: jax.lax.dynamic_slice_in_dim(x, i * size[a], size[a]) if a in batch else x for a, x in enumerate(xs)}
+        own = {
+            a: jax.lax.dynamic_slice_in_dim(x, i * size[a], size[a]) if a in batch else x
+            for a, x in enumerate(xs)
+        }
         own.update((a, fold_key(own[a], i)) for a in keys)
         return whole(own)
 

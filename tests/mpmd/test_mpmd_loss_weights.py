@@ -42,10 +42,13 @@ LOSSES = {
     # the padded token mean, guarded against an empty batch
     "padded_mean": lambda p, x, y, m: jnp.sum(_errors(p, x, y).mean(-1) * m) / jnp.maximum(jnp.sum(m), 1.0),
     # packed sequences: per-token terms, tokens of segment 0 are padding
-    "packed_tokens": lambda p, x, y, m: jnp.sum(_errors(p, x, y) * (SEGMENTS[: x.shape[0]] > 0))
-    / jnp.sum(SEGMENTS[: x.shape[0]] > 0),
+    "packed_tokens": lambda p, x, y, m: (
+        jnp.sum(_errors(p, x, y) * (SEGMENTS[: x.shape[0]] > 0)) / jnp.sum(SEGMENTS[: x.shape[0]] > 0)
+    ),
     # a scaled padded mean, written with a multiplication by the inverse count
-    "scaled_inverse": lambda p, x, y, m: 0.5 * (jnp.sum(_errors(p, x, y).sum(-1) * m) * (1.0 / jnp.sum(m + 1.0))),
+    "scaled_inverse": lambda p, x, y, m: (
+        0.5 * (jnp.sum(_errors(p, x, y).sum(-1) * m) * (1.0 / jnp.sum(m + 1.0)))
+    ),
     # a fixed normaliser: the same on a microbatch and on the whole batch
     "fixed_normaliser": lambda p, x, y, m: jnp.sum(_errors(p, x, y)) / 100.0,
     # the plain mean (a sum over a count of the shape)
@@ -76,7 +79,9 @@ def test_batch_factors_cost_no_transfer(mesh):
     params, x, y = _inputs()
 
     def counts(loss):
-        plan = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=SCHEDULES["Std1F1B"]).plan_for(params, x, y, MASK)
+        plan = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=SCHEDULES["Std1F1B"]).plan_for(
+            params, x, y, MASK
+        )
         return len(plan.steps), len(plan.input_keys)
 
     assert counts(LOSSES["padded_mean"]) == counts(lambda p, x, y, m: jnp.mean(_errors(p, x, y).mean(-1) * m))
@@ -159,10 +164,18 @@ def test_equal_weights_accept_the_microbatch_mean(mesh):
 def test_weight_fn_errors(mesh):
     params, x, y = _inputs()
     with pytest.raises(mp.MpmdError, match="reduce='sum'"):
-        mp.sxvalue_and_grad(LOSSES["mean"], mesh=mesh, schedule=SCHEDULES["Std1F1B"], reduce="sum",
-                            microbatch_weight_fn=lambda *a: 1.0)
+        mp.sxvalue_and_grad(
+            LOSSES["mean"],
+            mesh=mesh,
+            schedule=SCHEDULES["Std1F1B"],
+            reduce="sum",
+            microbatch_weight_fn=lambda *a: 1.0,
+        )
     reads_params = mp.sxvalue_and_grad(
-        LOSSES["mean"], mesh=mesh, schedule=SCHEDULES["Std1F1B"], microbatch_weight_fn=lambda p, *a: p["a"].sum()
+        LOSSES["mean"],
+        mesh=mesh,
+        schedule=SCHEDULES["Std1F1B"],
+        microbatch_weight_fn=lambda p, *a: p["a"].sum(),
     )
     with pytest.raises(mp.MpmdError, match="parameters"):
         reads_params(params, x, y, MASK)

@@ -18,6 +18,7 @@ import jax
 from spectrax_core.models import generate
 
 from ..._stages import stage_blocks
+from ..._trace.context import methods_outside_context_mesh
 from ...errors import MpmdError
 from ..decode import PipelineDecoder
 from ..runner import _is_mpmd
@@ -36,6 +37,7 @@ def check_options(options: dict, name: str) -> None:
         )
 
 
+@methods_outside_context_mesh
 class Generation:
     """`generation(model, prompt, max_new_tokens, **options)`: the new tokens, as `PipelineDecoder.generate`.
 
