@@ -82,11 +82,26 @@ def own_mesh(mesh=None):
 
     A caller's `with mesh:` or `jax.set_mesh(...)` names the whole mesh; the
     runtime traces the function without it and each stage program with its
-    own submesh, so programs never see devices they do not run on."""
-    current = jax.sharding.get_abstract_mesh()
-    if mesh is None and current.empty:
+    own submesh, so programs never see devices they do not run on. Inside a
+    JAX trace (where JAX sets no mesh) it changes nothing."""
+    if mesh is None and jax.sharding.get_abstract_mesh().empty:
         return contextlib.nullcontext()
-    return jax.set_mesh(mesh)
+    try:
+        context = jax.set_mesh(mesh)
+        context.__enter__()
+    except ValueError:  # "`set_mesh` can only be used outside of `jax.jit`"
+        return contextlib.nullcontext()
+    return _Entered(context)
+
+
+class _Entered(contextlib.AbstractContextManager):
+    """A context already entered: leaving it leaves `context`."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
 
 
 def outside_context_mesh(fn: Callable) -> Callable:
