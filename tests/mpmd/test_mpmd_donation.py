@@ -104,6 +104,27 @@ def test_an_input_returned_twice_comes_back_alive_twice():
     assert_close((new["frozen"], state["anchor"]), (params["frozen"], params["w1"] * 0.5))
 
 
+def sgd_keeping_frozen(loss, grads, s, p):
+    """SGD on the other leaves; the frozen leaf is returned without the update reading it."""
+    return loss, {k: p[k] if k == "frozen" else p[k] - 0.1 * grads[k] for k in p}, s
+
+
+@pytest.mark.parametrize("update", [masked_update, sgd_keeping_frozen], ids=lambda f: f.__name__)
+def test_a_returned_leaf_passed_as_the_same_array_as_a_consumed_one_comes_back_alive(update):
+    """`frozen` is passed as the very array of `w1`, which the step updates (consumes); jax.jit
+    refuses such a call, the step copies the returned one first and runs as on two arrays."""
+    params, x, y = init()
+    grads_of = mp.sxvalue_and_grad(loss_fn, mesh=MESH, schedule=SCHEDULE)
+    step = mp.sxjit(lambda p, s, x, y: update(*grads_of(p, x, y), s, p), mesh=MESH, donate_argnums=(0, 1))
+    apart = {**params, "frozen": params["w1"]}
+    want = run(step, fresh(apart), fresh(state_of(params)), x, y)
+    shared = fresh(params)
+    shared["frozen"] = shared["w1"]
+    got = run(step, shared, fresh(state_of(params)), x, y)
+    assert_close(got, want)
+    assert_close(got[1]["frozen"], params["w1"])
+
+
 def toward_anchor(strength: float) -> optax.GradientTransformation:
     """Pulls each parameter toward its initial value, which the state holds and never updates."""
 
