@@ -93,13 +93,11 @@ def search(
     policies = _policies(n, microbatches, virtual_stages, cost)
     found += _tables(owner, microbatches, cost, policies, memory_budget, memory, len(found))
     fitting = [f for f in found if memory_budget is None or f[1] <= memory_budget]
-    lower = [] if fitting else _lower_caps(policies[0].caps[0], virtual_stages, memory_budget, memory)
-    for cap in lower:  # every table kept: the smallest peak is named if none fits
-        made = _tables(owner, microbatches, cost, _grid([cap], virtual_stages, n), None, memory, len(found))
+    if not fitting:  # the tables kept there name the smallest peak if none fits
+        top, v = policies[0].caps[0] - 1, virtual_stages
+        made = _below_grid(owner, n, microbatches, cost, top, v, memory_budget, memory, len(found))
         found += made
         fitting = [f for f in made if f[1] <= memory_budget]
-        if fitting:
-            break
     if not fitting:
         _, peak, _, smallest = min(found, key=lambda f: f[1])
         raise BudgetError(
@@ -113,9 +111,13 @@ def search(
     return min(fitting, key=lambda f: (f[0], f[1], f[2]))[3]
 
 
-def _tables(owner: tuple, m: int, cost, policies: list, budget, memory, first: int) -> list[tuple]:
+def _tables(
+    owner: tuple, m: int, cost, policies: list, budget, memory, first: int, below: bool = False
+) -> list[tuple]:
     """`(makespan, peak, order, SearchedSchedule)` of each table list scheduling builds with
-    `policies` (those that deadlock left out; without `memory`, those over `budget` too)."""
+    `policies`, fastest first (those that deadlock left out; without `memory`, those over
+    `budget` too). `below` (caps below the grid, tried when nothing fits): every table is kept,
+    up to the first that fits `budget` (the slower ones after it are not measured)."""
     n = len(policies[0].caps)
     built = []
     for policy in policies:
@@ -125,11 +127,13 @@ def _tables(owner: tuple, m: int, cost, policies: list, budget, memory, first: i
             continue
     found = []
     for k, b in enumerate(sorted(built, key=lambda b: (b.makespan, max(b.peaks)))):
-        if memory is None and budget is not None and max(b.peaks) > budget:
+        if not below and memory is None and budget is not None and max(b.peaks) > budget:
             continue
         schedule = SearchedSchedule(tuple(map(tuple, b.rows)))
         span, peak = (b.makespan, max(b.peaks)) if memory is None else _measure(schedule, n, cost, memory)
         found.append((span, peak, first + k, schedule))
+        if below and peak <= budget:
+            break
     return found
 
 
@@ -138,13 +142,28 @@ def _tables(owner: tuple, m: int, cost, policies: list, budget, memory, first: i
 _FLOOR = {1: 1, 2: 2}
 
 
-def _lower_caps(smallest: int, v: int, budget, memory) -> list[int]:
-    """The caps below the grid's `smallest` to try, in turn, when nothing in the grid fits: the
-    largest that fits is the fastest. A budget in activations (no `memory`) names its cap (a
-    table's peak is at most its cap); a budget in bytes is met, if at all, going down to the
-    floor."""
-    top = smallest - 1 if memory is not None else min(smallest - 1, int(budget))
-    return list(range(max(top, _FLOOR[v]), _FLOOR[v] - 1, -1))
+def _below_grid(owner: tuple, n: int, m: int, cost, top: int, v: int, budget, memory, first: int) -> list:
+    """Every table built at caps up to `top` (below the grid) when nothing in the grid fits: at
+    the cap a budget in activations names (a table's peak is at most its cap), or, for a budget
+    in bytes, at the floor and then, by bisection, at the largest cap whose tables fit (the
+    fastest; peaks grow with the cap)."""
+    made: list = []
+
+    def fits_at(cap: int) -> bool:
+        tables = _tables(owner, m, cost, _grid([cap], v, n), budget, memory, first + len(made), below=True)
+        made.extend(tables)
+        return any(peak <= budget for _, peak, _, _ in tables)
+
+    if memory is None:
+        fits_at(max(_FLOOR[v], min(top, int(budget))))
+        return made
+    low, high = _FLOOR[v], top
+    if not fits_at(low):
+        return made
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits_at(mid) else (low, mid - 1)
+    return made
 
 
 def _measure(schedule: Schedule, n: int, cost, memory) -> tuple[float, float]:
