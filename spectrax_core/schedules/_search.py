@@ -5,8 +5,8 @@ In the spirit of the zero-bubble authors' automatic scheduler: list scheduling
 pick orders and split or whole backwards, plus every named schedule of the same
 stage cut; each candidate is simulated on the same costs and the one with the
 shortest makespan whose peak fits the budget wins (ties: the smaller peak).
-When nothing fits, smaller caps are tried in turn, down to the least the cut
-runs with (one live activation per rank; two on a V). A
+When nothing fits, smaller caps are tried, down to the least the cut runs with
+(one live activation per rank; two on a V). A
 named schedule that wins is returned as itself, a built table as a
 `SearchedSchedule`, so the result is never slower than the best named schedule.
 """
