@@ -95,9 +95,8 @@ def search(
     fitting = [f for f in found if memory_budget is None or f[1] <= memory_budget]
     if not fitting:  # the tables kept there name the smallest peak if none fits
         top, v = policies[0].caps[0] - 1, virtual_stages
-        made = _below_grid(owner, n, microbatches, cost, top, v, memory_budget, memory, len(found))
-        found += made
-        fitting = [f for f in made if f[1] <= memory_budget]
+        found += _below_grid(owner, n, microbatches, cost, top, v, memory_budget, memory, len(found))
+        fitting = [f for f in found if f[1] <= memory_budget]
     if not fitting:
         _, peak, _, smallest = min(found, key=lambda f: f[1])
         raise BudgetError(

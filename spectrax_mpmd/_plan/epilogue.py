@@ -76,7 +76,8 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     """Append `epilogue`'s pieces after the pipeline's steps; returns the plan's outputs:
     `{"loss": slot, "results": [slot per epilogue output], "replicated": [slot]}`, the last the
     outputs every process of a job returns (scalars, such as an optimizer's step count or a
-    metric, and what is owned by nobody), since a later call may read them on any rank."""
+    metric, and what is owned by nobody), since a later call may read them on any rank. A donated
+    input that is also an output (returned as it came) is never consumed."""
     owners, specs, where, inputs = [], {}, {}, {}
     grads = outputs["grads"]
     for v, role in zip(epilogue.program.invars, epilogue.roles):
@@ -117,7 +118,6 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         if isinstance(v, Literal) or v in part.unowned or v.aval.shape == ()
     ]
     donated = {v for v, role in zip(epilogue.program.invars, epilogue.roles) if role in epilogue.donated}
-    # a donated input the step returns as it came is an output slot: the caller gets it back alive
     donatable = {slot for (v, _), (slot, _) in where.items() if v in donated} - set(results)
     last_read = {}
     for k, step in enumerate(draft.steps):
