@@ -43,6 +43,7 @@ SCHEDULES_ADDED = {
     "Flow", "Dependency", "Stuck", "DeadlockError", "issue_order", "parse_cell", "parse_table", "format_table",
     "ZeroBubbleH2", "ZBV", "VHalf", "VMin", "DualPipe", "MORE_SCHEDULES", "UserSchedule", "SearchedSchedule",
     "search", "UpdatedStep", "with_update",
+    "BudgetError",
 }  # fmt: skip
 
 

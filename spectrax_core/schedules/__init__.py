@@ -24,7 +24,7 @@ from ._interleaved import Interleaved1F1BPlusOne, InterleavedGPipe, InterleavedH
 from ._memory import StageMemory, peak_bytes
 from ._regions import Region, RegionSchedule, region_labels
 from ._render import chrome_trace, render_grid, save_chrome_trace
-from ._search import SearchedSchedule, search
+from ._search import BudgetError, SearchedSchedule, search
 from ._simulate import simulate, validate
 from ._text import format_table, parse_cell, parse_table
 from ._timeline import Cost, Event, StageCost, Timeline
@@ -68,6 +68,7 @@ __all__ = [
     "UserSchedule",
     "SearchedSchedule",
     "search",
+    "BudgetError",
     "Schedule",
     "Region",
     "RegionSchedule",

@@ -13,7 +13,7 @@ from .._trace.pipelined import PipelineCall, sxpipeline_p
 def bind_pipeline(step, args: Sequence):
     """`step(*args)` on traced arguments inside `sxjit`: one `sxpipeline_p` equation, returning
     what the step returns (`(value, grads)` or, for `sxgrad`, the gradients)."""
-    sig = signature(step.name, step.fn, args, step.static_argnums)
+    sig = signature(step.name, step.fn, args, step.static_argnums, traced=True)
     pipe = step.pipeline(sig)
     m = pipe.schedule.microbatches
     aux = [jax.core.ShapedArray((m, *a.shape), a.dtype) for a in pipe.graph.out_avals[1:]]

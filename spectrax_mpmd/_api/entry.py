@@ -68,13 +68,29 @@ class Entry:
     def __post_init__(self):
         self.input_leaves = [key.leaf for _, key in self.plan.input_keys]
         self.cache_keys = [None if key.leaf in self.donated else key for _, key in self.plan.input_keys]
+        results = set(self.plan.output_slots.get("results", ()))
+        # donated leaves the call returns as they came (their slots are outputs, never consumed)
+        self.returned = frozenset(
+            key.leaf for slot, key in self.plan.input_keys if key.leaf in self.donated and slot in results
+        )
         self.build: dict = {}  # the build's BuildStats report; first_run is filled by the first run
         self.ran = False
 
     def place(self, placer: Placer, leaves: Sequence) -> list:
         """The argument leaves the plan reads, each on the ranks that read it."""
         values = [leaves[a] for a in self.input_leaves]
+        if self.returned:
+            self._unalias(values)
         return placer.place(values, self.plan.input_shardings, self.cache_keys) if values else []
+
+    def _unalias(self, values: list) -> None:
+        """Copy a donated leaf the call returns as it came when the caller passed the same array
+        as another donated leaf (which the call consumes), so that it comes back alive."""
+        leaves = list(zip(self.input_leaves, values))
+        consumed = {id(v) for a, v in leaves if a in self.donated and a not in self.returned}
+        for k, (a, v) in enumerate(leaves):
+            if a in self.returned and id(v) in consumed:
+                values[k] = jnp.copy(v)
 
     def run(self, placer: Placer, leaves: Sequence) -> list:
         """Place the arguments and run the plan; returns the buffers."""

@@ -7,7 +7,8 @@ other inputs (an optimizer state, a learning rate) and what the pipeline made
 pieces to the plan: each piece one cell on its rank's submesh, each value a
 piece on another rank reads sent there once. Inputs owned by nobody are placed on
 every rank that reads them, laid out like the parameter they are updated with;
-donated inputs are consumed by the last cell that reads them.
+donated inputs are consumed by the last cell that reads them, except those the
+step returns as they came (a frozen leaf), which come back alive as outputs.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     """Append `epilogue`'s pieces after the pipeline's steps; returns the plan's outputs:
     `{"loss": slot, "results": [slot per epilogue output], "replicated": [slot]}`, the last the
     outputs every process of a job returns (scalars, such as an optimizer's step count or a
-    metric, and what is owned by nobody), since a later call may read them on any rank."""
+    metric, and what is owned by nobody), since a later call may read them on any rank. A donated
+    input that is also an output (returned as it came) is never consumed."""
     owners, specs, where, inputs = [], {}, {}, {}
     grads = outputs["grads"]
     for v, role in zip(epilogue.program.invars, epilogue.roles):
@@ -116,7 +118,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         if isinstance(v, Literal) or v in part.unowned or v.aval.shape == ()
     ]
     donated = {v for v, role in zip(epilogue.program.invars, epilogue.roles) if role in epilogue.donated}
-    donatable = {slot for (v, _), (slot, _) in where.items() if v in donated}
+    donatable = {slot for (v, _), (slot, _) in where.items() if v in donated} - set(results)
     last_read = {}
     for k, step in enumerate(draft.steps):
         for i in step.ins:

@@ -76,7 +76,10 @@ class Advice:
     """Candidates ranked: those that fit the budget first, each group by predicted step time.
 
     `smallest_peak` is the candidate whose largest per-rank peak is smallest, and
-    `binding_rank` its rank holding that peak: what a budget must at least allow.
+    `binding_rank` its rank holding that peak: what a budget must at least allow. It is
+    taken over every candidate, those with a per-stage offload and recompute choice and
+    searched tables included (under a budget nothing fits, each of those is the one with
+    the least peak, listed as not fitting).
     `skipped` lists the configurations that could not be profiled, with the reason.
     `optimizer` says how the optimizer's state and update were counted; `seconds` is
     how long the advice took and `profiles` how many steps it profiled.
@@ -115,14 +118,33 @@ class Advice:
     def best(self) -> Candidate:
         """The fastest candidate that fits; an error says what to change when none does."""
         if not self.fitting:
-            s = self.smallest_peak
             raise MpmdError(
-                f"advise: no configuration fits the budget of {self.memory_budget} bytes per device; the "
-                f"smallest peak is {max(s.peak_bytes)} bytes on rank {self.binding_rank} ({s.name}, "
-                f"m={s.microbatches}). Raise the budget (advice.under(bytes)), pass candidate=, or use "
-                "remat=True or more ranks."
+                f"advise: no configuration fits the budget of {self.memory_budget} bytes per device; "
+                f"{self._smallest(lambda b: f'{b} bytes')} Or pass candidate= to build one that does "
+                "not fit."
             )
         return self.fitting[0]
+
+    def _smallest(self, size: Callable[[int], str]) -> str:
+        """What the least budget is and where it binds, over every candidate (`size` formats bytes)."""
+        s = self.smallest_peak
+        per_rank = ", ".join(size(p) for p in s.peak_bytes)
+        where = (
+            f"{size(max(s.peak_bytes))} on rank {self.binding_rank} ({s.name}, m={s.microbatches}, "
+            f"v={s.virtual_stages}{'' if s.memory is None else ', with its per-stage choice'}; per rank "
+            f"{per_rank})"
+        )
+        if any(c.memory is not None for c in self.candidates):
+            return (
+                f"the smallest peak of every configuration considered, per-stage offload and recompute "
+                f"included, is {where}. Raise the budget to at least that (advice.under(bytes) ranks "
+                "these candidates for another budget), or use more ranks."
+            )
+        return (
+            f"the smallest peak is {where}. Raise the budget to at least that (advice.under(bytes) "
+            "ranks these candidates for another budget), let advise choose per-stage offload and "
+            "recompute (memory_budget= given, remat and offload left unset), or use more ranks."
+        )
 
     def arguments(self, candidate: Candidate | None = None) -> tuple:
         """The arguments `candidate` (default `best`) was profiled on: `(params, *batch)`."""
@@ -174,13 +196,7 @@ class Advice:
             if c.memory is not None:
                 lines.append(f"{'':24} with {c.memory.describe()}")
         if not self.fitting:
-            s = self.smallest_peak
-            lines.append(
-                f"no configuration fits: the smallest peak is {max(s.peak_bytes) / 2**20:.3f} MiB on rank "
-                f"{self.binding_rank} ({s.name}, m={s.microbatches}, v={s.virtual_stages}; per rank "
-                + ", ".join(f"{p / 2**20:.3f}" for p in s.peak_bytes)
-                + " MiB); raise the budget to at least that, or use remat=True or more ranks."
-            )
+            lines.append(f"no configuration fits: {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}")
         for s in self.skipped:
             lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
         if self.seconds:

@@ -248,14 +248,11 @@ def advise(
                     r: replace(h[0], memory=replace(h[0].memory, optimizer=state))
                     for r, (_, h) in pairs.items()
                 }
-                row = _fitted_row(schedule, n, timing, holding, predict, memory_budget, bandwidth)
-                rows += [row] if row is not None else []
+                rows.append(_fitted_row(schedule, n, timing, holding, predict, memory_budget, bandwidth))
     if not rows:
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
     if search:
-        rows += [
-            row for m, measured in sorted(flat.items()) if (row := _searched(n, m, *measured, memory_budget))
-        ]
+        rows += [_searched(n, m, *measured, memory_budget) for m, measured in sorted(flat.items())]
     source = Source(fn, args, mesh, dict(step_kwargs), tx)
     return replace(
         ranked(rows, memory_budget, tuple(skipped)),
@@ -266,13 +263,11 @@ def advise(
     )
 
 
-def _fitted_row(schedule, n: int, timing, holding, predict, budget, bandwidth) -> Candidate | None:
+def _fitted_row(schedule, n: int, timing, holding, predict, budget, bandwidth) -> Candidate:
     """`schedule` with the per-stage recompute and offload that fit `budget` at the least predicted
-    cost (`spectrax_mpmd._planner.memory.fitted`), as a candidate (None when none fits)."""
-    found = fitted(schedule, n, timing, holding, predict, budget, bandwidth)
-    if found is None:
-        return None
-    choice, memory, cost = found
+    cost, or, when none does, those with the least peak (a candidate that does not fit, which
+    `Advice.smallest_peak` counts): see `spectrax_mpmd._planner.memory.fitted`."""
+    choice, memory, cost = fitted(schedule, n, timing, holding, predict, budget, bandwidth)
     peaks, seconds, timeline = predict(memory, cost)
     m, v = schedule.microbatches, schedule.virtual_stages
     return Candidate(
@@ -299,13 +294,14 @@ def _predictor(schedule, n: int, apply_s, sync: bool, comm: float):
     return predict
 
 
-def _searched(n: int, m: int, cost, memory, apply_s, sync: bool, budget) -> Candidate | None:
+def _searched(n: int, m: int, cost, memory, apply_s, sync: bool, budget) -> Candidate:
     """A table searched (`spectrax_core.schedules.search`) from the measured costs and bytes of a
-    one-stage-per-rank cut, as a candidate (None when nothing fits the budget)."""
+    one-stage-per-rank cut, as a candidate; when none fits the budget, the table with the
+    smallest peak the search found (a candidate that does not fit)."""
     try:
         found = S.search(n, m, cost, memory_budget=budget, memory=memory)
-    except S.ScheduleError:
-        return None
+    except S.BudgetError as err:
+        found = err.smallest
     timeline = S.simulate(found, n, cost, memory=memory)
     updated = S.with_update(timeline, apply_s, gate="sync" if sync else "none")
     peaks = with_sync_copy(timeline.peak_bytes, memory, sync)

@@ -12,6 +12,7 @@ that makes it, and once back before each cell that reads it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -158,6 +159,34 @@ def choose_levels(stages: int, evaluate: Callable, budget: float) -> tuple[int, 
     return levels
 
 
+def least_peak_levels(schedule, n: int, peaks_of: Callable) -> tuple[int, ...]:
+    """Per model stage, an index into `LEVELS` under which each rank's predicted peak is the least
+    any choice reaches. A rank's peak depends only on the levels of the stages it holds, so every
+    combination of levels over a rank's stages is tried on all ranks at once (`3 ** k`
+    predictions, `k` the most stages a rank holds) and each rank keeps its best.
+    `peaks_of(levels) -> peak bytes per rank`."""
+    held: list[list[int]] = [[] for _ in range(n)]
+    for s in range(schedule.num_stages(n)):
+        rank, model = schedule.rank_of(s, n), schedule.model_stage(s, n)
+        if model not in held[rank]:
+            held[rank].append(model)
+    best: list = [None] * n  # per rank: (peak, levels of its stages)
+
+    def levels_of(picks) -> tuple[int, ...]:
+        levels = [0] * schedule.num_model_stages(n)
+        for stages, pick in zip(held, picks):
+            for model, k in zip(stages, pick):
+                levels[model] = k
+        return tuple(levels)
+
+    for pick in itertools.product(range(len(LEVELS)), repeat=max(map(len, held))):
+        peaks = peaks_of(levels_of([pick] * n))
+        for r in range(n):
+            if best[r] is None or peaks[r] < best[r][0]:
+                best[r] = (peaks[r], pick)
+    return levels_of([b[1] for b in best])
+
+
 def host_bandwidth(device=None, nbytes: int = 1 << 22, rounds: int = 3) -> float:
     """Measured bytes per second of one device -> host (`pinned_host`) copy of `nbytes` (the best of
     `rounds`), on `device` (default the first)."""
@@ -176,9 +205,10 @@ def host_bandwidth(device=None, nbytes: int = 1 << 22, rounds: int = 3) -> float
 def fitted(
     schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, budget: float, bandwidth: float
 ):
-    """The cheapest per-stage choice (`choose_levels`) under which `schedule` fits `budget`:
-    `(MemoryChoice, memory, cost)`, or None when none does. `timing[remat]` and `holding[remat]`
-    are the profiles whose cells time the schedule and whose buffers size it;
+    """The cheapest per-stage choice (`choose_levels`) under which `schedule` fits `budget`, or, when
+    that finds none, the choice with the least peak on every rank (`least_peak_levels`), which
+    fits if any does: `(MemoryChoice, memory, cost)`. `timing[remat]` and `holding[remat]` are
+    the profiles whose cells time the schedule and whose buffers size it;
     `step(memory, cost) -> (peak bytes per rank, predicted seconds, timeline)` predicts a step."""
     stages = schedule.num_model_stages(n)
     m = schedule.microbatches
@@ -198,7 +228,7 @@ def fitted(
 
     levels = choose_levels(stages, evaluate, budget)
     if levels is None:
-        return None
+        levels = least_peak_levels(schedule, n, lambda levels: evaluate(levels)[0])
     remat, offload, memory, cost = chosen(levels)
     *_, timeline = step(memory, cost)
     kinds = "FIW" if schedule.splits_backward else "FB"

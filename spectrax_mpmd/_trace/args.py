@@ -113,25 +113,59 @@ def _describe_leaf(fn: Callable, positions: tuple[int, ...], dynamic: tuple, a: 
     return describe_argument(fn, positions[path[0].idx]) + jax.tree_util.keystr(path[1:])
 
 
-def _leaf_type(leaf) -> tuple:
+class _DeletedLeaf(Exception):
+    """Raised by `_leaf_type` for a deleted array; `signature` turns it into an `MpmdError`."""
+
+
+# the calls that consume (delete) their arguments, as a deleted-array error names them
+DONATING_CALLS = (
+    "sxjit with donate_argnums, sxvalue_and_grad_and_apply with donate=True (the default) or the "
+    "update step of a runner built with tx="
+)
+
+
+def _leaf_type(leaf, live: bool) -> tuple:
     """(shape, dtype, weak type) of a leaf; an array's own attributes are those of its aval, read
-    without building one (a training loop's call passes every parameter and optimizer leaf)."""
+    without building one (a training loop's call passes every parameter and optimizer leaf).
+    With `live` (concrete arguments), a deleted `jax.Array` raises `_DeletedLeaf`."""
     weak = getattr(leaf, "weak_type", None)  # a typed key array has none: its aval is read below
     if weak is not None and isinstance(leaf, jax.Array):
+        if live and leaf.is_deleted():
+            raise _DeletedLeaf
         return leaf.shape, leaf.dtype, weak
+    if live and isinstance(leaf, jax.Array) and leaf.is_deleted():
+        raise _DeletedLeaf
     aval = jax.typeof(leaf)
     return aval.shape, aval.dtype, aval.weak_type
 
 
-def signature(name: str, fn: Callable, args: Sequence, static_argnums: tuple[int, ...]) -> Signature:
-    """The signature of a call: static values, argument tree, leaf types, JAX's trace config."""
+def deleted_error(name: str, where: str, leaf) -> MpmdError:
+    """The error for a deleted array passed as `where` (`argument 0 ('params')['w1']`)."""
+    return MpmdError(
+        f"{name}: {where} ({jax.typeof(leaf).str_short()}) is a deleted array: a call that donates "
+        f"its inputs consumed it ({DONATING_CALLS}), or it was freed with .delete(). Pass the arrays "
+        "that call returned (the new params and opt_state) instead; to keep the inputs alive, use "
+        "donate=False (or leave out donate_argnums)."
+    )
+
+
+def signature(
+    name: str, fn: Callable, args: Sequence, static_argnums: tuple[int, ...], *, traced: bool = False
+) -> Signature:
+    """The signature of a call: static values, argument tree, leaf types, JAX's trace config.
+
+    Concrete arguments (not `traced`) are checked on the way: a deleted array (donated to an
+    earlier call) raises `MpmdError` naming it, before any device work."""
     static = _normalize(name, "static_argnums", static_argnums, len(args))
     statics = tuple((k, args[k]) for k in sorted(set(static)))
     positions = tuple(k for k in range(len(args)) if k not in static)
     dynamic = tuple(args[k] for k in positions)
     leaves, in_tree = jax.tree.flatten(dynamic)
     try:
-        types = tuple(_leaf_type(x) for x in leaves)
+        types = tuple(_leaf_type(x, not traced) for x in leaves)
+    except _DeletedLeaf:
+        bad = next(a for a, x in enumerate(leaves) if isinstance(x, jax.Array) and x.is_deleted())
+        raise deleted_error(name, _describe_leaf(fn, positions, dynamic, bad), leaves[bad]) from None
     except TypeError as err:
         bad = next(a for a, x in enumerate(leaves) if not _is_typed(x))
         where = _describe_leaf(fn, positions, dynamic, bad)

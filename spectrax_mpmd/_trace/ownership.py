@@ -19,7 +19,8 @@ program to a rank and cuts it into pieces, one per `(rank, phase)`:
 A `cond` whose operands span ranks is split into one `cond` per rank when each
 of its outputs depends on one rank's arrays (besides scalars, which cross, and
 unowned values), so a per-leaf update gated by a global flag stays on each
-leaf's rank.
+leaf's rank. A constant predicate (a literal, as in `optax.MultiSteps`) is owned
+by nobody, like any value computed from constants.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ _RELAYOUT = frozenset({"dot_general", "transpose", "rev", "gather", "dynamic_sli
 class SplitCond:
     """The outputs `positions` of a `cond` equation, computed from `invars` only (a rank's share)."""
 
-    index: Var
+    index: Var | Literal
     operands: tuple  # (position among the cond's operands, var)
     branches: tuple  # the cond's ClosedJaxprs
     positions: tuple
@@ -122,6 +123,11 @@ def _vars(seq) -> list:
     return [v for v in seq if isinstance(v, Var) and not isinstance(v, Literal)]
 
 
+def _owner(home: dict, v) -> int | None:
+    """The rank operand `v` lives on; a literal (a constant predicate) is owned by nobody."""
+    return None if isinstance(v, Literal) else home.get(v)
+
+
 def _dependencies(closed: ClosedJaxpr) -> list[set[int]]:
     """For each output of `closed`, the positions of the inputs it depends on."""
     jaxpr = closed.jaxpr
@@ -144,7 +150,7 @@ def _split_cond(eqn, home: dict) -> list[tuple[int | None, SplitCond]] | None:
             deps[k] |= d
     groups: dict = {}
     for k, d in enumerate(deps):  # a scalar operand crosses to the share that reads it
-        ranks = {home.get(ops[p]) for p in d if isinstance(ops[p], Var) and ops[p].aval.shape} - {None}
+        ranks = {_owner(home, ops[p]) for p in d if ops[p].aval.shape} - {None}
         if len(ranks) > 1:
             return None
         groups.setdefault(next(iter(ranks)) if ranks else None, []).append(k)
@@ -226,7 +232,7 @@ def partition(program: Program, owners: Sequence[int | None], default_rank: int)
             split = _split_cond(eqn, home)
             if split is not None:
                 for rank, op in split:  # a share reading no owned operand runs with the predicate
-                    _place(op, home.get(op.index) if rank is None else rank, home, phase, ops)
+                    _place(op, _owner(home, op.index) if rank is None else rank, home, phase, ops)
                 continue
         if len(ranks) > 1:
             weight: dict = {}

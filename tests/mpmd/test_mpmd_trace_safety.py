@@ -142,13 +142,19 @@ def test_a_failed_trace_leaves_no_state():
     assert_close(step(params, x, "good"), jax.value_and_grad(two_stage_loss)(params, x))
 
 
-def test_a_failed_run_leaves_no_state():
+def test_a_refused_call_leaves_no_state():
+    """A deleted array is refused before anything is built (first call) or run (later calls)."""
     params, x = data()
     step = mp.sxvalue_and_grad(two_stage_loss, mesh=mesh2(), schedule=S.Std1F1B(microbatches=M))
     gone = x + 0
     gone.delete()
-    with pytest.raises(RuntimeError, match="deleted"):
+    with pytest.raises(mp.MpmdError, match="deleted"):
         step(params, gone)
+    assert step.cache == {}
+    assert_close(step(params, x), jax.value_and_grad(two_stage_loss)(params, x))
+    with pytest.raises(mp.MpmdError, match="deleted"):
+        step(params, gone)
+    assert len(step.cache) == 1
     assert_close(step(params, x), jax.value_and_grad(two_stage_loss)(params, x))
 
 
