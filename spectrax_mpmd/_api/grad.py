@@ -30,7 +30,7 @@ from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import inside_train_step
 from .._trace.policy import stage_policies
 from .._trace.split import StageGraph, split, trace
-from .._trace.weights import BATCH, PARAM, loss_weights, reading_weights
+from .._trace.weights import reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
@@ -43,6 +43,7 @@ from .checks import (
     pipeline_schedule,
 )
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .weighing import step_weights, with_aux
 
 
 class Pipeline(NamedTuple):
@@ -116,19 +117,6 @@ class _StepFunction:
         count = getattr(self.schedule, "num_model_stages", None)  # else ranks x virtual stages
         return count(self.mesh.mpmd_dim) if count is not None else self.mesh.mpmd_dim * self.v
 
-    def _traced_fn(self, fn):
-        has_aux = self.has_aux
-
-        def wrapped(*args):
-            out = fn(*args)
-            if has_aux:
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    raise MpmdError("has_aux=True: the function must return a pair (loss, aux).")
-                return out
-            return out, None
-
-        return wrapped
-
     def pipeline(self, sig: Signature) -> Pipeline:
         """Trace and split the loss for this signature: what a plan of it is built from."""
         m = microbatches(self, sig)
@@ -138,7 +126,7 @@ class _StepFunction:
         micro = traced_avals(sig, kinds, m)
         with self.compiler.stats.timed("trace"):
             closed, _, out_tree, regions = trace(
-                self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(micro)
+                with_aux(sig.bind(self.fn), self.has_aux), sig.in_tree.unflatten(micro)
             )
         loss_aval = closed.out_avals[0]
         if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
@@ -147,7 +135,7 @@ class _StepFunction:
                 "reduce it (e.g. mean over the batch) before returning."
             )
         pipeline_schedule(self, None, regions)
-        closed, weights = self._weights(sig, kinds, micro, closed)
+        closed, weights = step_weights(self, sig, kinds, micro, closed)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(self, graph, regions)
@@ -164,29 +152,6 @@ class _StepFunction:
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
-
-    def _weights(self, sig: Signature, kinds, micro: list, closed) -> tuple:
-        """The loss jaxpr the stages run and how its microbatches weigh (`_trace.weights`)."""
-        roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
-        weight = None
-        if self.weight_fn is not None:
-            weight = trace(sig.bind(self.weight_fn), sig.in_tree.unflatten(micro))[0]
-
-        def whole():
-            with self.compiler.stats.timed("trace"):
-                full = traced_avals(sig, None, 1)
-                return trace(self._traced_fn(sig.bind(self.fn)), sig.in_tree.unflatten(full))[0]
-
-        return loss_weights(
-            self.name,
-            closed,
-            roles,
-            reduce=self.reduce,
-            weight_fn=weight,
-            whole=whole,
-            keys=kinds.keys,
-            exact=self.exact,
-        )
 
     def _build(self, sig: Signature) -> Entry:
         pipe = self.pipeline(sig)

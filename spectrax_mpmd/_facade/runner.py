@@ -72,6 +72,36 @@ def fold_keys(extra: Any, i) -> Any:
     return jax.tree.map(fold, extra)
 
 
+def accumulated(name: str, loss: Callable, args: tuple, m: int, has_aux: bool, weight_fn) -> tuple:
+    """`(value, grads)` of `loss(params, extra, inputs, targets)` with its `m` microbatches
+    accumulated in one program (`lax.scan`; aux stacked per microbatch), each weighed as the
+    pipelined step weighs it, so both give the same numbers."""
+    params, extra = args[:2]
+    leaves = jax.tree.leaves(args)
+    n_p, n_x = len(jax.tree.leaves(params)), len(jax.tree.leaves(extra))
+    kinds = {a: PARAM if a < n_p else OTHER if a < n_p + n_x else BATCH for a in range(len(leaves))}
+    keys = frozenset(a for a in range(n_p, n_p + n_x) if is_prng_key(leaves[a].shape, leaves[a].dtype))
+    piece, scaled, out_tree = microbatched_loss(name, loss, args, kinds, m, weight_fn=weight_fn, keys=keys)
+    p_tree = jax.tree.structure(params)
+
+    def one(i):
+        def value(p_leaves):
+            outs = piece(i, [*p_leaves, *leaves[n_p:]])
+            return scaled(i, leaves, outs[0]), outs
+
+        (loss_i, outs), grads = jax.value_and_grad(value, has_aux=True)(leaves[:n_p])
+        aux = jax.tree.unflatten(out_tree, outs)[1] if has_aux else None
+        return (loss_i.astype(outs[0].dtype), jax.tree.unflatten(p_tree, grads)), aux
+
+    def body(carry, i):  # also for m == 1, so aux is stacked per microbatch on both paths
+        part, aux = one(i)
+        return jax.tree.map(jnp.add, carry, part), aux
+
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: one(0)[0]))
+    (total, grads), aux = jax.lax.scan(body, zero, jnp.arange(m))
+    return ((total, aux) if has_aux else total), grads
+
+
 def train_loss(forward: Callable, loss_fn: Callable) -> Callable:
     """`loss(params, extra, inputs, targets)`: `loss_fn` of `forward`'s outputs, as a run trains it."""
 
@@ -184,37 +214,8 @@ class Runner:
         )
 
     def _spmd_train(self, params, extra, inputs, targets):
-        """The microbatches accumulated in one program, weighed as the pipelined step weighs them."""
-        m = self.microbatches
         args = (params, extra, inputs, targets)
-        leaves = jax.tree.leaves(args)
-        n_p, n_x = len(jax.tree.leaves(params)), len(jax.tree.leaves(extra))
-        kinds = {a: PARAM if a < n_p else OTHER if a < n_p + n_x else BATCH for a in range(len(leaves))}
-        keys = frozenset(a for a in range(n_p, n_p + n_x) if is_prng_key(leaves[a].shape, leaves[a].dtype))
-        weight = self._weight_of()
-        piece, coefficient, out_tree = microbatched_loss(
-            self.name, self._loss, args, kinds, m, weight_fn=weight, keys=keys
-        )
-        p_tree = jax.tree.structure(params)
-
-        def one(i):
-            def scaled(p_leaves):
-                outs = piece(i, [*p_leaves, *leaves[n_p:]])
-                loss = outs[0]
-                value = loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * coefficient(i, leaves)
-                return value, outs
-
-            (value, outs), grads = jax.value_and_grad(scaled, has_aux=True)(leaves[:n_p])
-            aux = jax.tree.unflatten(out_tree, outs)[1] if self.has_aux else None
-            return (value.astype(outs[0].dtype), jax.tree.unflatten(p_tree, grads)), aux
-
-        def body(carry, i):  # also for m == 1, so aux is stacked per microbatch on both paths
-            part, aux = one(i)
-            return jax.tree.map(jnp.add, carry, part), aux
-
-        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: one(0)[0]))
-        (loss, grads), aux = jax.lax.scan(body, zero, jnp.arange(m))
-        return ((loss, aux) if self.has_aux else loss), grads
+        return accumulated(self.name, self._loss, args, self.microbatches, self.has_aux, self._weight_of())
 
     def _weight_of(self):
         """The user's microbatch weight as a function of the step's arguments (None without)."""

@@ -125,17 +125,13 @@ class StageIO:
 class StageCells:
     """The cell functions of one stage (see the module docstring for argument order)."""
 
-    def __init__(
-        self, io: StageIO, microbatches: int, remat, in_avals: Sequence, weights: LossWeights = LossWeights()
-    ):
+    def __init__(self, io: StageIO, microbatches: int, remat, in_avals: Sequence, weights: LossWeights):
         """`remat`: False (the backward reads the vjp's residuals), True (it reads the stage's inputs
         and recomputes the forward) or a `jax.checkpoint_policies` name (the vjp of the stage under
-        `jax.checkpoint` with that policy: its residuals are what the policy saves). `weights`: how
-        the loss stage weighs each microbatch's loss."""
+        `jax.checkpoint` with that policy: its residuals are what the policy saves)."""
         self.io, self.remat = io, remat is True
         self.policy = getattr(jax.checkpoint_policies, remat) if isinstance(remat, str) else None
         self.weights, self.microbatches = weights, microbatches
-        self.loss_divisor = microbatches if weights.reduce == "mean" else 1
         self.in_avals = list(in_avals)
 
     def _vjp(self, flat):
@@ -305,37 +301,22 @@ class StageCells:
         return i_cell, w_cell, len(stash), (read_by(i_eqns, ct_vars), read_by(w_eqns, grad_vars))
 
     # -- the last stage: loss forward and backward in one cell ---------------------------
-    def _coefficient(self, X, Bf, idx):
-        """This microbatch's weight in the step's loss (None: divide by `loss_divisor`)."""
-        if self.weights.is_default:
-            return None
-        io = self.io
-        leaves = dict(zip(io.batch, Bf)) | dict(zip(io.fixed, X))
-        return self.weights.coefficient(leaves, frozenset(io.batch), idx, self.microbatches)
-
     def loss_step(self, *flat):
         """`(inputs, accumulators, loss accumulator) -> (accumulators, input cts, loss acc, other results)`.
 
-        Differentiates the microbatch's loss times its coefficient (`LossWeights`;
-        by default `1 / microbatches` for `reduce="mean"`, 1 for `"sum"`), so
-        accumulated gradients and loss are the step's weighted sum over microbatches.
+        Differentiates the microbatch's loss weighed by `weights` (`LossWeights`), so the
+        accumulated gradients and loss are the step's.
         """
         n_in, n_p = self.io.n_in, len(self.io.params)
         inputs, acc, loss_acc = flat[:n_in], flat[n_in : n_in + n_p], flat[n_in + n_p]
         P, X, Bf, idx, A = self.io.split_inputs(inputs)
         A_diff = [A[k] for k in self.io.diff_in]
         f = self.io.differentiable_fn(X, Bf, idx, A)
-        coefficient = self._coefficient(X, Bf, idx)
-
-        def scale(loss):
-            if coefficient is None:
-                return loss / self.loss_divisor
-            return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * coefficient
+        scale = self.weights.scaler(self.io, X, Bf, idx, self.microbatches)
 
         def scaled_loss(P, A_diff):
             _, (_, R) = f(P, A_diff)
-            loss = R[self.io.loss_result]
-            return scale(loss), R
+            return scale(R[self.io.loss_result]), R
 
         (scaled, R), (gP, gA) = jax.value_and_grad(scaled_loss, argnums=(0, 1), has_aux=True)(P, A_diff)
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]

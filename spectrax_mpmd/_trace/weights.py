@@ -97,16 +97,31 @@ class LossWeights:
     def is_default(self) -> bool:
         return self.factors is None and self.weight is None
 
-    def coefficient(self, leaves: dict, batch: frozenset, idx, m: int):
-        """Microbatch `idx`'s coefficient, a float32 scalar, from the whole-batch `leaves`."""
+    def coefficient(self, leaves: dict, batch, idx, m: int):
+        """Microbatch `idx`'s coefficient, a float32 scalar, from the whole-batch `leaves` (`batch`:
+        which of them are batch leaves); None for the declared reduction (see `scale`)."""
+        if self.is_default:
+            return None
         if self.factors is not None:
             c = jnp.float32(1)
             for value, divides in zip(self.factors(leaves), self.divides):
                 value = jnp.asarray(value, jnp.float32)
                 c = c / value if divides else c * value
             return c
-        weights = self.all_weights(leaves, batch, m)
+        weights = self.all_weights(leaves, frozenset(batch), m)
         return weights[idx] / jnp.sum(weights)
+
+    def scaler(self, io, X: list, Bf: list, idx, m: int) -> Callable:
+        """`loss -> loss weighed` inside a loss stage's cell (`io`: its `StageIO`; `X`, `Bf`: its
+        broadcast and whole batch leaves; `idx`: the microbatch)."""
+        coefficient = self.coefficient(dict(zip(io.batch, Bf)) | dict(zip(io.fixed, X)), io.batch, idx, m)
+        return lambda loss: self.scale(loss, coefficient, m)
+
+    def scale(self, loss, coefficient, m: int):
+        """`loss` times its microbatch's `coefficient` (None: divided by `m` for `"mean"`)."""
+        if coefficient is None:
+            return loss / m if self.reduce == "mean" else loss
+        return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * coefficient
 
     def all_weights(self, leaves: dict, batch: frozenset, m: int):
         """The user's weight of every microbatch, float32 `[m]`."""
@@ -327,9 +342,9 @@ def microbatched_loss(
     name: str, loss: Callable, args: tuple, kinds: dict, m: int, *, weight_fn=None, keys=frozenset()
 ):
     """The loss of `args` (flat leaves of kind `kinds`, batch leaves split in `m`, `keys` folded
-    per microbatch) as a loop's pieces: `(piece(i, leaves) -> outputs, coefficient(i, leaves),
+    per microbatch) as a loop's pieces: `(piece(i, leaves) -> outputs, scaled(i, leaves, loss),
     out_tree)`, microbatch `i`'s outputs (its loss unscaled as the pipeline's stages compute it)
-    and its weight, so that `sum_i coefficient(i) * piece(i)[0]` is the step's loss (see
+    and that loss weighed, so that `sum_i scaled(i, leaves, piece(i)[0])` is the step's loss (see
     `loss_weights`; `reduce="mean"`). For a loop over microbatches in one program (a step
     without a pipeline axis), so that it equals the pipelined step."""
     leaves, tree = jax.tree.flatten(args)
@@ -374,9 +389,7 @@ def microbatched_loss(
         own.update((a, fold_key(own[a], i)) for a in keys)
         return whole(own)
 
-    def coefficient(i, xs: list):
-        if weights.is_default:
-            return jnp.float32(1 / m)
-        return weights.coefficient(dict(enumerate(xs)), batch, i, m)
+    def scaled(i, xs: list, loss):
+        return weights.scale(loss, weights.coefficient(dict(enumerate(xs)), batch, i, m), m)
 
-    return piece, coefficient, box[0]
+    return piece, scaled, box[0]

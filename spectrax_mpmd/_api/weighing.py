@@ -1,0 +1,50 @@
+"""A training step's loss as the stages compute it, and how its microbatches weigh
+(`spectrax_mpmd._trace.weights`), from the step's settings."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .._trace.args import Signature, traced_avals
+from .._trace.split import trace
+from .._trace.weights import BATCH, PARAM, loss_weights
+from ..errors import MpmdError
+
+
+def with_aux(fn: Callable, has_aux: bool) -> Callable:
+    """`fn` returning `(loss, aux)`: its own pair with `has_aux`, else `(loss, None)`."""
+
+    def wrapped(*args):
+        out = fn(*args)
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise MpmdError("has_aux=True: the function must return a pair (loss, aux).")
+            return out
+        return out, None
+
+    return wrapped
+
+
+def step_weights(step, sig: Signature, kinds, micro: list, closed) -> tuple:
+    """`(loss jaxpr, LossWeights)` of `step` (a `sxvalue_and_grad` step) for this signature:
+    `closed` is its loss traced on `micro` (the microbatch's avals)."""
+    roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
+    weight = None
+    if step.weight_fn is not None:
+        weight = trace(sig.bind(step.weight_fn), sig.in_tree.unflatten(micro))[0]
+
+    def whole():
+        with step.compiler.stats.timed("trace"):
+            full = traced_avals(sig, None, 1)
+            return trace(with_aux(sig.bind(step.fn), step.has_aux), sig.in_tree.unflatten(full))[0]
+
+    return loss_weights(
+        step.name,
+        closed,
+        roles,
+        reduce=step.reduce,
+        weight_fn=weight,
+        whole=whole,
+        keys=kinds.keys,
+        exact=step.exact,
+    )
