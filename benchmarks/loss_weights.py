@@ -28,7 +28,7 @@ cpu_devices(8)  # before JAX is imported
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
@@ -80,15 +80,7 @@ def main(argv=None) -> list[dict]:
         t0 = time.perf_counter()
         jax.block_until_ready(call())
         firsts[name] = (time.perf_counter() - t0, step.runner.step.timings()["seconds"]["trace"])
-    wall = {name: [] for name in steps}
-    cpu = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, (_, call) in steps.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.calls):
-                jax.block_until_ready(call())
-            wall[name].append((time.perf_counter() - t0) / args.calls)
-            cpu[name].append((time.thread_time() - c0) / args.calls)
+    wall, cpu = interleaved({name: call for name, (_, call) in steps.items()}, args.rounds, args.calls)
     records = []
     print(f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} {'cpu ms':>7}")
     for name in steps:

@@ -39,7 +39,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import spectrax_core as sc  # noqa: E402
@@ -154,15 +154,7 @@ def main(argv=None) -> list[dict]:
             jax.block_until_ready(fn())
             calls.append(time.perf_counter() - t0)
         firsts[name] = calls
-    wall = {name: [] for name in contenders}
-    cpu = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, fn in contenders.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.calls):
-                jax.block_until_ready(fn())
-            wall[name].append((time.perf_counter() - t0) / args.calls)
-            cpu[name].append((time.thread_time() - c0) / args.calls)
+    wall, cpu = interleaved(contenders, args.rounds, args.calls)
     records = []
     print(
         f"{'contender':18} {'1st call s':>10} {'2nd ms':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
