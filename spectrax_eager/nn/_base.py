@@ -27,6 +27,8 @@ from .._scope.policy import current_policy
 from .._sharding.rules import annotation_axes
 from .._sharding.specs import place_by_axes
 
+# A registry, not ambient state: the eager layer class of each core params class, filled as the
+# classes are defined (process-wide, like JAX's pytree registry).
 _EAGER_OF: dict[type, type] = {}
 
 
@@ -81,7 +83,7 @@ class CoreLayer(Module):
         return sc.apply(self.core_params(), x, *args, **kwargs)
 
 
-_FIELDS: dict[type, tuple] = {}
+_FIELDS: dict[type, tuple] = {}  # a cache: the init fields of each core params class
 
 
 def _fields(cls: type) -> tuple:
