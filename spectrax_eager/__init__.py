@@ -132,7 +132,6 @@ AxisNames = tuple[str | None, ...]
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str):
     if name in _MPMD_NAMES or name == "SpxMesh":  # spectrax_mpmd's, imported on first use
         return _mpmd_name(name)

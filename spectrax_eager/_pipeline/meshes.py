@@ -103,6 +103,7 @@ def parse_mesh_from_string(axis_dims: str, names: Sequence[str]) -> Any:
             )
     return create_mesh(dims, names)
 
+
 @contextlib.contextmanager
 def cpu_context() -> Iterator[Any]:
     """`force_cpu()` and a CPU mesh of the default axes entered together; yields the mesh."""

@@ -56,6 +56,7 @@ def force_cpu() -> Iterator[jax.Device]:
     with jax.default_device(cpu):
         yield cpu
 
+
 def to_jax_mesh(mesh: Any) -> Mesh | None:
     """The `jax.sharding.Mesh` of `mesh` (an MPMD mesh's `jax_mesh`); None stays None."""
     return None if mesh is None else getattr(mesh, "jax_mesh", mesh)
@@ -102,6 +103,7 @@ def get_axes_size_in_mesh(axis_names: Any, mesh: Any = None) -> int:
     sizes = spmd_sizes(mesh)
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     return math.prod(sizes.get(n, 1) for n in names if n is not None)
+
 
 def _stage_of(stage: Any, metadata: Any) -> int | None:
     """The stage index from `stage=` (an int or `(current, total)`) or a Variable's metadata."""

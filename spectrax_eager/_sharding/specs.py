@@ -47,6 +47,7 @@ ExpertColumnWise = LogicalAxes("ExpertColumnWise", (EXPERT, EMBED, MLP))
 ExpertRowWise = LogicalAxes("ExpertRowWise", (EXPERT, MLP, EMBED))
 ExpertActivations = LogicalAxes("ExpertActivations", (EXPERT, None, EMBED))  # (experts, capacity, d)
 
+
 def fitted(x: Any, sharding: Any, mesh: Any, rules: Rules | None, mode: str | None, fit: bool = True) -> Any:
     """The sharding `x` is constrained to: a `NamedSharding` as given, else one on `mesh` from a
     `PartitionSpec` or from logical names (resolved with `x`'s shape when `fit`: an axis that does
