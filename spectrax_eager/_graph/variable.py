@@ -39,7 +39,7 @@ def _unflatten_variable(aux, children):
 
 
 def _immutable_metadata(owner: type, metadata: dict) -> dict:
-    """`metadata` with its list, dict and set values stored immutable (see `_static`)."""
+    """`metadata` with its list, dict and set values stored immutable (see `static`)."""
     return {
         k: immutable(v, f"{owner.__name__} metadata {k!r}", f"set it with `variable.set_metadata({k}=new)`")
         for k, v in metadata.items()
