@@ -24,6 +24,7 @@ from .structure import GraphDef, VarInfo
 from .variable import Variable, _new_like
 
 _PRIVATE = "_spx_"
+_ambient_now = ambient.current  # read once per module call
 
 
 class Plan:
@@ -256,7 +257,7 @@ def _hooked(fn: Callable) -> Callable:
                     else call_with_hooks(fn, self, hooks, args, kwargs)
                 )
             out = policy.cast_output(out)
-        now = ambient.current()
+        now = _ambient_now()
         for transform in now.output_transforms:
             out = transform(self, out)
         for hook in now.call_hooks:

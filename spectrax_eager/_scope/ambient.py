@@ -13,9 +13,7 @@ the empty record.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 
@@ -37,30 +35,45 @@ class Ambient(NamedTuple):
 
 
 _AMBIENT: contextvars.ContextVar[Ambient] = contextvars.ContextVar("spectrax_eager", default=Ambient())
+_INDEX = {name: k for k, name in enumerate(Ambient._fields)}
+_record = tuple.__new__  # `Ambient` from a tuple of all its fields (what `Ambient._make` does)
 
 #: The record now (`ambient.current().policy`); one context-variable read.
 current = _AMBIENT.get
 
 
+def _set(field: str, value: Any) -> None:
+    record = _AMBIENT.get()
+    k = _INDEX[field]
+    _AMBIENT.set(_record(Ambient, record[:k] + (value,) + record[k + 1 :]))
+
+
 def replace(**fields: Any) -> None:
     """Set `fields` for the rest of this context (not tied to a block)."""
-    _AMBIENT.set(_AMBIENT.get()._replace(**fields))
+    for field, value in fields.items():
+        _set(field, value)
 
 
-@contextlib.contextmanager
-def setting(field: str, value: Any) -> Iterator[None]:
-    """`field` is `value` inside the block; afterwards it has its value from before the block."""
-    before = getattr(_AMBIENT.get(), field)
-    replace(**{field: value})
-    try:
-        yield
-    finally:
-        replace(**{field: before})
+class setting:
+    """`with setting(field, value):` — `field` is `value` inside the block; afterwards it has its
+    value from before the block (whatever the block did to the other fields)."""
+
+    __slots__ = ("field", "value", "before")
+
+    def __init__(self, field: str, value: Any):
+        self.field, self.value = field, value
+
+    def __enter__(self) -> None:
+        self.before = getattr(_AMBIENT.get(), self.field)
+        _set(self.field, self.value)
+
+    def __exit__(self, *exc: Any) -> None:
+        _set(self.field, self.before)
 
 
 def push(field: str, entry: Any) -> None:
     """Append `entry` to the stack `field`."""
-    replace(**{field: (*getattr(_AMBIENT.get(), field), entry)})
+    _set(field, (*getattr(_AMBIENT.get(), field), entry))
 
 
 def pop(field: str, entry: Any) -> None:
@@ -69,16 +82,21 @@ def pop(field: str, entry: Any) -> None:
     stack = getattr(_AMBIENT.get(), field)
     for k in range(len(stack) - 1, -1, -1):
         if stack[k] is entry:
-            replace(**{field: stack[:k] + stack[k + 1 :]})
+            _set(field, stack[:k] + stack[k + 1 :])
             return
     raise ValueError(f"{entry!r} is not on the ambient {field!r} stack of this thread.")
 
 
-@contextlib.contextmanager
-def pushing(field: str, entry: Any) -> Iterator[None]:
-    """`entry` is on the stack `field` for the duration of the block."""
-    push(field, entry)
-    try:
-        yield
-    finally:
-        pop(field, entry)
+class pushing:
+    """`with pushing(field, entry):` — `entry` is on the stack `field` for the duration of the block."""
+
+    __slots__ = ("field", "entry")
+
+    def __init__(self, field: str, entry: Any):
+        self.field, self.entry = field, entry
+
+    def __enter__(self) -> None:
+        push(self.field, self.entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        pop(self.field, self.entry)

@@ -4,6 +4,7 @@ a frame on the ambient record, innermost last; `get` reads the innermost frame b
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from . import ambient
@@ -11,9 +12,15 @@ from . import ambient
 _MISSING = object()
 
 
+@contextlib.contextmanager
+def _bound(values: dict) -> Iterator[None]:
+    with ambient.pushing("frames", values):
+        yield
+
+
 def scope(**values: Any) -> contextlib.AbstractContextManager:
     """A block in which `get(name)` returns `values[name]` (`with spx.scope(mask=m): ...`)."""
-    return ambient.pushing("frames", dict(values))
+    return _bound(dict(values))
 
 
 def get(key: str, default: Any = _MISSING) -> Any:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -63,13 +62,10 @@ def current_policy() -> Policy | None:
     return ambient.current().policy
 
 
-@contextlib.contextmanager
-def push_policy(policy: Policy | None) -> Iterator[None]:
-    """Make `policy` current for the block (None keeps the current one)."""
+def push_policy(policy: Policy | None) -> contextlib.AbstractContextManager:
+    """A block in which `policy` is current (None keeps the current one)."""
     if policy is None:
-        yield
-        return
+        return contextlib.nullcontext()
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a spx.Policy or None, received {policy!r}.")
-    with ambient.setting("policy", policy):
-        yield
+    return ambient.setting("policy", policy)

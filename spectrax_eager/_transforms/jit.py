@@ -32,6 +32,7 @@ from .lift import Split, allowed, changes, rebuild
 
 _SOWN = -1  # the key of a program's updates under which it returns what `Module.sow` stored
 _value_of = operator.attrgetter("_value")
+_ambient_now = ambient.current  # bound once: the hot path reads it per call
 
 
 def _as_tuple(x: int | str | Sequence | None) -> tuple:
@@ -169,7 +170,7 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
-        if hot is not None and not kwargs and not frames.active():
+        if hot is not None and not kwargs and not _ambient_now().frames:  # no `spx.scope` block open
             epoch, n, roots, leaf_types, compiled, plan = hot
             if epoch == structure.epoch and len(args) == n:
                 k = len(roots)
