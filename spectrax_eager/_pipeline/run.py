@@ -18,7 +18,7 @@ from .._graph.state import State
 from .._graph.walk import trainable
 from .key import RunKey, run_key
 from .optimizer import grouped, optimizers_of, selection, states_of, store
-from .rngs import counter_positions, first_microbatch, split_counters, write_counters
+from .counters import counter_positions, first_microbatch, split_counters, write_counters
 from .runner import CurrentLoss, new_runner
 
 MAX_RUNNERS = 32  # compiled configurations kept; the least recently used is dropped first

@@ -11,7 +11,7 @@ from spectrax_core.schedules import GPipe
 
 from .._graph.module import Module, build
 from ..nn._containers import ModuleList
-from .rngs import counting_loss, per_microbatch
+from .counters import counting_loss, per_microbatch
 from .stages import StagePlan, call, run_marked, stage_plan
 
 
@@ -34,7 +34,7 @@ def _forward(
     mode: str = "train",
 ) -> Callable:
     """The run's forward over (trainable values, other values, inputs); with `counters`, it also
-    returns the new values of the variables at those plan positions (see `rngs`)."""
+    returns the new values of the variables at those plan positions (see `counters`)."""
 
     def forward(diff_values: list, rest_values: list, inputs: Any) -> Any:
         diff, rest = iter(diff_values), iter(rest_values)
