@@ -209,8 +209,8 @@ class PartitionManager:
     """Rules from a `PartitionAxis`, entered as a context (`with PartitionManager(paxis):`).
 
     Inside the block its rules are in force (as with `logical_axis_rules`), and
-    `get_current_partition_manager()` returns it; the latest one made is
-    `get_partition_manager()`.
+    `get_current_partition_manager()` returns it; outside any block,
+    `get_partition_manager()` is the latest one made in this thread.
     """
 
     def __init__(self, paxis: PartitionAxis):
@@ -247,7 +247,7 @@ def get_current_partition_manager() -> PartitionManager | None:
 
 
 def get_partition_manager() -> PartitionManager | None:
-    """The active `PartitionManager`, else the latest one made, else None."""
+    """The active `PartitionManager`, else the latest one made in this thread, else None."""
     return current_manager() or ambient.current().latest_manager
 
 
