@@ -32,7 +32,7 @@ from spectrax_core.sharding import (  # noqa: F401  (the core's tokens, importab
     Rules,
 )
 
-from ._compat.partition_axis import MeshAxes, PartitionAxis  # noqa: F401  (the alias, also here)
+from ._compat.partition_axis import PartitionAxis
 from ._graph.module import Module, plan_of
 from ._graph.state import state_of
 from ._graph.variable import set_value
@@ -100,6 +100,8 @@ from ._sharding.specs import (
     with_sharding_constraint,
     with_sharding_constraint_by_name,
 )
+
+MeshAxes = str | Sequence[str] | None
 
 
 def _var_axes(var: Any) -> tuple | None:
