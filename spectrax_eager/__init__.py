@@ -4,24 +4,21 @@ A thin layer over `spectrax_core`: modules hold Variables, the math is the
 core's functions, and transforms turn calls on modules into pure JAX.
 """
 
+from spectrax_core.schedules import Schedule
+
 from . import common_types, context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
-from ._assign import assign_stage
-from ._autodiff import grad, jvp, value_and_grad, vjp
-from ._checkpoint import restore_checkpoint, save_checkpoint
-from ._control import (
-    StateAxes,
-    associative_scan,
-    cond,
-    eval_shape,
-    fori_loop,
-    remat,
-    remat_scan,
-    scan,
-    switch,
-    vmap,
-    while_loop,
+from ._compat.markers import Opaque, Static
+from ._compat.schedules import (
+    DualPipeV,
+    Eager1F1B,
+    GPipe,
+    Interleaved1F1BPlusOne,
+    InterleavedGPipe,
+    InterleavedH1,
+    KimiK2,
+    Std1F1B,
+    ZeroBubbleH1,
 )
-from ._deferred import DeferredBuffer, DeferredParameter
 from ._errors import (
     CyclicGraphError,
     IllegalMutationError,
@@ -31,19 +28,10 @@ from ._errors import (
     StaticEditError,
     StructureChangeError,
 )
-from ._graph import GraphDef
-from ._inspect import count_bytes, count_parameters, summary
-from ._jit import jit
-from ._lazy import lazy_init
-from ._markers import Opaque, Static
-from ._module import Module
-from ._optimizer import MultiOptimizer, Optimizer, OptState
-from ._placement import InitPlacementHook, variable_init_placement
-from ._policy import Policy
-from ._reexports import *  # noqa: F401,F403  (pipeline names from spectrax_core / spectrax_mpmd)
-from ._reexports import MPMD_NAMES as _MPMD_NAMES
-from ._reexports import __all__ as _pipeline_names
-from ._rngs import (
+from ._graph.deferred import DeferredBuffer, DeferredParameter
+from ._graph.export import bind, clone, export, partition_state, tree_state, update
+from ._graph.module import Module
+from ._graph.rngs import (
     RngCount,
     RngKey,
     Rngs,
@@ -54,8 +42,7 @@ from ._rngs import (
     split_rngs,
     split_stream_keys,
 )
-from ._run import run
-from ._selector import (
+from ._graph.selector import (
     Everything,
     Nothing,
     Selector,
@@ -69,27 +56,45 @@ from ._selector import (
     path_startswith,
     select,
 )
-from ._sharding_rules import Sharding
-from ._state import (
-    State,
-    bind,
+from ._graph.state import State
+from ._graph.structure import GraphDef
+from ._graph.variable import Buffer, Parameter, Variable
+from ._graph.walk import (
     check_unintentional_sharing,
-    clone,
-    export,
     find,
     freeze,
     iter_modules,
     iter_variables,
     live_variables,
-    partition_state,
     pop,
-    tree_state,
     unfreeze,
-    update,
 )
-from ._sxcall import sxcall
-from ._variable import Buffer, Parameter, Variable
+from ._pipeline.checkpoint import restore_checkpoint, save_checkpoint
+from ._pipeline.entry_points import (
+    sxgrad,
+    sxjit,
+    sxstage_region,
+    sxvalue_and_grad,
+    sxvalue_and_grad_and_apply,
+)
+from ._pipeline.mpmd import MPMD_NAMES as _MPMD_NAMES
+from ._pipeline.mpmd import mpmd_name as _mpmd_name
+from ._pipeline.run import run
+from ._pipeline.stages import assign_stage
+from ._pipeline.sxcall import sxcall
+from ._scope.init_placement import InitPlacementHook, variable_init_placement
+from ._scope.lazy import lazy_init
+from ._scope.policy import Policy
+from ._sharding.rules import Sharding
+from ._transforms.autodiff import grad, jvp, value_and_grad, vjp
+from ._transforms.branches import cond, switch
+from ._transforms.jit import jit
+from ._transforms.loops import associative_scan, fori_loop, remat_scan, scan, while_loop
+from ._transforms.remat import eval_shape, remat
+from ._transforms.vmap import StateAxes, vmap
 from .context import scope
+from .contrib import MultiOptimizer, Optimizer, OptState
+from .inspect import count_bytes, count_parameters, summary
 from .sharding import (
     DEFAULT_MESH_AXIS_DIMS,
     DEFAULT_MESH_AXIS_NAMES,
@@ -126,14 +131,10 @@ from .sharding import (
 AxisNames = tuple[str | None, ...]
 __version__ = "0.1.0"
 
-_ALIASES = {"SpxMesh": "MpmdMesh"}  # seed name -> spectrax_mpmd name
-
 
 def __getattr__(name: str):
-    if name in _MPMD_NAMES or name in _ALIASES:
-        import spectrax_mpmd
-
-        return getattr(spectrax_mpmd, _ALIASES.get(name, name))
+    if name in _MPMD_NAMES or name == "SpxMesh":  # spectrax_mpmd's, imported on first use
+        return _mpmd_name(name)
     raise AttributeError(f"module 'spectrax_eager' has no attribute {name!r}")
 
 
@@ -157,7 +158,7 @@ __all__ = [
     "PartitionManager",
     "Sharding",
     "SpecTraxError",
-    "SpxMesh",  # noqa: F405  (module __getattr__)
+    "SpxMesh",  # noqa: F822  (module __getattr__)
     "Static",
     "__version__",
     "apply_logical_sharding",
@@ -266,6 +267,20 @@ __all__ = [
     "vjp",
     "vmap",
     "while_loop",
-    *_pipeline_names,
+    "DualPipeV",
+    "Eager1F1B",
+    "GPipe",
+    "Interleaved1F1BPlusOne",
+    "InterleavedGPipe",
+    "InterleavedH1",
+    "KimiK2",
+    "Schedule",
+    "Std1F1B",
+    "ZeroBubbleH1",
+    "sxgrad",
+    "sxjit",
+    "sxstage_region",
+    "sxvalue_and_grad",
+    "sxvalue_and_grad_and_apply",
     *_MPMD_NAMES,
 ]

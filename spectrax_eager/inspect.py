@@ -2,7 +2,7 @@
 
 `tabulate` (modules in definition order with output shapes, parameter counts
 and bytes), `display` (the module tree), `hlo_cost` (XLA's cost analysis of a
-compiled call), and the counters `count_parameters`, `count_bytes`, `summary`.
+compiled call), and the counters `count_parameters`, `count_bytes`, `summary` (also `spx.` names).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any, Callable
 
 import jax
 
-from . import _module
-from ._inspect import count_bytes, count_parameters, summary
-from ._lift import Split, rebuild
-from ._module import Module, _walk, plan_of
-from ._rngs import Rngs, RngStream
-from ._state import tree_state
+from ._graph.export import tree_state
+from ._graph.module import Module, _walk, plan_of
+from ._graph.rngs import Rngs, RngStream
+from ._graph.selector import mask
+from ._scope import ambient
+from ._transforms.lift import Split, rebuild
 
 
 def _shapes(out: Any) -> str:
@@ -31,6 +31,57 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], total: str) -> st
     line = "-+-".join("-" * w for w in widths)
     fmt = lambda r: " | ".join(x.ljust(w) for x, w in zip(r, widths))  # noqa: E731
     return "\n".join([fmt(head), line, *map(fmt, rows), line, total])
+
+
+def _leaves(model: Module, select: Any) -> list:
+    plan = plan_of(model)
+    return [l for v, k in zip(plan.vars, mask(plan, select)) if k for l in jax.tree.leaves(v.value)]
+
+
+def count_parameters(model: Module, select: Any = "parameters", *, collection: str | None = None) -> int:
+    """Number of scalars in the selected variables (default: the `"parameters"` collection;
+    `collection=` names one collection)."""
+    return sum(int(l.size) for l in _leaves(model, select if collection is None else collection))
+
+
+def count_bytes(model: Module, select: Any = "parameters", *, collection: str | None = None) -> int:
+    """Bytes held by the selected variables (default: the `"parameters"` collection; `True`: all
+    of them; `collection=` names one collection)."""
+    chosen = select if collection is None else collection
+    return sum(int(l.size) * l.dtype.itemsize for l in _leaves(model, chosen) if hasattr(l, "dtype"))
+
+
+def summary(model: Module, *example_args: Any, **example_kwargs: Any) -> str:
+    """A table of every sub-module called by `model(*example_args)`: path, class, output shape,
+    and parameter count (its own subtree). Nothing is computed (`jax.eval_shape`)."""
+    split = Split((model, *example_args), example_kwargs)
+    static = split.static
+    rows: list[tuple[str, str, str, int]] = []
+
+    def pure(values, leaves):
+        args, kwargs, roots, _ = rebuild(static, values, leaves)
+        paths = {id(m): p for p, m in _walk((roots[0],)).modules}
+        counts = {id(m): count_parameters(m) for _, m in _walk((roots[0],)).modules}
+
+        def hook(mod, out):
+            if isinstance(mod, Rngs | RngStream):  # key draws, not layers
+                return
+            rows.append(
+                (
+                    paths.get(id(mod), "?") or "(root)",
+                    type(mod).__name__,
+                    _shapes(out),
+                    counts.get(id(mod), 0),
+                )
+            )
+
+        with ambient.pushing("call_hooks", hook):
+            return args[0](*args[1:], **kwargs)
+
+    jax.eval_shape(pure, split.values, split.leaves)
+    rows.sort(key=lambda r: (r[0] != "(root)", r[0]))
+    total = f"total: {count_parameters(model):,} parameters, {count_bytes(model, True):,} bytes"
+    return _table(("path", "module", "output", "params"), [(p, c, s, f"{n:,}") for p, c, s, n in rows], total)
 
 
 def tabulate(model: Module, *inputs: Any, **kwargs: Any) -> str:
@@ -53,11 +104,8 @@ def tabulate(model: Module, *inputs: Any, **kwargs: Any) -> str:
             if j is not None and j not in seen:
                 seen[j] = _shapes(out)
 
-        _module._call_hooks.append(hook)
-        try:
+        with ambient.pushing("call_hooks", hook):
             return args[0](*args[1:], **kw)
-        finally:
-            _module._call_hooks.remove(hook)
 
     jax.eval_shape(pure, split.values, split.leaves)
     rows = []

@@ -12,8 +12,7 @@ from typing import Any
 
 from spectrax_core.schedules import Action, FusedAction, Schedule
 
-from ._entry_points import sxgrad, sxjit, sxstage_region, sxvalue_and_grad, sxvalue_and_grad_and_apply
-from ._schedules import (
+from ._compat.schedules import (
     DualPipeV,
     Eager1F1B,
     GPipe,
@@ -24,7 +23,15 @@ from ._schedules import (
     Std1F1B,
     ZeroBubbleH1,
 )
-from ._sxcall import sxcall
+from ._pipeline.entry_points import (
+    sxgrad,
+    sxjit,
+    sxstage_region,
+    sxvalue_and_grad,
+    sxvalue_and_grad_and_apply,
+)
+from ._pipeline.mpmd import mpmd
+from ._pipeline.sxcall import sxcall
 
 #: The fused forward+backward cell of a schedule table (`FusedAction` here).
 FusedTask = FusedAction
@@ -34,9 +41,7 @@ MPMD_NAMES = ("sxstage_iter", "MpmdMesh")
 
 def __getattr__(name: str) -> Any:
     if name in MPMD_NAMES:
-        import spectrax_mpmd
-
-        return getattr(spectrax_mpmd, name)
+        return getattr(mpmd(), name)
     raise AttributeError(f"module 'spectrax_eager.runtime' has no attribute {name!r}")
 
 

@@ -14,67 +14,94 @@ built-in layers use when given no `sharding=`.
 
 from __future__ import annotations
 
-import contextvars
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 import spectrax_core as sc
-from spectrax_core.sharding import BATCH, EMBED, EXPERT, HEAD, KV_HEAD, LENGTH, MLP, VOCAB, Rules
+from spectrax_core.sharding import (  # noqa: F401  (the core's tokens, importable from here too)
+    BATCH,
+    EMBED,
+    EXPERT,
+    HEAD,
+    KV_HEAD,
+    LENGTH,
+    MLP,
+    VOCAB,
+    Rules,
+)
 
-from ._module import Module, plan_of
-from ._sharding_mesh import *  # noqa: F401,F403  (mesh helpers)
-from ._sharding_mesh import __all__ as _mesh_names
-from ._sharding_mesh import get_current_stage_mesh, place
-from ._sharding_rules import (
-    PartitionAxis,
+from ._compat.partition_axis import PartitionAxis
+from ._graph.module import Module, plan_of
+from ._graph.state import state_of
+from ._graph.variable import set_value
+from ._pipeline.meshes import cpu_context, create_cpu_mesh, create_mesh, parse_mesh_from_string
+from ._pipeline.mpmd import mpmd
+from ._scope import ambient
+from ._sharding.mesh import (
+    DEFAULT_MESH_AXIS_DIMS,
+    DEFAULT_MESH_AXIS_NAMES,
+    calculate_host_mesh_shape,
+    force_cpu,
+    get_axes_size_in_mesh,
+    get_current_stage_mesh,
+    get_incontext_mesh,
+    mesh_axis_product,
+    names_in_current_mesh,
+    to_jax_mesh,
+    use_mesh,
+)
+from ._sharding.named import (
+    extract_sharding_structure,
+    extract_shardings,
+    get_corrected_named_sharding,
+    make_shard_and_gather_fns,
+    match_partition_rules,
+    named_sharding_for_shape,
+    named_sharding_for_value,
+    place,
+    place_setup_leaf_with_sharding,
+    place_setup_tree_with_shardings,
+    reshape_with_named_shardings,
+    sanitize_partition_spec_for_mesh_and_shape,
+    spec_shape_mismatches,
+    transpose_with_named_shardings,
+    with_named_sharding,
+)
+from ._sharding.rules import (
     Sharding,
     annotation_axes,
     as_jax_mesh,
     current_axis_rules,
+    current_manager,
     current_mesh,
     current_mode,
     current_rules,
     logical_axis_rules,
     resolve,
+    rules_block,
 )
-from ._state import state_of
-from ._variable import set_value
+from ._sharding.specs import (
+    AttnKVSharding,
+    AttnQSharding,
+    ColumnWise,
+    ExpertActivations,
+    ExpertColumnWise,
+    ExpertRowWise,
+    HiddenStateSharding,
+    LogicalAxes,
+    LogitsSharding,
+    Replicated,
+    RowWise,
+    fitted,
+    lax_reshard,
+    with_partitioning,
+    with_sharding_constraint,
+    with_sharding_constraint_by_name,
+)
 
 MeshAxes = str | Sequence[str] | None
-
-
-class LogicalAxes(tuple):
-    """A named tuple of logical axis tokens (one per array axis): usable wherever axes are.
-
-    `Replicated` has no tokens and means "every axis unsharded" for an array of any rank.
-    """
-
-    name: str
-
-    def __new__(cls, name: str, axes: Sequence[str | None]):
-        self = super().__new__(cls, tuple(axes))
-        self.name = name
-        return self
-
-    def __repr__(self) -> str:
-        return f"{self.name}{tuple(self)!r}"
-
-    def __reduce__(self):
-        return (LogicalAxes, (self.name, tuple(self)))
-
-
-HiddenStateSharding = LogicalAxes("HiddenStateSharding", (BATCH, LENGTH, EMBED))
-AttnQSharding = LogicalAxes("AttnQSharding", (BATCH, LENGTH, HEAD, None))
-AttnKVSharding = LogicalAxes("AttnKVSharding", (BATCH, LENGTH, KV_HEAD, None))
-LogitsSharding = LogicalAxes("LogitsSharding", (BATCH, LENGTH, VOCAB))
-ColumnWise = LogicalAxes("ColumnWise", (EMBED, MLP))  # (in, out) weight split along its outputs
-RowWise = LogicalAxes("RowWise", (MLP, EMBED))  # (in, out) weight split along its inputs
-Replicated = LogicalAxes("Replicated", ())
-ExpertColumnWise = LogicalAxes("ExpertColumnWise", (EXPERT, EMBED, MLP))
-ExpertRowWise = LogicalAxes("ExpertRowWise", (EXPERT, MLP, EMBED))
-ExpertActivations = LogicalAxes("ExpertActivations", (EXPERT, None, EMBED))  # (experts, capacity, d)
 
 
 def _var_axes(var: Any) -> tuple | None:
@@ -133,86 +160,6 @@ def get_named_sharding(
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
-def _target(x: Any, sharding: Any, mesh: Any, rules: Rules | None, mode: str | None, fit: bool = True) -> Any:
-    """The sharding `x` is constrained to: a `NamedSharding` as given, else one on `mesh` from a
-    `PartitionSpec` or from logical names (resolved with `x`'s shape when `fit`: an axis that does
-    not divide evenly stays whole)."""
-    if isinstance(sharding, jax.sharding.Sharding):
-        return sharding
-    if isinstance(sharding, PartitionSpec):
-        return NamedSharding(mesh, sharding)
-    axes = annotation_axes("with_sharding_constraint", sharding, x.ndim)
-    return NamedSharding(
-        mesh, resolve(axes, shape=x.shape if fit else None, mesh=mesh, rules=rules, mode=mode)
-    )
-
-
-def with_sharding_constraint(
-    x: Any,
-    sharding: Any,
-    *,
-    mesh: Any = None,
-    stage: Any = None,
-    stage_mesh: Any = None,
-    metadata: Any = None,
-    ignore_mpmd: bool = False,
-    rules: Rules | None = None,
-    mode: str | None = None,
-) -> Any:
-    """Constrain `x` (an array or a pytree of arrays) to `sharding`: logical names (one per axis,
-    resolved under the rules in force; mesh axis names stand for themselves), a `PartitionSpec`,
-    or a `NamedSharding`. Under a trace it is a sharding constraint, eagerly a `jax.device_put`.
-
-    With no mesh (given or active) it returns `x` unchanged, so a model runs on one device as
-    written. On an MPMD mesh the constraint is on one stage's submesh (`stage`, `stage_mesh` or
-    the `"stage"` of `metadata`); with no stage known, or `ignore_mpmd=True`, `x` is returned.
-    """
-    if isinstance(sharding, jax.sharding.Sharding):
-        return jax.tree.map(lambda a: place(a, sharding), x)
-    given = current_mesh() if mesh is None else mesh
-    if ignore_mpmd and getattr(given, "is_mpmd", False):
-        return x
-    target = get_current_stage_mesh(given, stage=stage, stage_mesh=stage_mesh, metadata=metadata)
-    if target is None:
-        return x
-    return jax.tree.map(lambda a: place(a, _target(a, sharding, target, rules, mode)), x)
-
-
-def with_sharding_constraint_by_name(x: Any, axis_names: Sequence[str | None]) -> Any:
-    """Constrain `x` to logical `axis_names` under the rules and mesh in force (no mesh: `x`)."""
-    return with_sharding_constraint(x, tuple(axis_names))
-
-
-def lax_reshard(
-    arr: Any,
-    sharding: Any,
-    *,
-    mesh: Any = None,
-    stage: Any = None,
-    stage_mesh: Any = None,
-    metadata: Any = None,
-    ignore_mpmd: bool = False,
-) -> Any:
-    """`with_sharding_constraint` over a pytree: one sharding for every leaf, or a pytree of them
-    like `arr` (`stage`, `stage_mesh`, `metadata`, `ignore_mpmd` as there)."""
-    stage = dict(stage=stage, stage_mesh=stage_mesh, metadata=metadata, ignore_mpmd=ignore_mpmd)
-    single = isinstance(sharding, jax.sharding.Sharding | PartitionSpec | Sharding | tuple | list)
-    if single or sharding is None:
-        return arr if sharding is None else with_sharding_constraint(arr, sharding, mesh=mesh, **stage)
-    return jax.tree.map(lambda a, s: with_sharding_constraint(a, s, mesh=mesh, **stage), arr, sharding)
-
-
-def with_partitioning(init: Callable[..., jax.Array], axis_names: Any) -> Callable[..., jax.Array]:
-    """`init` annotated with logical `axis_names`: a layer given it as its weight initializer
-    (without `sharding=`) stores those names on the weight."""
-
-    def annotated(key: jax.Array, shape: Sequence[int], dtype: Any = None) -> jax.Array:
-        return init(key, shape) if dtype is None else init(key, shape, dtype)
-
-    annotated.sharding = Sharding(axis_names=annotation_axes("with_partitioning", axis_names))
-    return annotated
-
-
 def apply_logical_sharding(
     x: Any,
     partition_manager: PartitionManager | None = None,
@@ -257,21 +204,21 @@ def apply_logical_sharding(
         raise TypeError("apply_logical_sharding: give the array's logical axes, e.g. axes=('embed', 'mlp').")
     if mesh is None:
         return x
-    return place(x, _target(x, axes, mesh, rules, mode, auto_correct))
+    return place(x, fitted(x, axes, mesh, rules, mode, auto_correct))
 
 
 class PartitionManager:
     """Rules from a `PartitionAxis`, entered as a context (`with PartitionManager(paxis):`).
 
     Inside the block its rules are in force (as with `logical_axis_rules`), and
-    `get_current_partition_manager()` returns it; the latest one made is
-    `get_partition_manager()`.
+    `get_current_partition_manager()` returns it; outside any block,
+    `get_partition_manager()` is the latest one made in this thread.
     """
 
     def __init__(self, paxis: PartitionAxis):
         self.paxis = paxis
         self._blocks: list = []
-        _latest[0] = self
+        ambient.replace(latest_manager=self)
 
     def resolve(self, axes: Sequence[str | None], mode: str = "train", shape: Sequence[int] | None = None):
         """The `PartitionSpec` of `axes` under this manager's rules and the active mesh."""
@@ -287,43 +234,33 @@ class PartitionManager:
         return apply_logical_sharding(x, axes=tuple(axes), mode=mode, rules=self.paxis.rules())
 
     def __enter__(self) -> PartitionManager:
-        block = logical_axis_rules(self.paxis.rules())
+        block = rules_block(self.paxis.rules(), manager=self)
         block.__enter__()
-        self._blocks.append((block, _current.set(self)))
+        self._blocks.append(block)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        block, token = self._blocks.pop()
-        _current.reset(token)
-        block.__exit__(*exc)
-
-
-_current: contextvars.ContextVar[PartitionManager | None] = contextvars.ContextVar(
-    "spx_partition_manager", default=None
-)
-_latest: list[PartitionManager | None] = [None]  # the latest manager made, process-wide
+        self._blocks.pop().__exit__(*exc)
 
 
 def get_current_partition_manager() -> PartitionManager | None:
     """The `PartitionManager` of the innermost `with manager:` block, or None."""
-    return _current.get()
+    return current_manager()
 
 
 def get_partition_manager() -> PartitionManager | None:
-    """The active `PartitionManager`, else the latest one made, else None."""
-    return _current.get() or _latest[0]
+    """The active `PartitionManager`, else the latest one made in this thread, else None."""
+    return current_manager() or ambient.current().latest_manager
 
 
 def __getattr__(name: str) -> Any:
     if name == "SpxMesh":  # the mesh type of `create_mesh`, from the MPMD runtime
-        import spectrax_mpmd
-
-        return spectrax_mpmd.MpmdMesh
+        return mpmd().MpmdMesh
     raise AttributeError(f"module 'spectrax_eager.sharding' has no attribute {name!r}")
 
 
 __all__ = [
-    "SpxMesh",  # noqa: F405  (module __getattr__)
+    "SpxMesh",  # noqa: F822  (module __getattr__)
     "AttnKVSharding",
     "AttnQSharding",
     "ColumnWise",
@@ -353,5 +290,33 @@ __all__ = [
     "with_partitioning",
     "with_sharding_constraint",
     "with_sharding_constraint_by_name",
-    *_mesh_names,
+    "DEFAULT_MESH_AXIS_DIMS",
+    "DEFAULT_MESH_AXIS_NAMES",
+    "calculate_host_mesh_shape",
+    "cpu_context",
+    "create_cpu_mesh",
+    "create_mesh",
+    "extract_sharding_structure",
+    "extract_shardings",
+    "force_cpu",
+    "get_axes_size_in_mesh",
+    "get_corrected_named_sharding",
+    "get_current_stage_mesh",
+    "get_incontext_mesh",
+    "make_shard_and_gather_fns",
+    "match_partition_rules",
+    "mesh_axis_product",
+    "named_sharding_for_shape",
+    "named_sharding_for_value",
+    "names_in_current_mesh",
+    "parse_mesh_from_string",
+    "place_setup_leaf_with_sharding",
+    "place_setup_tree_with_shardings",
+    "reshape_with_named_shardings",
+    "sanitize_partition_spec_for_mesh_and_shape",
+    "spec_shape_mismatches",
+    "to_jax_mesh",
+    "transpose_with_named_shardings",
+    "use_mesh",
+    "with_named_sharding",
 ]

@@ -11,7 +11,7 @@ import jax
 
 import spectrax_core as sc
 
-from .._module import Module
+from .._graph.module import Module
 
 
 class Identity(Module):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 import spectrax_core as sc
 
-from .._rngs import Rngs
+from .._graph.rngs import Rngs
 from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
 from ._layers import MLP
 

@@ -20,13 +20,15 @@ import jax.numpy as jnp
 
 import spectrax_core as sc
 
-from .._module import Module
-from .._policy import current_policy
-from .._rngs import current_rngs
-from .._sharding_rules import annotation_axes
-from .._variable import Buffer, Parameter, Variable, set_value
-from ..sharding import apply_logical_sharding
+from .._graph.module import Module
+from .._graph.rngs import current_rngs
+from .._graph.variable import Buffer, Parameter, Variable, set_value
+from .._scope.policy import current_policy
+from .._sharding.rules import annotation_axes
+from .._sharding.specs import place_by_axes
 
+# A registry, not ambient state: the eager layer class of each core params class, filled as the
+# classes are defined (process-wide, like JAX's pytree registry).
 _EAGER_OF: dict[type, type] = {}
 
 
@@ -54,7 +56,7 @@ class CoreLayer(Module):
             if isinstance(value, jax.Array):
                 meta = {"axes": tuple(axes[f.name])} if f.name in axes else {}
                 if meta:
-                    value = apply_logical_sharding(value, axes=meta["axes"])
+                    value = place_by_axes(value, meta["axes"])
                 setattr(self, f.name, self.variable_types.get(f.name, Parameter)(value, **meta))
             elif type(value) in _EAGER_OF:
                 setattr(self, f.name, from_core(value))
@@ -81,7 +83,7 @@ class CoreLayer(Module):
         return sc.apply(self.core_params(), x, *args, **kwargs)
 
 
-_FIELDS: dict[type, tuple] = {}
+_FIELDS: dict[type, tuple] = {}  # a cache: the init fields of each core params class
 
 
 def _fields(cls: type) -> tuple:
@@ -191,7 +193,7 @@ def annotate(layer: Module, where: str, **fields: Any) -> None:
             continue
         axes = annotation_axes(f"{where}: {field.replace('__', '.')}", sharding, var.ndim)
         var.set_metadata(axes=axes)
-        set_value(var, apply_logical_sharding(var.value, axes=axes))
+        set_value(var, place_by_axes(var.value, axes))
 
 
 def fix_constant(layer: Module, *fields: str) -> None:

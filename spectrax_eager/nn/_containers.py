@@ -12,9 +12,11 @@ from typing import Any, Iterable, Iterator, Mapping
 import jax
 import jax.numpy as jnp
 
-from .._module import Module
-from .._state import State, bind, export, iter_variables, update
-from .._variable import Parameter, Variable
+from .._graph.export import bind, export, update
+from .._graph.module import Module
+from .._graph.state import State
+from .._graph.variable import Parameter, Variable
+from .._graph.walk import iter_variables
 
 
 class ModuleList(Module):

@@ -11,8 +11,8 @@ from typing import Any
 
 import spectrax_core as sc
 
-from .._rngs import Rngs
-from .._sharding_rules import annotation_axes
+from .._graph.rngs import Rngs
+from .._sharding.rules import annotation_axes
 from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
 
 

@@ -16,11 +16,11 @@ import jax.numpy as jnp
 
 import spectrax_core as sc
 
-from .._module import Module, plan_of
-from .._rngs import Rngs
-from .._selector import as_selector
-from .._state import State
-from .._variable import Variable
+from .._graph.module import Module, plan_of
+from .._graph.rngs import Rngs
+from .._graph.selector import as_selector
+from .._graph.state import State
+from .._graph.variable import Variable
 from ._base import CoreLayer, also_named, annotate, dtype_kwargs, key_from, sharding_axes
 from ._layers import Linear
 from ._lora import module_matcher, replace_modules

@@ -8,8 +8,8 @@ import jax
 
 import spectrax_core as sc
 
-from .._lazy import building_lazily, check_may_materialize
-from .._rngs import Rngs
+from .._graph.rngs import Rngs
+from .._scope.lazy import building_lazily, check_may_materialize
 from ._base import PARAM_DTYPE, CoreLayer, annotate, dtype_kwargs, key_from, sharding_axes
 
 

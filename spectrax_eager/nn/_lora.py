@@ -14,9 +14,9 @@ import jax
 
 import spectrax_core as sc
 
-from .._module import Module, plan_of
-from .._rngs import Rngs
-from .._variable import Variable
+from .._graph.module import Module, plan_of
+from .._graph.rngs import Rngs
+from .._graph.variable import Variable
 from ._base import CoreLayer, from_core, key_from
 from ._layers import Linear
 

@@ -16,8 +16,8 @@ import jax
 
 import spectrax_core as sc
 
-from .._rngs import Rngs
-from .._variable import Variable
+from .._graph.rngs import Rngs
+from .._graph.variable import Variable
 from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, init_key
 
 

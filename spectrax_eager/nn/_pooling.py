@@ -13,7 +13,7 @@ import jax
 
 import spectrax_core as sc
 
-from .._module import Module
+from .._graph.module import Module
 
 
 def _window(where: str, value: Any, n: int) -> tuple[int, ...]:

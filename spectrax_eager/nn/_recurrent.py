@@ -10,9 +10,9 @@ import jax.numpy as jnp
 
 import spectrax_core as sc
 
-from .._module import Module
-from .._rngs import Rngs
-from .._variable import Parameter
+from .._graph.module import Module
+from .._graph.rngs import Rngs
+from .._graph.variable import Parameter
 from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from
 
 

@@ -13,8 +13,8 @@ import pytest
 import spectrax_eager as spx
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_eager import _run
-from spectrax_eager._run_key import function_key, mesh_key
+from spectrax_eager._pipeline import run as _run
+from spectrax_eager._pipeline.key import function_key, mesh_key
 
 X = jax.random.normal(jax.random.key(1), (16, 8))
 Y = jax.random.normal(jax.random.key(2), (16, 3))

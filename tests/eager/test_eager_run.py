@@ -20,7 +20,7 @@ import pytest
 import spectrax_eager as spx
 import spectrax_mpmd as mp
 from spectrax_core.losses import softmax_cross_entropy
-from spectrax_eager import _run as eager_run
+from spectrax_eager._pipeline import run as eager_run
 
 VOCAB, D, LEN, BATCH, N_BLOCKS = 16, 16, 4, 8, 5
 RTOL, ATOL = 1e-5, 1e-6

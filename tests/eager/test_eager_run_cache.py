@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import spectrax_eager as spx
-from spectrax_eager import _run
-from spectrax_eager._run_key import mesh_key
+from spectrax_eager._pipeline import run as _run
+from spectrax_eager._pipeline.key import mesh_key
 
 X = jax.random.normal(jax.random.key(1), (8, 4))
 Y = jax.random.normal(jax.random.key(2), (8, 4))

@@ -14,7 +14,7 @@ import spectrax_mpmd as mp
 from spectrax_core import apply
 from spectrax_core.losses import softmax_cross_entropy
 from spectrax_core.models import TransformerLM
-from spectrax_eager import _run as eager_run
+from spectrax_eager._pipeline import run as eager_run
 
 VOCAB, D, LEN, BATCH = 16, 16, 4, 8
 RTOL, ATOL = 1e-5, 1e-6

@@ -1,0 +1,306 @@
+"""Selectors: one way to name a subset of a model's Variables.
+
+The same selector serves `grad(wrt=)`, `jit(mutable=)`, `Optimizer(wrt=)`,
+`freeze`, `iter_variables(select=)` and `State.filter`. Sugar accepted
+wherever a selector is expected:
+
+* a collection name (`"parameters"`, `"buffers"`, a user `default_kind`);
+  a string containing `*`, `?`, `[` or `.` is a path glob instead
+  (`"*.weight"`, `"blocks.0.*"`; fnmatch on the dotted path);
+* a Variable subclass (instances of it), or a Module subclass (variables
+  anywhere under an instance of it);
+* a predicate `fn(path, variable) -> bool`;
+* a list/tuple of the above (their union); `True` / `...` (everything);
+  `None` / `False` (nothing);
+* a `Selector` built with `select()` and combined with `| & - ~`, or with
+  `all_of`, `any_of`, `not_`; `Everything` / `Nothing` (the class or an instance).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Callable
+
+from .._errors import SelectorError
+from .structure import VarInfo, thaw
+from .variable import Variable, _new_like
+
+_GLOB = set("*?[.")
+
+
+class Selector:
+    """A predicate over variables; build with `select()` and the chainable methods below."""
+
+    def match(self, info: VarInfo, var: Variable) -> bool:
+        raise TypeError(f"{type(self).__name__} is abstract")
+
+    def __or__(self, other: Any) -> Selector:
+        return _Or(self, as_selector(other))
+
+    def __ror__(self, other: Any) -> Selector:
+        return _Or(as_selector(other), self)
+
+    def __and__(self, other: Any) -> Selector:
+        return _And(self, as_selector(other))
+
+    def __rand__(self, other: Any) -> Selector:
+        return _And(as_selector(other), self)
+
+    def __sub__(self, other: Any) -> Selector:
+        return _And(self, _Not(as_selector(other)))
+
+    def __rsub__(self, other: Any) -> Selector:
+        return _And(as_selector(other), _Not(self))
+
+    def __invert__(self) -> Selector:
+        return _Not(self)
+
+    def at_instances_of(self, *module_types: type) -> Selector:
+        """Keep variables that live (at any depth) under an instance of one of `module_types`."""
+        return _And(self, _AtInstances(module_types))
+
+    def of_type(self, *variable_types: type) -> Selector:
+        """Keep variables that are instances of one of `variable_types`."""
+        return _And(self, _OfType(variable_types))
+
+    def in_collection(self, *kinds: str) -> Selector:
+        """Keep variables whose collection is one of `kinds`."""
+        return _And(self, _Collection(kinds))
+
+    def at_path(self, *globs: str) -> Selector:
+        """Keep variables whose dotted path matches one of the fnmatch `globs`."""
+        return _And(self, _Path(globs))
+
+    def where(self, predicate: Callable[[str, Variable], bool]) -> Selector:
+        """Keep variables for which `predicate(path, variable)` is true."""
+        return _And(self, _Where(predicate))
+
+
+class Everything(Selector):
+    """Matches every variable (`spx.Everything` or `spx.Everything()`)."""
+
+    def match(self, info, var):
+        return True
+
+    def __repr__(self):
+        return "Everything()"
+
+
+class Nothing(Selector):
+    """Matches no variable (`spx.Nothing` or `spx.Nothing()`)."""
+
+    def match(self, info, var):
+        return False
+
+    def __repr__(self):
+        return "Nothing()"
+
+
+class _Collection(Selector):
+    def __init__(self, kinds):
+        self.kinds = frozenset(kinds)
+
+    def match(self, info, var):
+        return info.kind in self.kinds
+
+    def __repr__(self):
+        return f"in_collection{tuple(sorted(self.kinds))}"
+
+
+class _OfType(Selector):
+    def __init__(self, types):
+        self.types = tuple(types)
+
+    def match(self, info, var):
+        return issubclass(info.type, self.types)
+
+    def __repr__(self):
+        return f"of_type({', '.join(t.__name__ for t in self.types)})"
+
+
+class _AtInstances(Selector):
+    def __init__(self, types):
+        self.types = tuple(types)
+
+    def match(self, info, var):
+        return any(issubclass(o, self.types) for o in info.owners)
+
+    def __repr__(self):
+        return f"at_instances_of({', '.join(t.__name__ for t in self.types)})"
+
+
+class _Path(Selector):
+    def __init__(self, globs):
+        self.globs = tuple(globs)
+
+    def match(self, info, var):
+        return any(fnmatch.fnmatchcase(info.path, g) for g in self.globs)
+
+    def __repr__(self):
+        return f"at_path{self.globs}"
+
+
+class _PathTest(Selector):
+    def __init__(self, name: str, text: str, test: Callable[[str, str], bool]):
+        self.name, self.text, self.test = name, text, test
+
+    def match(self, info, var):
+        return self.test(info.path, self.text)
+
+    def __repr__(self):
+        return f"{self.name}({self.text!r})"
+
+
+class _Where(Selector):
+    def __init__(self, predicate):
+        self.predicate = predicate
+
+    def match(self, info, var):
+        return bool(self.predicate(info.path, var))
+
+    def __repr__(self):
+        return f"where({getattr(self.predicate, '__name__', self.predicate)})"
+
+
+class _Or(Selector):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def match(self, info, var):
+        return self.a.match(info, var) or self.b.match(info, var)
+
+    def __repr__(self):
+        return f"({self.a!r} | {self.b!r})"
+
+
+class _And(Selector):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def match(self, info, var):
+        return self.a.match(info, var) and self.b.match(info, var)
+
+    def __repr__(self):
+        return f"({self.a!r} & {self.b!r})"
+
+
+class _Not(Selector):
+    def __init__(self, a):
+        self.a = a
+
+    def match(self, info, var):
+        return not self.a.match(info, var)
+
+    def __repr__(self):
+        return f"~{self.a!r}"
+
+
+def select() -> Selector:
+    """A selector of every variable, to refine with `.of_type(...)`, `.at_path(...)`, ..."""
+    return Everything()
+
+
+def path_contains(text: str) -> Selector:
+    """Variables whose dotted path contains `text`."""
+    return _PathTest("path_contains", text, lambda p, t: t in p)
+
+
+def path_startswith(prefix: str) -> Selector:
+    """Variables whose dotted path starts with `prefix`."""
+    return _PathTest("path_startswith", prefix, str.startswith)
+
+
+def path_endswith(suffix: str) -> Selector:
+    """Variables whose dotted path ends with `suffix`."""
+    return _PathTest("path_endswith", suffix, str.endswith)
+
+
+def of_type(*variable_types: type) -> Selector:
+    """Variables that are instances of one of `variable_types`."""
+    return _OfType(variable_types)
+
+
+def all_of(*selectors: Any) -> Selector:
+    """Variables every one of `selectors` matches (`Everything` when none is given)."""
+    sels = [as_selector(s) for s in selectors]
+    if not sels:
+        return Everything()
+    out = sels[0]
+    for s in sels[1:]:
+        out = _And(out, s)
+    return out
+
+
+def any_of(*selectors: Any) -> Selector:
+    """Variables at least one of `selectors` matches (`Nothing` when none is given)."""
+    sels = [as_selector(s) for s in selectors]
+    if not sels:
+        return Nothing()
+    out = sels[0]
+    for s in sels[1:]:
+        out = _Or(out, s)
+    return out
+
+
+def not_(selector: Any) -> Selector:
+    """Variables `selector` does not match."""
+    return _Not(as_selector(selector))
+
+
+def as_selector(spec: Any) -> Selector:
+    """Turn selector sugar (see the module docstring) into a `Selector`."""
+    from .module import Module
+
+    if isinstance(spec, Selector):
+        return spec
+    if isinstance(spec, type) and issubclass(spec, Everything | Nothing):
+        return spec()
+    if spec is True or spec is Ellipsis:
+        return Everything()
+    if spec is None or spec is False:
+        return Nothing()
+    if isinstance(spec, str):
+        return _Path((spec,)) if _GLOB & set(spec) else _Collection((spec,))
+    if isinstance(spec, type) and issubclass(spec, Variable):
+        return _OfType((spec,))
+    if isinstance(spec, type) and issubclass(spec, Module):
+        return _AtInstances((spec,))
+    if isinstance(spec, list | tuple | set | frozenset):
+        out: Selector = Nothing()
+        for s in spec:
+            out = _Or(out, as_selector(s)) if not isinstance(out, Nothing) else as_selector(s)
+        return out
+    if callable(spec):
+        return _Where(spec)
+    raise SelectorError(
+        f"selector: expected a collection name, path glob, Variable or Module subclass, predicate "
+        f"fn(path, variable), list of those, or spx.select(); received {spec!r}."
+    )
+
+
+def _cache_key(spec: Any) -> Any:
+    if isinstance(spec, list | set):
+        return (type(spec).__name__, tuple(spec) if isinstance(spec, list) else frozenset(spec))
+    try:
+        hash(spec)
+        return spec
+    except TypeError:
+        return None
+
+
+def mask(plan, spec: Any) -> tuple[bool, ...]:
+    """Which of `plan.vars` the selector matches (cached on the plan for hashable specs)."""
+    key = ("sel", _cache_key(spec))
+    hit = plan.masks.get(key) if key[1] is not None else None
+    if hit is not None:
+        return hit
+    sel = as_selector(spec)
+    out = tuple(sel.match(i, v) for i, v in zip(plan.infos, plan.vars))
+    if key[1] is not None:
+        plan.masks[key] = out
+    return out
+
+
+def info_variable(info: VarInfo, value: Any) -> Variable:
+    """A detached Variable with `info`'s class, collection and metadata (for predicates on a State)."""
+    return _new_like(info.type, value, info.kind, {k: thaw(v) for k, v in info.metadata})
