@@ -76,7 +76,10 @@ def update(model: Module, *states: State) -> None:
 
 
 def clone(model: Module) -> Module:
-    """A structurally identical, independent copy of `model` (arrays are shared; they are immutable)."""
+    """A structurally identical, independent copy of `model`. Arrays are shared (they are
+    immutable), so a call that donates them (`spx.run(..., optimizer=)`, `spx.jit` with
+    `donate_argnums`) consumes them for both: copy them (`jax.tree.map(jnp.copy, ...)`) for a
+    copy that must outlive such a call."""
     return bind(*export(model))
 
 

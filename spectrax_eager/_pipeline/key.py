@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import types
 from typing import Any, NamedTuple
 
@@ -142,7 +143,7 @@ class RunKey(NamedTuple):
     stage_sizes: Any
     loss: Any
     optimizer: Any  # the optimizers' transformations and selections, by value (None: gradients out)
-    memory: Any = ()  # what each stage keeps for its backward: (remat, offload), hashable
+    memory: Any = ()  # what each stage keeps for its backward (remat, offload) and the microbatch weight
 
 
 def run_key(
@@ -168,7 +169,10 @@ def run_key(
 
 
 def _hashable(value):
-    """`value` with its lists and mappings as (sorted) tuples; `Uncacheable` if it cannot be hashed."""
+    """`value` with its lists and mappings as (sorted) tuples and its functions by value
+    (`value_key`); `Uncacheable` if it cannot be hashed."""
+    if inspect.isfunction(value):
+        return value_key(value)
     if isinstance(value, dict):
         value = tuple(sorted((k, _hashable(v)) for k, v in value.items()))
     elif isinstance(value, (list, tuple)):

@@ -50,6 +50,7 @@ def run(
     optimizer: Any = None,
     remat: Any = False,
     offload: Any = False,
+    microbatch_weight_fn: Callable | None = None,
     fuse_1f1b: bool | None = None,
     fuse_zb: bool | None = None,
     max_new_tokens: Any = None,
@@ -60,8 +61,11 @@ def run(
 
     `inputs` (an array, a tuple passed as `model(*inputs)`, or a dict passed as
     `model(**inputs)`) and `targets` are split into `microbatches`. Train mode
-    returns `(loss, grads)`: the mean over microbatches of `loss_fn(outputs,
-    targets)` and its gradients, a `State` of the model's trainable parameters
+    returns `(loss, grads)`: `loss_fn(outputs, targets)` of the whole batch for
+    the losses `spectrax_mpmd.sxvalue_and_grad` splits exactly (a padded token
+    mean among them), else the mean over microbatches or, with
+    `microbatch_weight_fn(inputs, targets)`, the mean weighted by it; and its
+    gradients, a `State` of the model's trainable parameters
     (what `spx.grad` returns and `spx.Optimizer.update` takes). Forward mode
     returns the outputs in batch order. On a mesh without a pipeline axis the
     same computation is one `jax.jit` over the mesh; the numbers agree.
@@ -81,7 +85,9 @@ def run(
     updated inside the compiled step (on each parameter's pipeline rank), the
     model and the optimizer's state are written in place, and the loss is
     returned (`(loss, aux)` with `has_aux`), as `opt.update(model, grads)` after
-    a gradient run would leave them.
+    a gradient run would leave them. The step donates the arrays it replaces (the model's
+    trained variables and the optimizer's state, as `jax.jit(donate_argnums=...)`): a
+    module sharing them (an `spx.clone`) sees them deleted.
 
     `remat` and `offload` set what each pipeline stage keeps for its backward:
     recompute (`True` or a `jax.checkpoint_policies` name) and saved values in
@@ -117,7 +123,7 @@ def run(
     rest = [v for v, s in zip(values, selected) if not s]
     args, counters = (diff, rest, inputs, targets), counter_positions(plan)
     config = (mode, microbatches, schedule, has_aux, stage_sizes)
-    memory = {"remat": remat, "offload": offload}
+    memory = {"remat": remat, "offload": offload, "microbatch_weight_fn": microbatch_weight_fn}
     runner = _runner(model, plan, selected, args, counters, mesh, config, loss_fn, optimizers, memory)
     result, states = _step(runner, plan, counters, args, optimizers, mesh=mesh, mode=mode, has_aux=has_aux)
     if mode == "forward":
