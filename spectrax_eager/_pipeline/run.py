@@ -16,9 +16,9 @@ from .._graph.export import update
 from .._graph.module import Module, plan_of
 from .._graph.state import State
 from .._graph.walk import trainable
+from .counters import counter_positions, first_microbatch, split_counters, write_counters
 from .key import RunKey, run_key
 from .optimizer import grouped, optimizers_of, selection, states_of, store
-from .counters import counter_positions, first_microbatch, split_counters, write_counters
 from .runner import CurrentLoss, new_runner
 
 MAX_RUNNERS = 32  # compiled configurations kept; the least recently used is dropped first
