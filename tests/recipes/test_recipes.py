@@ -3,7 +3,8 @@
 
 Where a computation depends on the microbatch by its nature (a mixture-of-experts load
 balancing term, bfloat16 rounding of each microbatch's matmuls) the reference is the same
-computation microbatched on one device, and the docs say so.
+computation microbatched on one device, and the docs say so. All but the padded mean are
+marked slow (about 10 s each on two cores): the quick loop keeps one recipe.
 """
 
 import functools
@@ -59,6 +60,7 @@ def _packed(seed: int):
     return segments, causal / jnp.maximum(causal.sum(-1, keepdims=True), 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_packed_sequences_with_segment_ids(schedule):
     def loss(p, tokens, targets, segments, mix):
@@ -75,6 +77,7 @@ def _mean_loss(p, tokens, targets):
     return jnp.mean(token_losses(p, tokens, targets))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_frozen_base_by_a_python_mask_with_donation(schedule):
     """LoRA-style: only `w2` and `head` train; the frozen leaves are returned as they came, by a
@@ -100,6 +103,7 @@ def test_frozen_base_by_a_python_mask_with_donation(schedule):
     train(pipelined, unsplit, (params, tx.init(params)), batches(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_multisteps_accumulation(schedule):
     tx = optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2)
@@ -108,6 +112,7 @@ def test_multisteps_accumulation(schedule):
     train(pipelined(SCHEDULES[schedule]), unsplit, (params, tx.init(params)), batches(3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_parameter_ema(schedule):
     grads_of = mp.sxvalue_and_grad(_mean_loss, mesh=MESH, schedule=SCHEDULES[schedule])
@@ -169,6 +174,7 @@ def _moe_loss(p, tokens, targets, key):
     return ce + 0.01 * balance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("loss", [_dropout_loss, _moe_loss], ids=["dropout", "moe_aux_loss"])
 def test_per_microbatch_computations(schedule, loss):
@@ -181,6 +187,7 @@ def test_per_microbatch_computations(schedule, loss):
     train(pipelined(SCHEDULES[schedule]), reference, (params, TX.init(params)), data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_bf16_compute_with_float32_master_weights(schedule):
     """bfloat16 compute over float32 master weights: against the microbatched computation at
