@@ -3,9 +3,9 @@
 On a mesh with a pipeline axis the forward's stage markers cut it into
 per-rank programs (`sxvalue_and_grad` / `sxjit`); on a mesh without one it is
 one `jax.jit` over the mesh, microbatches accumulated by `lax.scan`. Both
-paths compute the same numbers: the loss is the mean over microbatches of the
-mean loss, and a PRNG key in `extra` reaches microbatch `i` as
-`jax.random.fold_in(key, i)` on both.
+paths compute the same numbers: the microbatches are weighed alike
+(`spectrax_mpmd._trace.weights`), and a PRNG key in `extra` reaches microbatch
+`i` as `jax.random.fold_in(key, i)` on both.
 """
 
 from __future__ import annotations
