@@ -123,7 +123,9 @@ def run(
     rest = [v for v, s in zip(values, selected) if not s]
     args, counters = (diff, rest, inputs, targets), counter_positions(plan)
     config = (mode, microbatches, schedule, has_aux, stage_sizes)
-    memory = {"remat": remat, "offload": offload, "microbatch_weight_fn": microbatch_weight_fn}
+    memory = {"remat": remat, "offload": offload}
+    if microbatch_weight_fn is not None:  # part of the cache key, by value
+        memory["microbatch_weight_fn"] = microbatch_weight_fn
     runner = _runner(model, plan, selected, args, counters, mesh, config, loss_fn, optimizers, memory)
     result, states = _step(runner, plan, counters, args, optimizers, mesh=mesh, mode=mode, has_aux=has_aux)
     if mode == "forward":
