@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from .._compile.compiler import Compiler
 from .._runtime import HostProfile, Plan, host_profile
 from .._trace.args import signature
-from .._trace.context import check_no_trace, own_mesh
+from .._trace.context import check_no_trace
 from ..errors import MpmdError
 
 
@@ -47,8 +47,7 @@ class Placer:
                 miss_s.append(sh)
                 miss_i.append(k)
         if miss_v:
-            with own_mesh():
-                placed = jax.device_put(miss_v, miss_s)
+            placed = jax.device_put(miss_v, miss_s)
             for k, p in zip(miss_i, placed):
                 out[k] = p
                 if keys[k] is not None and isinstance(values[k], jax.Array):

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from .._comm import is_transfer
-from .._trace.context import own_mesh
 from ..errors import MpmdError
 
 
@@ -73,10 +72,6 @@ class Plan:
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
-        with own_mesh():
-            return self._run(placed_inputs)
-
-    def _run(self, placed_inputs: Sequence) -> list:
         if self.transport is not None:
             self.transport.begin()
         buf = self.buffers(placed_inputs)

@@ -23,7 +23,6 @@ from jax.sharding import PartitionSpec
 from spectrax_core.schedules import Flow
 
 from ..errors import StageSplitError
-from .context import own_mesh
 from .jaxpr import (
     CALL_PRIMITIVES,
     contains_primitive,
@@ -385,6 +384,6 @@ def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any, dic
         box.append(out_tree)
         return out_leaves
 
-    with recording_regions() as regions, own_mesh():
+    with recording_regions() as regions:
         closed = jax.make_jaxpr(flat_fn)(*flat)
     return closed, in_tree, box[0], regions

@@ -40,7 +40,7 @@ from .marker import sxstage_iter_p
 from .split import StageGraph
 
 PARAM, BATCH, OTHER = 1, 2, 4  # what a value depends on: bit flags over the argument kinds
-_PASS_THROUGH = frozenset({"neg", "convert_element_type", "copy", "copy_p"})
+_PASS_THROUGH = frozenset({"neg", "convert_element_type", "copy"})
 _REBROADCAST = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "copy"})
 
 
@@ -163,6 +163,7 @@ class Chain:
     carrying the loss, position of the factor or None, divides)` each."""
 
     path: tuple[tuple[int, int, int | None, bool], ...]
+    batch_scaled: bool = False  # a factor is computed from the batch
 
     @property
     def factors(self) -> tuple[tuple[int, int, bool], ...]:
@@ -197,7 +198,8 @@ def loss_chain(closed: ClosedJaxpr, kinds: dict) -> Chain:
         v = eqn.invars[path[-1][1]]
     while path and path[-1][2] is None:  # casts below the innermost factor stay in the loss
         path.pop()
-    return Chain(tuple(path))
+    factors = [jaxpr.eqns[k].invars[f] for k, _, f, _ in path if f is not None]
+    return Chain(tuple(path), any(isinstance(v, Var) and flags.get(v, 0) & BATCH for v in factors))
 
 
 def _batch_scaled(closed: ClosedJaxpr, kinds: dict, skip: set) -> list[str]:
@@ -281,15 +283,13 @@ def loss_weights(
     if not exact:
         return closed, LossWeights(reduce)
     chain = loss_chain(closed, kinds)
-    flags = _flags(closed, kinds)
-    scaled_by_batch = any(flags.get(v, 0) & BATCH for v in chain.values(closed) if isinstance(v, Var))
     odd = _batch_scaled(closed, kinds, {v for k, _, _, _ in chain.path for v in closed.jaxpr.eqns[k].outvars})
     if odd:
         raise _refuse(
             name, f"scales a value by a scalar computed from the batch ({odd[0]}) before its last step"
         )
     if reduce == "sum":
-        if scaled_by_batch:
+        if chain.batch_scaled:
             raise _refuse(
                 name, "ends in a scaling by a value computed from the batch while reduce='sum' adds"
             )
