@@ -73,7 +73,7 @@ EAGER_MODULE_STATE = (
 BUDGETED = ("spectrax_mpmd", "spectrax_core/schedules", "spectrax_eager")
 MAX_FILE_LINES = 400
 MAX_CLASS_LINES = 200
-FUNCTION_CHECKED = ("spectrax_core", "spectrax_eager")
+FUNCTION_CHECKED = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
 MAX_FUNCTION_CODE_LINES = 80
 
 

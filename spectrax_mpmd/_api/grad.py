@@ -29,7 +29,8 @@ from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import inside_train_step
 from .._trace.policy import stage_policies
-from .._trace.split import StageGraph, split, trace
+from .._trace.graph import StageGraph
+from .._trace.split import split, trace
 from .._trace.weights import reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck

@@ -44,11 +44,8 @@ def build_train_step(owner, sig, found: FoundCall, out_tree, donated_leaves: fro
         tuple(found.outvars),
         found.consts,
     )
-    args = dataclasses.replace(pipe.args, epilogue=Epilogue(program, tuple(roles), frozenset(donated)))
+    epilogue = Epilogue(program, tuple(roles), frozenset(donated), tuple(step_to_fn))
+    args = dataclasses.replace(pipe.args, epilogue=epilogue)
     plan = build_plan(owner.compiler, build_train_plan, pipe.graph, pipe.schedule, owner.mesh, args)
-    plan.input_keys = [
-        (slot, key if key.kind == "input" else key._replace(leaf=step_to_fn[key.leaf]))
-        for slot, key in plan.input_keys
-    ]
     owner.last_graph = pipe.graph
     return Entry(plan, out_tree, donated=donated_leaves)

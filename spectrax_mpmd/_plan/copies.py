@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._trace.split import Edge, StageGraph
+from .._trace.graph import Edge, StageGraph
 from ..errors import StageSplitError
 
 

@@ -31,11 +31,14 @@ from .layout import Layout
 class Epilogue:
     """A traced program and what each of its inputs is: `("param", leaf)`, `("grad", leaf)`,
     `("loss",)`, `("aux", output)` or `("input", leaf)` (an argument leaf owned by nobody, e.g.
-    an optimizer state's); `donated` holds the roles of the inputs the call may consume."""
+    an optimizer state's); `donated` holds the roles of the inputs the call may consume.
+    `function_leaves[a]` is the function's leaf that pipeline leaf `a` reads: the plan numbers
+    its inputs as the function does."""
 
     program: Program
     roles: tuple
     donated: frozenset = frozenset()
+    function_leaves: tuple = ()
 
 
 @dataclass

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._runtime.plan import Plan
-from .._trace.split import StageGraph
+from .._trace.graph import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_forward

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
-from .._trace.split import StageGraph
+from .._trace.graph import StageGraph
 from .._trace.weights import LossWeights
 from .copies import copy_stages
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from spectrax_core.schedules import DeadlockError, issue_order
 
-from .._trace.split import StageGraph
+from .._trace.graph import StageGraph
 from ..errors import StageSplitError
 
 

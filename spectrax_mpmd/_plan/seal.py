@@ -27,23 +27,33 @@ def _free_after_last_use(steps: list, keep: set[int]) -> list:
     return [Step(fn, ins, outs, tuple(frees.get(k, ()))) for k, (fn, ins, outs, _) in enumerate(steps)]
 
 
-def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata) -> Plan:
+def seal(
+    draft: Draft,
+    layout: Layout,
+    compiler: Compiler,
+    schedule,
+    function_leaves: tuple | None = None,
+    **metadata,
+) -> Plan:
     """The runnable plan of `draft` for this process (`localize` first, in a multi-process job).
 
     `draft.outputs` are kept alive to the end; `metadata` fills the plan's descriptive
-    fields (see `describe_training`)."""
+    fields (see `describe_training`). With `function_leaves` (a whole function's plan: the
+    function's leaf each pipeline leaf reads), the plan's input keys number the leaves as the
+    function does (an epilogue's own inputs already do)."""
     keep = {slot for value in draft.outputs.values() for slot in _slots(value)}
     keep = localize(draft, layout, compiler, keep)
     local = draft.local_ranks
-    input_keys = [
+    placed = [
         (slot, key)
         for key, slot in draft.named.items()
         if isinstance(key, Input) and (local is None or key.rank in local)
     ]
     input_shardings = [
         NamedSharding(layout.mesh.submesh(key.rank), _input_spec(draft, layout, key) or REPLICATED)
-        for _, key in input_keys
+        for _, key in placed
     ]
+    input_keys = [(slot, _numbered(key, function_leaves)) for slot, key in placed]
     compiler.prefetch([st.fn for st in draft.steps if isinstance(st.fn, CellSpec)])
     const_slots = {}
     if draft.constants:
@@ -72,6 +82,12 @@ def seal(draft: Draft, layout: Layout, compiler: Compiler, schedule, **metadata)
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
+
+
+def _numbered(key: Input, function_leaves: tuple | None) -> Input:
+    if function_leaves is None or key.kind == "input":
+        return key
+    return key._replace(leaf=function_leaves[key.leaf])
 
 
 def _input_spec(draft: Draft, layout: Layout, key: Input):

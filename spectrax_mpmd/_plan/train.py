@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._compile.compiler import Compiler
 from .._runtime.plan import Plan
-from .._trace.split import StageGraph
+from .._trace.graph import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
 from .emit import emit_action
@@ -36,7 +36,10 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     if args.epilogue is not None:
         draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
     hoist(draft, tail)
-    return seal(draft, layout, compiler, schedule, **describe_training(draft, layout, programs))
+    numbering = args.epilogue.function_leaves if args.epilogue is not None else None
+    return seal(
+        draft, layout, compiler, schedule, numbering, **describe_training(draft, layout, programs)
+    )
 
 
 def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, compiler: Compiler) -> None:

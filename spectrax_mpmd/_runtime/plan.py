@@ -25,9 +25,9 @@ class Step(NamedTuple):
     frees: tuple = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """A compiled, ordered program for one call signature.
+    """A compiled, ordered program for one call signature; immutable once sealed.
 
     `steps` run in order; `input_keys` are `(slot, Input(kind, leaf, rank))` of the
     argument leaves placed on each rank and `input_shardings` their shardings;

@@ -28,7 +28,7 @@ from jax.extend.core import Literal, Var
 
 from .args import fold_key
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
-from .split import Stage, StageGraph
+from .graph import Stage, StageGraph
 from .weights import LossWeights
 
 

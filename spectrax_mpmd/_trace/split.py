@@ -13,26 +13,14 @@ in stage `k`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
 from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
-from jax.sharding import PartitionSpec
-
-from spectrax_core.schedules import Flow
 
 from ..errors import StageSplitError
-from .jaxpr import (
-    CALL_PRIMITIVES,
-    contains_primitive,
-    eval_eqns,
-    inline_calls,
-    name_stack,
-    read,
-    resolve,
-    sub_jaxprs,
-)
+from .graph import Edge, Stage, StageGraph
+from .jaxpr import CALL_PRIMITIVES, contains_primitive, inline_calls, name_stack, resolve, sub_jaxprs
 from .marker import sxstage_iter_p
 from .region import DEFAULT_REGION, SCOPE_PREFIX, recording_regions, region_of
 
@@ -40,96 +28,6 @@ MARKER = sxstage_iter_p.name
 _EXPENSIVE = frozenset(
     {"dot_general", "conv_general_dilated", "fft", "sort", "cumsum", "cumprod", "cumlogsumexp"}
 )
-
-
-@dataclass(frozen=True)
-class Edge:
-    """Value `var`, computed in stage `src`, read by stage `dst` with `spec` on the receiver."""
-
-    var: Var
-    src: int
-    dst: int
-    spec: PartitionSpec | None = None
-
-    @property
-    def aval(self):
-        return self.var.aval
-
-    @property
-    def differentiable(self) -> bool:
-        return jax.dtypes.issubdtype(self.var.aval.dtype, jax.numpy.inexact)
-
-    def __repr__(self) -> str:
-        return f"{self.src}->{self.dst} {self.var.aval.str_short()}"
-
-
-@dataclass
-class Stage:
-    """One stage cluster: its equations, what it reads and what it produces."""
-
-    index: int
-    eqns: tuple[JaxprEqn, ...]
-    arg_inputs: tuple[int, ...]
-    edge_inputs: tuple[Edge, ...]
-    edge_outputs: tuple[Var, ...]
-    results: tuple[int, ...]
-    consts: dict = field(repr=False)
-    outvars: tuple = field(repr=False)
-    invars: tuple = field(repr=False)
-
-    def run(self, args: Sequence[Any], edges: Sequence[Any]) -> tuple[list, list]:
-        """Evaluate the stage: `args` aligned with `arg_inputs`, `edges` with `edge_inputs`.
-
-        Returns `(edge_output_values, result_values)`.
-        """
-        env = dict(self.consts)
-        env.update(zip((self.invars[i] for i in self.arg_inputs), args))
-        env.update(zip((e.var for e in self.edge_inputs), edges))
-        eval_eqns(self.eqns, env)
-        return [env[v] for v in self.edge_outputs], [read(env, self.outvars[j]) for j in self.results]
-
-    def __repr__(self) -> str:
-        return (
-            f"Stage({self.index}: {len(self.eqns)} eqns, args={list(self.arg_inputs)}, "
-            f"in={list(self.edge_inputs)}, out={[v.aval.str_short() for v in self.edge_outputs]}, "
-            f"results={list(self.results)})"
-        )
-
-
-@dataclass
-class StageGraph:
-    """The stage clusters of one traced function, and the edges between them."""
-
-    stages: tuple[Stage, ...]
-    edges: tuple[Edge, ...]
-    in_avals: tuple
-    out_avals: tuple
-    result_stage: tuple[int, ...]
-    stage_regions: tuple[tuple[str, int], ...] = ()  # per stage: (region, its index in the region)
-
-    @property
-    def has_regions(self) -> bool:
-        return any(region != DEFAULT_REGION for region, _ in self.stage_regions)
-
-    def flow(self) -> Flow:
-        """What each cell waits for: every edge feeds its destination's forward; the
-        differentiable ones carry a gradient back to their source's backward."""
-        return Flow.from_edges(
-            len(self.stages),
-            [(e.src, e.dst) for e in self.edges],
-            [(e.src, e.dst) for e in self.edges if e.differentiable],
-        )
-
-    def consumers(self, stage: int) -> dict[Var, list[Edge]]:
-        """Edges leaving `stage`, grouped by the value they carry."""
-        out: dict[Var, list[Edge]] = {}
-        for e in self.edges:
-            if e.src == stage:
-                out.setdefault(e.var, []).append(e)
-        return out
-
-    def __repr__(self) -> str:
-        return "StageGraph(\n" + "\n".join(f"  {s!r}" for s in self.stages) + "\n)"
 
 
 def _has_marker(eqn: JaxprEqn) -> bool:
@@ -277,6 +175,17 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
     """
     jaxpr = closed.jaxpr
     eqns, mapping, inner_consts, scopes = inline_calls(jaxpr, _inline)
+    _check_markers_at_top(eqns)
+    regions = [region_of(scope) for scope in scopes]
+    outvars = tuple(resolve(v, mapping) for v in jaxpr.outvars)
+    consts = dict(zip(jaxpr.constvars, closed.consts))
+    consts.update(inner_consts)
+    order, levels, read_levels = _stage_levels(eqns, regions, outvars, n_stages)
+    placement = _placements(eqns, levels, read_levels, outvars, len(order) - 1)
+    return _graph(jaxpr, eqns, placement, outvars, consts, order)
+
+
+def _check_markers_at_top(eqns) -> None:
     for eqn in eqns:
         if _has_marker(eqn):
             raise StageSplitError(
@@ -284,7 +193,11 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
                 "at the top level of the function or inside jax.jit / jax.checkpoint helpers, not "
                 "inside scan / cond / while_loop bodies. Move the marker out of the loop or branch."
             )
-    regions = [region_of(scope) for scope in scopes]
+
+
+def _stage_levels(eqns, regions, outvars, n_stages: int):
+    """`(order, levels, read_levels)`: the stages' `(region, local stage)` in order, and per
+    equation the stage its markers put it in and the stage it reads at (None: free)."""
     named = any(r != DEFAULT_REGION for r in regions)
     n_markers = sum(eqn.primitive.name == MARKER for eqn in eqns)
     if not named and n_markers != n_stages - 1:
@@ -294,9 +207,6 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
             f"(pipeline ranks x virtual stages), i.e. {n_stages - 1} markers. Add or remove "
             "sxstage_iter calls, or change the mesh's pipeline axis / the schedule."
         )
-    outvars = tuple(resolve(v, mapping) for v in jaxpr.outvars)
-    consts = dict(zip(jaxpr.constvars, closed.consts))
-    consts.update(inner_consts)
     keys, read_keys = _forward_levels(eqns, regions, lexical=named)
     if named:
         producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars}
@@ -305,12 +215,15 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
     else:
         order = tuple((DEFAULT_REGION, s) for s in range(n_markers + 1))
     number = {key: s for s, key in enumerate(order)}
-    n_stages = len(order)
     levels = [number[k] if k is not None else None for k in keys]
     read_levels = [number[k] if k is not None else None for k in read_keys]
-    last = n_stages - 1
-    placement = _placements(eqns, levels, read_levels, outvars, last)
+    return order, levels, read_levels
 
+
+def _graph(jaxpr, eqns, placement, outvars, consts, order) -> StageGraph:
+    """The stage graph of equations placed on stages: each stage's equations, the argument
+    leaves and constants it reads, and an edge for each value it reads from another stage."""
+    n_stages, last = len(order), len(order) - 1
     arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
     placed_at: dict = {}
     for i, eqn in enumerate(eqns):
@@ -346,22 +259,20 @@ def split(closed: ClosedJaxpr, n_stages: int) -> StageGraph:
                     edges[key] = Edge(v, source(v, s), s, spec)
         stages.append((s, args, stage_consts))
     edge_list = tuple(edges.values())
-    out_stages = []
-    for s, args, stage_consts in stages:
-        sent = tuple(dict.fromkeys(e.var for e in edge_list if e.src == s))
-        out_stages.append(
-            Stage(
-                index=s,
-                eqns=tuple(stage_eqns[s]),
-                arg_inputs=tuple(sorted(args)),
-                edge_inputs=tuple(e for e in edge_list if e.dst == s),
-                edge_outputs=sent,
-                results=tuple(j for j in range(len(outvars)) if result_stage[j] == s),
-                consts=stage_consts,
-                outvars=outvars,
-                invars=tuple(jaxpr.invars),
-            )
+    out_stages = [
+        Stage(
+            index=s,
+            eqns=tuple(stage_eqns[s]),
+            arg_inputs=tuple(sorted(args)),
+            edge_inputs=tuple(e for e in edge_list if e.dst == s),
+            edge_outputs=tuple(dict.fromkeys(e.var for e in edge_list if e.src == s)),
+            results=tuple(j for j in range(len(outvars)) if result_stage[j] == s),
+            consts=stage_consts,
+            outvars=outvars,
+            invars=tuple(jaxpr.invars),
         )
+        for s, args, stage_consts in stages
+    ]
     return StageGraph(
         stages=tuple(out_stages),
         edges=edge_list,

@@ -37,7 +37,7 @@ from ..errors import MpmdError
 from .args import fold_key
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, producers, read
 from .marker import sxstage_iter_p
-from .split import StageGraph
+from .graph import StageGraph
 
 PARAM, BATCH, OTHER = 1, 2, 4  # what a value depends on: bit flags over the argument kinds
 _PASS_THROUGH = frozenset({"neg", "convert_element_type", "copy"})
