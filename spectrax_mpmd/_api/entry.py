@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .._compile.compiler import Compiler
-from .._runtime import HostProfile, Plan, host_profile
+from .._runtime import HostProfile, Output, Plan, host_profile
 from .._trace.args import signature
 from .._trace.context import check_no_trace
 from ..errors import MpmdError
@@ -67,7 +67,7 @@ class Entry:
     def __post_init__(self):
         self.input_leaves = [key.leaf for _, key in self.plan.input_keys]
         self.cache_keys = [None if key.leaf in self.donated else key for _, key in self.plan.input_keys]
-        results = set(self.plan.output_slots.get("results", ()))
+        results = set(self.plan.output_slots.get(Output.RESULTS, ()))
         # donated leaves the call returns as they came (their slots are outputs, never consumed)
         self.returned = frozenset(
             key.leaf for slot, key in self.plan.input_keys if key.leaf in self.donated and slot in results

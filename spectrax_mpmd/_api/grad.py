@@ -16,6 +16,7 @@ from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_train_plan
 from .._runtime import (
     HostProfile,
+    Output,
     Plan,
     StageProfile,
     action_spans,
@@ -27,9 +28,9 @@ from .._runtime import (
 )
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
+from .._trace.graph import StageGraph
 from .._trace.pipelined import inside_train_step
 from .._trace.policy import stage_policies
-from .._trace.graph import StageGraph
 from .._trace.split import split, trace
 from .._trace.weights import reading_weights
 from ..errors import MpmdError
@@ -157,7 +158,7 @@ class _StepFunction:
     def _build(self, sig: Signature) -> Entry:
         pipe = self.pipeline(sig)
         plan = build_plan(self.compiler, build_train_plan, pipe.graph, pipe.schedule, self.mesh, pipe.args)
-        slots = plan.output_slots["grads"]
+        slots = plan.output_slots[Output.GRADS]
         grad_trees = tuple(
             (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in pipe.ranges[k]])
             for k in pipe.argnums
@@ -245,8 +246,8 @@ class _StepFunction:
         self.last_plan = entry.plan
         out = entry.plan.output_slots
         trees = [treedef.unflatten([buf[s] for s in slots]) for treedef, slots in entry.grad_trees]
-        aux_leaves = [buf[out["aux"][j]] for j in sorted(out["aux"])]
-        return self.result(entry.out_tree, buf[out["loss"]], aux_leaves, trees)
+        aux_leaves = [buf[out[Output.AUX][j]] for j in sorted(out[Output.AUX])]
+        return self.result(entry.out_tree, buf[out[Output.LOSS]], aux_leaves, trees)
 
     def result(self, out_tree, loss, aux_leaves: list, trees: list):
         """What a call returns, from the loss, the stacked aux leaves and one gradient tree per

@@ -11,7 +11,7 @@ from spectrax_core.schedules import Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile, action_spans, measure_peak_bytes, measured_timeline
+from .._runtime import HostProfile, Output, action_spans, measure_peak_bytes, measured_timeline
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
@@ -78,7 +78,7 @@ class _JitFunction:
         entry, leaves = cached_entry(self, args)
         buf = entry.run(self.placer, leaves)
         self.last_plan = entry.plan
-        return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots["results"]])
+        return jax.tree.unflatten(entry.out_tree, [buf[s] for s in entry.plan.output_slots[Output.RESULTS]])
 
     def profile(self, *args, rounds: int = 7) -> HostProfile:
         """Host cost of one call (see `sxvalue_and_grad(...).profile`)."""

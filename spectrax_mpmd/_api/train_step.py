@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._plan import Epilogue, build_train_plan
+from .._plan import Epilogue, Role, RoleKind, build_train_plan
 from .._trace.ownership import Program
 from .._trace.pipelined import FoundCall, PipelineCall
 from .entry import Entry, build_plan
@@ -33,10 +33,14 @@ def build_train_step(owner, sig, found: FoundCall, out_tree, donated_leaves: fro
     step_to_fn = [leaf_of[v] for v in eqn.invars]  # the function leaf each pipeline leaf reads
     params = [a for k in pipe.argnums for a in pipe.ranges[k]]
     param_of = {step_to_fn[a]: a for a in params}
-    roles = [("param", param_of[j]) if j in param_of else ("input", j) for j in range(len(invars))]
-    roles += [("loss",), *(("aux", j) for j in range(1, call.n_aux + 1)), *(("grad", a) for a in params)]
-    donated = {("input", j) for j in donated_leaves} | {
-        ("param", param_of[j]) for j in donated_leaves if j in param_of
+    roles = [
+        Role(RoleKind.PARAM, param_of[j]) if j in param_of else Role(RoleKind.INPUT, j)
+        for j in range(len(invars))
+    ]
+    roles += [Role(RoleKind.LOSS), *(Role(RoleKind.AUX, j) for j in range(1, call.n_aux + 1))]
+    roles += [Role(RoleKind.GRAD, a) for a in params]
+    donated = {Role(RoleKind.INPUT, j) for j in donated_leaves} | {
+        Role(RoleKind.PARAM, param_of[j]) for j in donated_leaves if j in param_of
     }
     program = Program(
         tuple(e for k, e in enumerate(found.eqns) if k != found.index),

@@ -11,10 +11,12 @@ import numpy as np
 from .._comm import transfer
 from .._runtime.slots import (
     Activation,
+    CellKind,
     Cotangent,
     GradAccumulator,
     Input,
     InputCotangent,
+    InputKind,
     LossAccumulator,
     MicrobatchIndex,
     Offloaded,
@@ -45,9 +47,9 @@ def move(draft: Draft, pairs: list[tuple]) -> None:
 def cell_inputs(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -> list[int]:
     """Slots of stage `s`'s inputs for microbatch `i`, in the cells' argument order."""
     io, r = p.io, layout.ranks[s]
-    slots = [draft.slot(Input("param", a, r)) for a in io.params]
-    slots += [draft.slot(Input("fixed", a, r)) for a in io.fixed]
-    slots += [draft.slot(Input("batch", a, r)) for a in io.batch]
+    slots = [draft.slot(Input(InputKind.PARAM, a, r)) for a in io.params]
+    slots += [draft.slot(Input(InputKind.FIXED, a, r)) for a in io.fixed]
+    slots += [draft.slot(Input(InputKind.BATCH, a, r)) for a in io.batch]
     index = MicrobatchIndex(r, i)
     if index not in draft.named:
         draft.constants[draft.slot(index)] = (np.int32(i), layout.named(s, None))
@@ -157,7 +159,7 @@ def emit_loss_step(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int
     outputs = [j for j in p.io.stage.results if j != 0]
     results = [draft.new() for _ in outputs]
     loss = draft.slot(LossAccumulator(s))
-    draft.add(p.specs["FB"], ins + acc + [loss], acc + ct_out + [loss] + results)
+    draft.add(p.specs[CellKind.LOSS], ins + acc + [loss], acc + ct_out + [loss] + results)
     send_cotangents(draft, layout, p, i)
     gather_results(draft, layout, s, i, outputs, results)
 
@@ -168,32 +170,40 @@ def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> 
     s, i, kind = a.stage, a.microbatch, a.kind
     p = programs[s]
     if layout.is_loss(s):
-        if kind == "F":
+        if kind == CellKind.FORWARD:
             emit_loss_step(draft, layout, p, s, i)
-            return "FB"
+            return CellKind.LOSS
         return "-"
-    if kind == "F":
-        emit_forward(draft, layout, p, p.specs["F"], s, i, p.n_res)
+    if kind == CellKind.FORWARD:
+        emit_forward(draft, layout, p, p.specs[CellKind.FORWARD], s, i, p.n_res)
         made = [draft.slot(Residual(s, i, k)) for k in range(p.n_res)]
         offload(draft, "residuals", s, i, made, p.offload_res, p.res_specs)
-        return "F"
+        return CellKind.FORWARD
     cts = [draft.slot(Cotangent(k, i)) for group in p.io.ct_edges for k in group]
     acc = [draft.slot(GradAccumulator(s, leaf)) for leaf in p.io.params]
     ct_out = _input_cotangents(draft, layout, p, i)
-    if kind == "B":
-        draft.add(p.specs["B"], residual_slots(draft, layout, p, s, i, "B") + cts + acc, acc + ct_out)
+    if kind == CellKind.BACKWARD:
+        draft.add(
+            p.specs[CellKind.BACKWARD],
+            residual_slots(draft, layout, p, s, i, CellKind.BACKWARD) + cts + acc,
+            acc + ct_out,
+        )
         send_cotangents(draft, layout, p, i)
         return kind
-    if kind == "I":
+    if kind == CellKind.INPUT_GRAD:
         stash = [draft.slot(Stash(s, i, k)) for k in range(p.n_stash)]
         if ct_out or stash:  # an I cell with nothing to return (first stage, no stash) is skipped
-            draft.add(p.specs["I"], residual_slots(draft, layout, p, s, i, "I") + cts, ct_out + stash)
+            draft.add(
+                p.specs[CellKind.INPUT_GRAD],
+                residual_slots(draft, layout, p, s, i, CellKind.INPUT_GRAD) + cts,
+                ct_out + stash,
+            )
         send_cotangents(draft, layout, p, i)
         offload(draft, "stash", s, i, stash, p.offload_stash, p.stash_specs)
     else:
-        res = residual_slots(draft, layout, p, s, i, "W")
+        res = residual_slots(draft, layout, p, s, i, CellKind.WEIGHT_GRAD)
         stash = reload(draft, "stash", s, i, p.n_stash, p.offload_stash, p.stash_specs)
-        draft.add(p.specs["W"], res + cts + stash + acc, acc)
+        draft.add(p.specs[CellKind.WEIGHT_GRAD], res + cts + stash + acc, acc)
     return kind
 
 
@@ -203,7 +213,7 @@ def emit_action(draft: Draft, layout: Layout, programs: list[StageProgram], rank
     labels = [emit_part(draft, layout, programs, p) for p in action.parts]
     if len(action.parts) > 1:
         draft.fuse_since(start)
-    forwards = [(p.stage, p.microbatch) for p in action.parts if p.kind == "F"]
+    forwards = [(p.stage, p.microbatch) for p in action.parts if p.kind == CellKind.FORWARD]
     if forwards:
         draft.forward_steps[start] = forwards
     draft.record(rank, action, start, "&".join(label for label in labels if label != "-") or "-")

@@ -14,24 +14,42 @@ step returns as they came (a frozen leaf), which come back alive as outputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 from jax.extend.core import Literal
 
 from .._comm import transfer
 from .._compile.compiler import CellSpec, shape_spec
-from .._runtime.slots import Input
+from .._runtime.slots import Input, InputKind, Output
 from .._trace.ownership import Partition, Program, partition
 from .draft import Draft
 from .gradients import grad_stage
 from .layout import Layout
 
 
+class RoleKind(StrEnum):
+    """What an epilogue input is."""
+
+    PARAM = "param"  # a parameter leaf (on the rank that owns its gradient)
+    GRAD = "grad"  # a parameter leaf's gradient
+    LOSS = "loss"  # the loss
+    AUX = "aux"  # an auxiliary output, stacked over microbatches
+    INPUT = "input"  # an argument leaf owned by nobody (an optimizer state's)
+
+
+class Role(NamedTuple):
+    """An epilogue input's kind, and the leaf or output it is (`index`; 0 for the loss)."""
+
+    kind: RoleKind
+    index: int = 0
+
+
 @dataclass(frozen=True, eq=False)
 class Epilogue:
-    """A traced program and what each of its inputs is: `("param", leaf)`, `("grad", leaf)`,
-    `("loss",)`, `("aux", output)` or `("input", leaf)` (an argument leaf owned by nobody, e.g.
-    an optimizer state's); `donated` holds the roles of the inputs the call may consume.
+    """A traced program and the `Role` of each of its inputs; `donated` holds the roles of the
+    inputs the call may consume.
     `function_leaves[a]` is the function's leaf that pipeline leaf `a` reads: the plan numbers
     its inputs as the function does."""
 
@@ -62,7 +80,7 @@ class _Emitter:
                 continue
             sh = self.sharding(v, rank)
             if v in self.inputs:
-                key = Input("input", self.inputs[v], rank)
+                key = Input(InputKind.AFTER, self.inputs[v], rank)
                 self.draft.input_specs[key] = self.specs.get(v)
                 self.where[(v, rank)] = (self.draft.slot(key), sh)
             else:
@@ -82,22 +100,20 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
     metric, and what is owned by nobody), since a later call may read them on any rank. A donated
     input that is also an output (returned as it came) is never consumed."""
     owners, specs, where, inputs = [], {}, {}, {}
-    grads = outputs["grads"]
-    for v, role in zip(epilogue.program.invars, epilogue.roles):
-        kind = role[0]
-        if kind == "input":
+    grads = outputs[Output.GRADS]
+    for v, (kind, index) in zip(epilogue.program.invars, epilogue.roles):
+        if kind == RoleKind.INPUT:
             owners.append(None)
-            inputs[v] = role[1]
+            inputs[v] = index
             continue
-        if kind in ("param", "grad"):
-            a = role[1]
-            rank = layout.ranks[grad_stage(layout, a)]
-            slot = grads[a] if kind == "grad" else draft.slot(Input("param", a, rank))
-            specs[v] = layout.param_specs.get(a)
-        elif kind == "loss":
-            rank, slot = layout.ranks[layout.last], outputs["loss"]
+        if kind in (RoleKind.PARAM, RoleKind.GRAD):
+            rank = layout.ranks[grad_stage(layout, index)]
+            slot = grads[index] if kind == RoleKind.GRAD else draft.slot(Input(InputKind.PARAM, index, rank))
+            specs[v] = layout.param_specs.get(index)
+        elif kind == RoleKind.LOSS:
+            rank, slot = layout.ranks[layout.last], outputs[Output.LOSS]
         else:
-            rank, slot = layout.ranks[layout.graph.result_stage[role[1]]], outputs["aux"][role[1]]
+            rank, slot = layout.ranks[layout.graph.result_stage[index]], outputs[Output.AUX][index]
         owners.append(rank)
         where[(v, rank)] = (slot, layout.on_rank(rank, specs.get(v)))
     default = layout.ranks[0]
@@ -135,7 +151,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
             donate,
         )
         draft.steps[k] = draft.steps[k]._replace(fn=spec)
-    return {"loss": outputs["loss"], "results": results, "replicated": everywhere}
+    return {Output.LOSS: outputs[Output.LOSS], Output.RESULTS: results, Output.REPLICATED: everywhere}
 
 
 def _output(em: _Emitter, v, default: int) -> int:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
 from .._runtime.plan import Plan
+from .._runtime.slots import CellKind, Output
 from .._trace.graph import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
@@ -37,9 +38,9 @@ def build_forward_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compil
         start = len(draft.steps)
         made = emit_forward(draft, layout, programs[s], cell, s, i, 0)
         results.update(((j, i), slot) for j, slot in zip(programs[s].io.stage.results, made))
-        draft.record(rank, ("F", s, i), start, "F")
+        draft.record(rank, (CellKind.FORWARD, s, i), start, CellKind.FORWARD)
     draft.outputs = {
-        "results": [
+        Output.RESULTS: [
             _batch_order(draft, layout, j, [results[j, i] for i in range(layout.m)])
             for j in range(len(graph.out_avals))
         ]
@@ -55,7 +56,7 @@ def _forward_order(layout: Layout) -> list[tuple[int, int, int]]:
         (rank, p.stage, p.microbatch)
         for rank, action in order_actions(layout.schedule, layout.n, layout.graph)
         for p in action.parts
-        if p.kind == "F"
+        if p.kind == CellKind.FORWARD
     ]
 
 

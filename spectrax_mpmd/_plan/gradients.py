@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from .._comm import transfer
 from .._compile.compiler import CellSpec, shape_spec
-from .._runtime.slots import GradAccumulator, LossAccumulator, Result, ZeroGrad
+from .._runtime.slots import GradAccumulator, LossAccumulator, Output, Result, ZeroGrad
 from .draft import Draft
 from .layout import Layout, PlanArgs
 from .programs import StageProgram
@@ -80,7 +80,7 @@ def reduce_gradients(draft: Draft, layout: Layout, programs: list[StageProgram],
         stack = CellSpec(_stack, (shape_spec(layout.graph.out_avals[j], sh),) * layout.m, (sh,))
         aux[j] = draft.new()
         draft.add(stack, [draft.slot(Result(j, i)) for i in range(layout.m)], [aux[j]])
-    return {"loss": loss, "grads": grads, "aux": aux}
+    return {Output.LOSS: loss, Output.GRADS: grads, Output.AUX: aux}
 
 
 def _sum_on(draft: Draft, parts: list[tuple[int, object]], sh, acc) -> int:

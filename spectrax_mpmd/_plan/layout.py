@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._mesh import MpmdMesh
+from .._runtime.slots import CellKind
 from .._trace.graph import StageGraph
 from .._trace.weights import LossWeights
 from .copies import copy_stages
@@ -98,7 +99,10 @@ class Layout:
         if not hasattr(self.schedule, "actions"):
             return False
         return any(
-            p.kind in ("I", "W") for rank in self.schedule.actions(self.n) for a in rank for p in a.parts
+            p.kind in (CellKind.INPUT_GRAD, CellKind.WEIGHT_GRAD)
+            for rank in self.schedule.actions(self.n)
+            for a in rank
+            for p in a.parts
         )
 
     def submesh(self, s: int):

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._comm import is_transfer, make_transport
 from .._compile.compiler import CellSpec
 from .._runtime.plan import Step
-from .._runtime.slots import Activation, Cotangent, GradAccumulator
+from .._runtime.slots import Activation, Cotangent, GradAccumulator, Output
 from ..errors import DistributedError
 from .draft import Draft
 from .layout import Layout
@@ -146,9 +146,9 @@ class _Localizer:
             self.moved_from.update(zip(outs, ins))
             steps += self._moves(transport, fn, ins, outs)
         outputs = self.draft.outputs
-        if "loss" in outputs:
-            steps += self._broadcast(transport, outputs["loss"], copy=False)
-        for slot in outputs.get("replicated", ()):  # the caller may donate them to the next call
+        if Output.LOSS in outputs:
+            steps += self._broadcast(transport, outputs[Output.LOSS], copy=False)
+        for slot in outputs.get(Output.REPLICATED, ()):  # the caller may donate them to the next call
             steps += self._broadcast(transport, slot, copy=True)
         made_here = {o for _, _, outs, _ in steps for o in outs}
         remote = []

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._compile.compiler import CellSpec, Compiler, shape_spec
+from .._runtime.slots import CellKind
 from .._trace.cells import StageCells, StageIO
 from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded, saved_bytes
 from .layout import Layout, PlanArgs
@@ -150,7 +151,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
     acc_sh = [layout.param(a, s) for a in io.params]
     acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
     ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
-    forward = p.specs["F"] = forward_spec(layout, p, s, residuals=not cells.remat)
+    forward = p.specs[CellKind.FORWARD] = forward_spec(layout, p, s, residuals=not cells.remat)
     if cells.remat or not cells.produced_residual_avals:
         produced = []
     else:
@@ -158,7 +159,9 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
     p.n_res = len(produced)
     p.res_specs = produced
-    p.offload_res = p.reload["B"] = offloaded([saved_bytes(a) for a in produced], p.offload.residuals)
+    p.offload_res = p.reload[CellKind.BACKWARD] = offloaded(
+        [saved_bytes(a) for a in produced], p.offload.residuals
+    )
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
@@ -167,7 +170,7 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         for _ in consumers
     ]
     n_read = len(res_specs) + len(ct_specs)
-    p.specs["B"] = CellSpec(
+    p.specs[CellKind.BACKWARD] = CellSpec(
         cells.backward,
         tuple(res_specs + ct_specs + acc_specs),
         (*acc_sh, *ct_in_sh),
@@ -177,17 +180,17 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         return
     i_fn, w_fn, p.n_stash, (i_reads, w_reads) = cells.split_backward()
     free = layout.free(s)
-    i_res, p.reload["I"] = _unread_on_host(p, res_specs, i_reads)
-    w_res, p.reload["W"] = _unread_on_host(p, res_specs, w_reads)
-    p.specs["I"] = CellSpec(i_fn, tuple(i_res + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
+    i_res, p.reload[CellKind.INPUT_GRAD] = _unread_on_host(p, res_specs, i_reads)
+    w_res, p.reload[CellKind.WEIGHT_GRAD] = _unread_on_host(p, res_specs, w_reads)
+    p.specs[CellKind.INPUT_GRAD] = CellSpec(i_fn, tuple(i_res + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
     if free is not None:
         stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
     else:
         stash = ()
-    stash_specs = p.stash_specs = _made(compiler, p.specs["I"], len(ct_in_sh), free, stash)
+    stash_specs = p.stash_specs = _made(compiler, p.specs[CellKind.INPUT_GRAD], len(ct_in_sh), free, stash)
     p.offload_stash = offloaded([saved_bytes(a) for a in stash_specs], p.offload.stash)
     n_w_in = n_read + p.n_stash
-    p.specs["W"] = CellSpec(
+    p.specs[CellKind.WEIGHT_GRAD] = CellSpec(
         w_fn,
         tuple(w_res + ct_specs + stash_specs + acc_specs),
         tuple(acc_sh),

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 
 from .._compile.compiler import CellSpec, Compiler
 from .._runtime.plan import Plan, Step
-from .._runtime.slots import Activation, Input, Offloaded, Residual, Stash
+from .._runtime.slots import Activation, CellKind, Input, InputKind, Offloaded, Residual, Stash
 from .draft import Draft
 from .layout import REPLICATED, Layout
 from .localize import localize
@@ -85,13 +85,13 @@ def seal(
 
 
 def _numbered(key: Input, function_leaves: tuple | None) -> Input:
-    if function_leaves is None or key.kind == "input":
+    if function_leaves is None or key.kind == InputKind.AFTER:
         return key
     return key._replace(leaf=function_leaves[key.leaf])
 
 
 def _input_spec(draft: Draft, layout: Layout, key: Input):
-    if key.kind == "param":
+    if key.kind == InputKind.PARAM:
         return layout.param_specs.get(key.leaf)
     return draft.input_specs.get(key)
 
@@ -123,10 +123,10 @@ def describe_training(draft: Draft, layout: Layout, programs: list[StageProgram]
     emitted.update(part for parts in draft.fused for part in parts)
     saved = {}
     for s, p in enumerate(programs):
-        if "F" in p.specs:
-            saved[(s, "F")] = p.n_res
-        if "I" in p.specs:
-            saved[(s, "I")] = p.n_stash
+        if CellKind.FORWARD in p.specs:
+            saved[(s, CellKind.FORWARD)] = p.n_res
+        if CellKind.INPUT_GRAD in p.specs:
+            saved[(s, CellKind.INPUT_GRAD)] = p.n_stash
     return {
         "activation_slots": activation_slots,
         "slot_names": {slot: key for key, slot in draft.named.items()},

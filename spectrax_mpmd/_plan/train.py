@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .._compile.compiler import Compiler
 from .._runtime.plan import Plan
+from .._runtime.slots import CellKind
 from .._trace.graph import StageGraph
 from ..errors import StageSplitError
 from .draft import Draft
@@ -37,9 +38,7 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
         draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
     hoist(draft, tail)
     numbering = args.epilogue.function_leaves if args.epilogue is not None else None
-    return seal(
-        draft, layout, compiler, schedule, numbering, **describe_training(draft, layout, programs)
-    )
+    return seal(draft, layout, compiler, schedule, numbering, **describe_training(draft, layout, programs))
 
 
 def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, compiler: Compiler) -> None:
@@ -48,8 +47,8 @@ def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, co
     together first."""
     losses = []
     for s in layout.loss_stages:
-        programs[s].specs["FB"] = loss_spec(layout, programs[s], s)
-        losses.append(programs[s].specs["FB"])
+        programs[s].specs[CellKind.LOSS] = loss_spec(layout, programs[s], s)
+        losses.append(programs[s].specs[CellKind.LOSS])
     inner = [s for s in range(len(programs)) if not layout.is_loss(s)]
     if not all(layout.free(s) is not None for s in range(len(programs))):
         forwards = [

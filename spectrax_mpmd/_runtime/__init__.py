@@ -11,6 +11,7 @@ from .measure import (
     stage_memory,
 )
 from .plan import Plan, Step
+from .slots import CellKind, InputKind, Output
 from .stage_profile import CellProfile, StageProfile, stage_profile
 
 __all__ = [
@@ -24,6 +25,9 @@ __all__ = [
     "peak_activations",
     "stage_memory",
     "Plan",
+    "CellKind",
+    "InputKind",
+    "Output",
     "Step",
     "CellProfile",
     "StageProfile",

@@ -27,6 +27,7 @@ from .._trace.policy import saved_bytes
 from .replay import replay
 from .slots import (
     Activation,
+    CellKind,
     Cotangent,
     GradAccumulator,
     Input,
@@ -255,7 +256,7 @@ def saved_values(plan, sizes: dict) -> tuple[tuple[tuple, tuple], ...]:
     return tuple(
         tuple(
             tuple(found[(kind, s, k)] for k in range(plan.saved.get((s, cell), 0)) if (kind, s, k) in found)
-            for kind, cell in ((Residual, "F"), (Stash, "I"))
+            for kind, cell in ((Residual, CellKind.FORWARD), (Stash, CellKind.INPUT_GRAD))
         )
         for s in range(len(plan.stage_ranks))
     )

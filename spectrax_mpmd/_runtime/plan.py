@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Sequence
 
 from .._comm import is_transfer
 from ..errors import MpmdError
+from .slots import InputKind, Output
 
 
 class Step(NamedTuple):
@@ -122,9 +123,9 @@ class Plan:
         produced.update((slot, value.sharding) for slot, value in self.remote_outputs)
         readers: dict = {}
         for (_, key), sharding in zip(self.input_keys, self.input_shardings):
-            if key.kind == "param":
+            if key.kind == InputKind.PARAM:
                 readers.setdefault(key.leaf, sharding)
-        grads = self.output_slots["grads"]
+        grads = self.output_slots[Output.GRADS]
         out = {}
         for a in range(n_leaves):
             sharding = produced.get(grads.get(a), readers.get(a))

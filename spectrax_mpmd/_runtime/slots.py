@@ -1,22 +1,52 @@
-"""Typed names of a plan's buffers.
+"""Typed names of a plan's buffers, cells and outputs.
 
 Every buffer slot of a plan is named by one of these keys while the plan is
 built (`Plan.slot_names` keeps them); measurements classify buffers by their
-key's type. Keys of different types never compare equal.
+key's type. Keys of different types never compare equal. Cell kinds, input
+kinds and output names are string enums: each equals (and hashes as) its text,
+the form tables and measurements print.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 
-class Input(NamedTuple):
-    """An argument leaf placed on a rank; `kind` is "param" (differentiated), "fixed"
-    (broadcast), "batch" (split into microbatches) or "input" (read only after the backward,
-    e.g. an optimizer state's leaf)."""
+class CellKind(StrEnum):
+    """What a cell computes for one stage and microbatch."""
 
-    kind: str
+    FORWARD = "F"
+    BACKWARD = "B"  # the whole backward
+    INPUT_GRAD = "I"  # the backward's input-gradient half
+    WEIGHT_GRAD = "W"  # the backward's weight-gradient half
+    LOSS = "FB"  # the loss stage's forward and backward in one program
+
+
+class InputKind(StrEnum):
+    """How an argument leaf enters a plan."""
+
+    PARAM = "param"  # differentiated
+    FIXED = "fixed"  # broadcast
+    BATCH = "batch"  # split into microbatches
+    AFTER = "input"  # read only after the backward (an optimizer state's leaf)
+
+
+class Output(StrEnum):
+    """The names of a plan's output slots (`Plan.output_slots`)."""
+
+    LOSS = "loss"  # the loss, summed over microbatches
+    AUX = "aux"  # output -> stacked auxiliary results
+    GRADS = "grads"  # parameter leaf -> its gradient
+    RESULTS = "results"  # the function's results (a whole step's plan)
+    REPLICATED = "replicated"  # results placed on every rank
+
+
+class Input(NamedTuple):
+    """An argument leaf of kind `kind` placed on a rank."""
+
+    kind: InputKind
     leaf: int
     rank: int
 

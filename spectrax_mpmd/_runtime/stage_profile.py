@@ -16,7 +16,7 @@ import numpy as np
 from spectrax_core.schedules import StageCost, StageMemory
 
 from .measure import action_spans, buffer_sizes, saved_values, stage_memory
-from .slots import GradAccumulator
+from .slots import CellKind, GradAccumulator
 
 
 @dataclass(frozen=True)
@@ -106,20 +106,26 @@ class StageProfile:
         field = "seconds" if statistic == "min" else "mean_seconds"
         measured = {(c.stage, c.kind): getattr(c, field) for c in self.cells}
         last = max(c.stage for c in self.cells)
-        rows: dict = {"F": [], "B": [], "I": [], "W": []}
+        rows: list[tuple[float, float, float, float]] = []
         for s in range(last + 1):
             if s == last:
-                f, b, i, w = self._seconds(measured, s, "FB"), 0.0, 0.0, 0.0
-            elif (s, "B") in measured:
-                f, b = self._seconds(measured, s, "F"), self._seconds(measured, s, "B")
+                f, b, i, w = self._seconds(measured, s, CellKind.LOSS), 0.0, 0.0, 0.0
+            elif (s, CellKind.BACKWARD) in measured:
+                f, b = (
+                    self._seconds(measured, s, CellKind.FORWARD),
+                    self._seconds(measured, s, CellKind.BACKWARD),
+                )
                 i = w = b / 2
             else:
-                f, w = self._seconds(measured, s, "F"), self._seconds(measured, s, "W")
-                i = self._seconds(measured, s, "I") if (s, "I") in measured else 0.0
+                f, w = (
+                    self._seconds(measured, s, CellKind.FORWARD),
+                    self._seconds(measured, s, CellKind.WEIGHT_GRAD),
+                )
+                has_i = (s, CellKind.INPUT_GRAD) in measured
+                i = self._seconds(measured, s, CellKind.INPUT_GRAD) if has_i else 0.0
                 b = i + w
-            for kind, value in zip("FBIW", (f, b, i, w)):
-                rows[kind].append(value)
-        return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
+            rows.append((f, b, i, w))
+        return StageCost(*(tuple(column) for column in zip(*rows)), comm=comm)
 
     @staticmethod
     def _seconds(measured: dict, stage: int, kind: str) -> float:
@@ -175,9 +181,9 @@ def _cell_seconds(plan, spans) -> dict:
         if parts is None or len(parts) != 1:
             continue
         part = parts[0]
-        loss = (part.stage, "FB") in plan.cells
-        kind = "FB" if loss else part.kind
-        if loss and part.kind != "F":
+        loss = (part.stage, CellKind.LOSS) in plan.cells
+        kind = CellKind.LOSS if loss else part.kind
+        if loss and part.kind != CellKind.FORWARD:
             continue
         times.setdefault((part.stage, kind), []).append(end - start)
     return times

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
 from .args import fold_key
-from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
 from .graph import Stage, StageGraph
+from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
 from .weights import LossWeights
 
 

@@ -35,9 +35,9 @@ from jax.extend.core import ClosedJaxpr, Literal, Var
 
 from ..errors import MpmdError
 from .args import fold_key
+from .graph import StageGraph
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, producers, read
 from .marker import sxstage_iter_p
-from .graph import StageGraph
 
 PARAM, BATCH, OTHER = 1, 2, 4  # what a value depends on: bit flags over the argument kinds
 _PASS_THROUGH = frozenset({"neg", "convert_element_type", "copy"})
