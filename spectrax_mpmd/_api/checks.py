@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._plan.regions import region_schedule
-from .._trace.args import traced_avals
 from .._trace.region import DEFAULT_REGION
-from .._trace.split import trace
 from ..errors import MpmdError
 
 WITHOUT_SCHEDULE = (
@@ -96,23 +96,21 @@ def pipeline_schedule(owner, graph, regions: dict):
     return owner.schedule
 
 
-def microbatches(owner, sig) -> int:
+def microbatches(name: str, schedule, regions: Callable[[], dict]) -> int:
     """How many microbatches a call splits its batch into: its schedule's or, with `schedule=`
-    omitted, its regions' (the function is traced once on the whole batch to read them; every
-    region must name a schedule, all with the same microbatches)."""
-    if owner.schedule is not None:
-        return owner.schedule.microbatches
-    _, _, _, regions = trace(sig.bind(owner.fn), sig.in_tree.unflatten(traced_avals(sig, None, 1)))
+    omitted, its regions' (`regions()` gives the `sxstage_region`s the function opens, read
+    from its trace; every region must name a schedule, all with the same microbatches)."""
+    if schedule is not None:
+        return schedule.microbatches
+    regions = regions()
     unnamed = sorted(name for name, schedule in regions.items() if schedule is None)
     if not regions or unnamed:
         where = f"region(s) {unnamed} name none" if unnamed else "the function opens no region"
-        raise MpmdError(
-            f"{owner.name}: {WITHOUT_SCHEDULE}{where}. Pass schedule=, e.g. Std1F1B(microbatches=8)."
-        )
+        raise MpmdError(f"{name}: {WITHOUT_SCHEDULE}{where}. Pass schedule=, e.g. Std1F1B(microbatches=8).")
     counts = {schedule.microbatches for schedule in regions.values()}
     if len(counts) != 1:
         raise MpmdError(
-            f"{owner.name}: the regions' schedules split the batch into {sorted(counts)} microbatches; "
+            f"{name}: the regions' schedules split the batch into {sorted(counts)} microbatches; "
             "every region runs the same number, so give each region's schedule the same microbatches=."
         )
     return counts.pop()

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from spectrax_core import sharding as core_sharding
-from spectrax_core.schedules import Timeline
+from spectrax_core.schedules import Schedule, Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_train_plan
@@ -46,13 +46,14 @@ from .checks import (
 )
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 from .weighing import step_weights, with_aux
+from .whole_batch import WholeBatchTrace
 
 
 class Pipeline(NamedTuple):
     """A loss traced and split for one signature, with what its plan needs."""
 
     graph: StageGraph
-    schedule: object
+    schedule: Schedule
     args: PlanArgs
     argnums: tuple  # the differentiated positions
     ranges: dict  # position -> its flat leaf indices
@@ -121,7 +122,8 @@ class _StepFunction:
 
     def pipeline(self, sig: Signature) -> Pipeline:
         """Trace and split the loss for this signature: what a plan of it is built from."""
-        m = microbatches(self, sig)
+        whole = WholeBatchTrace(with_aux(sig.bind(self.fn), self.has_aux), sig, self.compiler.stats)
+        m = microbatches(self.name, self.schedule, lambda: whole.regions)
         kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
         if not self.fold_keys:
             kinds = dataclasses.replace(kinds, keys=frozenset())
@@ -137,7 +139,7 @@ class _StepFunction:
                 "reduce it (e.g. mean over the batch) before returning."
             )
         pipeline_schedule(self, None, regions)
-        closed, weights = step_weights(self, sig, kinds, micro, closed)
+        closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(self, graph, regions)

@@ -20,6 +20,7 @@ from .agree import InputsCheck
 from .checks import check_mesh, check_schedule, microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
 from .train_step import build_train_step
+from .whole_batch import WholeBatchTrace
 
 
 @methods_outside_context_mesh
@@ -42,7 +43,8 @@ class _JitFunction:
     def _build(self, sig: Signature) -> Entry:
         kinds, split_batch, m = None, {}, 1
         if self.batch_argnums is not None:
-            m = microbatches(self, sig)
+            whole = WholeBatchTrace(sig.bind(self.fn), sig, self.compiler.stats)
+            m = microbatches(self.name, self.schedule, lambda: whole.regions)
             kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, m)
             split_batch = dict(
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._trace.args import Signature, traced_avals
+from .._trace.args import Signature
 from .._trace.split import trace
 from .._trace.weights import BATCH, PARAM, loss_weights
 from ..errors import MpmdError
@@ -25,18 +25,14 @@ def with_aux(fn: Callable, has_aux: bool) -> Callable:
     return wrapped
 
 
-def step_weights(step, sig: Signature, kinds, micro: list, closed) -> tuple:
+def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callable) -> tuple:
     """`(loss jaxpr, LossWeights)` of `step` (a `sxvalue_and_grad` step) for this signature:
-    `closed` is its loss traced on `micro` (the microbatch's avals)."""
+    `closed` is its loss traced on `micro` (the microbatch's avals), `whole()` on the whole
+    batch (traced when first needed)."""
     roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
     weight = None
     if step.weight_fn is not None:
         weight = trace(sig.bind(step.weight_fn), sig.in_tree.unflatten(micro))[0]
-
-    def whole():
-        with step.compiler.stats.timed("trace"):
-            full = traced_avals(sig, None, 1)
-            return trace(with_aux(sig.bind(step.fn), step.has_aux), sig.in_tree.unflatten(full))[0]
 
     return loss_weights(
         step.name,

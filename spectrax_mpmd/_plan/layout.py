@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from spectrax_core.schedules import Schedule
+
 from .._mesh import MpmdMesh
 from .._runtime.slots import CellKind
 from .._trace.graph import StageGraph
@@ -54,7 +56,7 @@ class Layout:
     schedule's logical stages (`copy_stages`); logical stage `s` runs model stage `model[s]`."""
 
     graph: StageGraph
-    schedule: object
+    schedule: Schedule
     mesh: MpmdMesh
     ranks: tuple
     m: int

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
+from spectrax_core.schedules import Schedule
+
 from .._comm import is_transfer
 from ..errors import MpmdError
 from .slots import InputKind, Output
@@ -54,7 +56,7 @@ class Plan:
     graph: object = None  # the StageGraph the plan runs
     saved: dict = field(default_factory=dict)  # (stage, kind) -> trailing outputs kept per microbatch
     ran: frozenset = frozenset()  # the (stage, kind) cells the plan runs, alone or fused
-    schedule: object = None  # the schedule it runs (regions merged into one)
+    schedule: Schedule | None = None  # the schedule it runs (regions merged into one)
     slot_names: dict = field(default_factory=dict)  # slot -> its typed key (last alias wins)
     # multi-process only: the cross-process transport, the ranks this process runs (None: all),
     # and (slot, global array without local shards) of outputs held elsewhere

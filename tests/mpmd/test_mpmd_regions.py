@@ -382,3 +382,23 @@ def test_without_schedule_every_stage_needs_a_region_with_a_schedule(text, visio
     params = tower_params(jax.random.PRNGKey(0), (vision,), 2)
     with pytest.raises(mp.MpmdError, match=message):
         step(params, *batch((vision,)))
+
+
+@pytest.mark.parametrize("schedule", [None, S.Std1F1B(M)], ids=["regions' schedules", "schedule="])
+def test_the_function_is_traced_on_the_whole_batch_at_most_once(schedule):
+    """Reading the regions' schedules (no `schedule=`) and weighing a mean loss's microbatches
+    share one trace on the whole batch: the loss runs once per microbatch shape and once per
+    whole-batch shape, whichever says how many microbatches there are."""
+    text = ("text", S.Std1F1B(M), 2)
+    loss = towers_loss((VISION,), text)
+    shapes = []
+
+    def counted(params, inputs, tokens, labels):
+        shapes.append(tokens.shape[0])
+        return loss(params, inputs, tokens, labels)
+
+    step = mp.sxvalue_and_grad(counted, mesh=mesh(4), schedule=schedule)
+    params = tower_params(jax.random.PRNGKey(0), (VISION,), 2)
+    got = step(params, *batch((VISION,)))
+    assert sorted(shapes) == [BATCH // M, BATCH]
+    assert_close(got, jax.value_and_grad(loss)(params, *batch((VISION,))))
