@@ -66,6 +66,18 @@ class MpmdMesh:
             raise MeshError(f"submesh: rank must be in [0, {self.mpmd_dim}), got {rank}.")
         return self._submeshes[rank]
 
+    def rank_of(self, placed) -> int | None:
+        """The pipeline rank holding `placed` (an array or a sharding): the rank whose submesh
+        has every one of its devices; None when it spans several ranks or lies outside the mesh.
+        Every "which rank owns this leaf" question about placed values is answered here."""
+        sharding = getattr(placed, "sharding", placed)
+        devices = set(getattr(sharding, "device_set", ()))
+        if not devices:
+            return None
+        return next(
+            (r for r in range(self.mpmd_dim) if devices <= set(self.submesh(r).devices.flat)), None
+        )
+
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"

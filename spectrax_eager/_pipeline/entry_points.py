@@ -193,11 +193,8 @@ def sxvalue_and_grad_and_apply(fn: Callable, argnums=0, **options) -> Callable:
 
 def _owner(mesh, leaf) -> int:
     """The pipeline rank whose submesh holds `leaf` (rank 0 for a leaf on no single rank)."""
-    devices = set(getattr(leaf, "sharding", None).device_set) if hasattr(leaf, "sharding") else set()
-    for rank in range(mesh.mpmd_dim):
-        if devices and devices <= set(mesh.submesh(rank).devices.flat):
-            return rank
-    return 0
+    rank = mesh.rank_of(leaf)
+    return 0 if rank is None else rank
 
 
 def sxstage_region(

@@ -39,6 +39,22 @@ def test_create_mesh_resolves_the_free_axis_and_drops_pp_in_submeshes():
     assert _devices(subs[1]) == set(np.asarray(mesh.devices)[1].flat)
 
 
+def test_rank_of_names_the_rank_holding_an_array_or_sharding():
+    mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")
+    for rank in range(4):
+        sub = mesh.submesh(rank)
+        sharded = NamedSharding(sub, P("fsdp"))
+        assert mesh.rank_of(sharded) == rank
+        assert mesh.rank_of(jax.device_put(np.ones(4), sharded)) == rank
+        one = jax.device_put(np.ones(4), sub.devices.flat[-1])
+        assert mesh.rank_of(one) == rank
+    across = NamedSharding(mesh.jax_mesh, P("pp"))
+    assert mesh.rank_of(across) is None
+    assert mesh.rank_of(np.ones(3)) is None  # not placed
+    other = mp.create_mesh((2, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:2])
+    assert other.rank_of(jax.device_put(np.ones(2), jax.devices()[5])) is None
+
+
 def test_create_mesh_without_mpmd_axis_and_over_a_device_subset():
     plain = mp.create_mesh((1, 1, -1, 1, 1, 1))
     assert not plain.is_mpmd and plain.mpmd_dim == 1
