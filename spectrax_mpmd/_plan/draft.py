@@ -1,12 +1,14 @@
 """A plan under construction: named slots and steps in issue order.
 
-The plan passes share one `Draft`: each pass reads what earlier ones recorded
-and appends steps or metadata; `seal` turns it into a runnable `Plan`. Nothing
-outside `_plan/` touches a draft.
+The emitting passes append to one `Draft` (slots, steps, what each action
+became); a pass that rearranges steps (`hoist`) returns a new draft whose records
+of step positions follow their steps; `seal` turns it into a runnable `Plan`.
+Nothing outside `_plan/` touches a draft.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .._compile.compiler import CellSpec
@@ -78,3 +80,23 @@ class Draft:
         before = [st for st in rest if not made.intersection(st.ins)]
         after = [st for st in rest if made.intersection(st.ins)]
         self.steps[start:] = [*before, Step(self.fused[parts], tuple(ins), tuple(outs)), *after]
+
+    def inserting(self, inserted: dict[int, list], start: int) -> Draft:
+        """This draft's first `start` steps with the steps `inserted[k]` placed before step `k`
+        (`k == start`: after the last), the steps from `start` on dropped (they are among the
+        inserted ones): a new draft whose records of step positions follow their steps."""
+        steps, shift = [], {}
+        for k in range(start + 1):
+            steps.extend(inserted.get(k, ()))
+            shift[k] = len(steps) - k
+            if k < start:
+                steps.append(self.steps[k])
+        return dataclasses.replace(
+            self,
+            steps=steps,
+            action_steps=[
+                (rank, action, first + shift[first], end + shift[first])
+                for rank, action, first, end in self.action_steps
+            ],
+            forward_steps={k + shift[k]: v for k, v in self.forward_steps.items()},
+        )

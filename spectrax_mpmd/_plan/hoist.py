@@ -17,11 +17,12 @@ from .._compile.compiler import CellSpec
 from .draft import Draft
 
 
-def hoist(draft: Draft, start: int) -> None:
-    """Move the steps from `start` on up to the earliest action boundary their inputs allow."""
+def hoist(draft: Draft, start: int) -> Draft:
+    """`draft` with the steps from `start` on moved up to the earliest action boundary their
+    inputs allow."""
     head, tail = draft.steps[:start], draft.steps[start:]
     if not tail or not draft.action_steps:
-        return
+        return draft
     boundaries = sorted({end for *_, end in draft.action_steps if end <= start} | {0, start})
     written: dict = {}
     accessed: dict = {}
@@ -48,16 +49,4 @@ def hoist(draft: Draft, start: int) -> None:
         for slot in step.ins:
             read_at[slot] = max(read_at.get(slot, 0), boundary)
     moved = sorted(range(len(tail)), key=lambda j: placed[j])
-    at = {b: [tail[j] for j in moved if placed[j][0] == b] for b in {p for p, _ in placed}}
-    steps, shift = [], {}
-    for k in range(len(head) + 1):
-        steps.extend(at.get(k, ()))
-        shift[k] = len(steps) - k
-        if k < len(head):
-            steps.append(head[k])
-    draft.steps = steps
-    draft.action_steps = [
-        (rank, action, first + shift[first], end + shift[first])
-        for rank, action, first, end in draft.action_steps
-    ]
-    draft.forward_steps = {k + shift[k]: v for k, v in draft.forward_steps.items()}
+    return draft.inserting({b: [tail[j] for j in moved if placed[j][0] == b] for b, _ in placed}, start)

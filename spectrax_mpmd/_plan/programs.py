@@ -8,6 +8,7 @@ submesh) is compiled early so the specs that read its outputs can name them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import jax
@@ -20,12 +21,14 @@ from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded, saved_bytes
 from .layout import Layout, PlanArgs
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageProgram:
     """One stage's input/output map, cell functions and cell specs by kind (`F`, `B`, `I`,
     `W`; the last stage's `FB`), with how many residuals its forward saves and how many
     values its I cell stashes per microbatch, their specs, and which of them live in host
-    memory between their cell and their reader (positions among `res_specs`, `stash_specs`)."""
+    memory between their cell and their reader (positions among `res_specs`, `stash_specs`).
+    Made without specs (`programs_of`); `backward_specs` and `with_loss_spec` return it with
+    them. `forwards` memoizes the forward specs by their options."""
 
     io: StageIO
     cells: StageCells
@@ -117,8 +120,12 @@ def forward_spec(layout: Layout, p: StageProgram, s: int, *, residuals: bool, do
     return p.forwards[key]
 
 
-def loss_spec(layout: Layout, p: StageProgram, s: int) -> CellSpec:
-    """Loss stage `s`'s fused value-and-grad cell."""
+def with_loss_spec(layout: Layout, p: StageProgram, s: int) -> StageProgram:
+    """`p` with loss stage `s`'s fused value-and-grad cell."""
+    return dataclasses.replace(p, specs={CellKind.LOSS: _loss_spec(layout, p, s)})
+
+
+def _loss_spec(layout: Layout, p: StageProgram, s: int) -> CellSpec:
     io = p.io
     acc_sh = [layout.param(a, s) for a in io.params]
     acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
@@ -145,23 +152,19 @@ def _made(compiler: Compiler, spec: CellSpec, skip: int, free, avals) -> list:
     ]
 
 
-def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, splits: bool) -> None:
-    """Stage `s`'s forward and backward specs (and I/W halves when the schedule splits)."""
+def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, splits: bool) -> StageProgram:
+    """`p` with stage `s`'s forward and backward specs (and I/W halves when the schedule splits)."""
     io, cells = p.io, p.cells
     acc_sh = [layout.param(a, s) for a in io.params]
     acc_specs = [shape_spec(layout.accumulator_aval(a), sh) for a, sh in zip(io.params, acc_sh)]
     ct_in_sh = [layout.edge(io.stage.edge_inputs[k]) for k in io.diff_in]
-    forward = p.specs[CellKind.FORWARD] = forward_spec(layout, p, s, residuals=not cells.remat)
+    forward = forward_spec(layout, p, s, residuals=not cells.remat)
     if cells.remat or not cells.produced_residual_avals:
         produced = []
     else:
         skip = len(io.stage.edge_outputs) + len(io.stage.results)
         produced = _made(compiler, forward, skip, layout.free(s), cells.produced_residual_avals)
-    p.n_res = len(produced)
-    p.res_specs = produced
-    p.offload_res = p.reload[CellKind.BACKWARD] = offloaded(
-        [saved_bytes(a) for a in produced], p.offload.residuals
-    )
+    offload_res = offloaded([saved_bytes(a) for a in produced], p.offload.residuals)
     made = iter(produced)
     res_specs = [p.in_specs[src] if src is not None else next(made) for src in cells.residual_sources]
     ct_specs = [
@@ -170,29 +173,41 @@ def backward_specs(layout: Layout, p: StageProgram, s: int, compiler: Compiler, 
         for _ in consumers
     ]
     n_read = len(res_specs) + len(ct_specs)
-    p.specs[CellKind.BACKWARD] = CellSpec(
+    backward = CellSpec(
         cells.backward,
         tuple(res_specs + ct_specs + acc_specs),
         (*acc_sh, *ct_in_sh),
         tuple(range(n_read, n_read + len(acc_specs))),
     )
+    p = dataclasses.replace(
+        p,
+        specs={CellKind.FORWARD: forward, CellKind.BACKWARD: backward},
+        n_res=len(produced),
+        res_specs=produced,
+        offload_res=offload_res,
+        reload={CellKind.BACKWARD: offload_res},
+    )
     if not splits:
-        return
-    i_fn, w_fn, p.n_stash, (i_reads, w_reads) = cells.split_backward()
+        return p
+    i_fn, w_fn, n_stash, (i_reads, w_reads) = cells.split_backward()
     free = layout.free(s)
-    i_res, p.reload[CellKind.INPUT_GRAD] = _unread_on_host(p, res_specs, i_reads)
-    w_res, p.reload[CellKind.WEIGHT_GRAD] = _unread_on_host(p, res_specs, w_reads)
-    p.specs[CellKind.INPUT_GRAD] = CellSpec(i_fn, tuple(i_res + ct_specs), (*ct_in_sh, *[free] * p.n_stash))
-    if free is not None:
-        stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :]
-    else:
-        stash = ()
-    stash_specs = p.stash_specs = _made(compiler, p.specs[CellKind.INPUT_GRAD], len(ct_in_sh), free, stash)
-    p.offload_stash = offloaded([saved_bytes(a) for a in stash_specs], p.offload.stash)
-    n_w_in = n_read + p.n_stash
-    p.specs[CellKind.WEIGHT_GRAD] = CellSpec(
+    i_res, i_reload = _unread_on_host(p, res_specs, i_reads)
+    w_res, w_reload = _unread_on_host(p, res_specs, w_reads)
+    input_grad = CellSpec(i_fn, tuple(i_res + ct_specs), (*ct_in_sh, *[free] * n_stash))
+    stash = jax.eval_shape(i_fn, *res_specs, *ct_specs)[len(ct_in_sh) :] if free is not None else ()
+    stash_specs = _made(compiler, input_grad, len(ct_in_sh), free, stash)
+    n_w_in = n_read + n_stash
+    weight_grad = CellSpec(
         w_fn,
         tuple(w_res + ct_specs + stash_specs + acc_specs),
         tuple(acc_sh),
         tuple(range(n_w_in, n_w_in + len(acc_specs))),
+    )
+    return dataclasses.replace(
+        p,
+        specs={**p.specs, CellKind.INPUT_GRAD: input_grad, CellKind.WEIGHT_GRAD: weight_grad},
+        n_stash=n_stash,
+        stash_specs=stash_specs,
+        offload_stash=offloaded([saved_bytes(a) for a in stash_specs], p.offload.stash),
+        reload={**p.reload, CellKind.INPUT_GRAD: i_reload, CellKind.WEIGHT_GRAD: w_reload},
     )

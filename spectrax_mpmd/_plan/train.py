@@ -14,7 +14,7 @@ from .gradients import accumulator_cells, reduce_gradients
 from .hoist import hoist
 from .layout import Layout, PlanArgs
 from .order import order_actions
-from .programs import StageProgram, backward_specs, forward_spec, loss_spec, programs_of
+from .programs import StageProgram, backward_specs, forward_spec, programs_of, with_loss_spec
 from .seal import describe_training, seal
 
 
@@ -27,7 +27,7 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     draft = Draft()
     programs = programs_of(layout, args, layout.m, args.remat)
     setup = accumulator_cells(draft, layout, programs, args)
-    stage_programs(layout, programs, [spec for spec, _ in setup], compiler)
+    programs = stage_programs(layout, programs, [spec for spec, _ in setup], compiler)
     for spec, outs in setup:
         draft.add(spec, (), outs)
     for rank, action in order_actions(schedule, layout.n, layout.graph):
@@ -36,28 +36,29 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     draft.outputs = reduce_gradients(draft, layout, programs, args)
     if args.epilogue is not None:
         draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
-    hoist(draft, tail)
+    draft = hoist(draft, tail)
     numbering = args.epilogue.function_leaves if args.epilogue is not None else None
     return seal(draft, layout, compiler, schedule, numbering, **describe_training(draft, layout, programs))
 
 
-def stage_programs(layout: Layout, programs: list[StageProgram], setup: list, compiler: Compiler) -> None:
-    """Build every stage's cell specs. When some output shardings are only known once compiled
-    (a sharded submesh), the programs that need no other program's output are compiled
+def stage_programs(
+    layout: Layout, programs: list[StageProgram], setup: list, compiler: Compiler
+) -> list[StageProgram]:
+    """Every stage's program with its cell specs. When some output shardings are only known once
+    compiled (a sharded submesh), the programs that need no other program's output are compiled
     together first."""
-    losses = []
-    for s in layout.loss_stages:
-        programs[s].specs[CellKind.LOSS] = loss_spec(layout, programs[s], s)
-        losses.append(programs[s].specs[CellKind.LOSS])
+    losses = {s: with_loss_spec(layout, programs[s], s) for s in layout.loss_stages}
     inner = [s for s in range(len(programs)) if not layout.is_loss(s)]
     if not all(layout.free(s) is not None for s in range(len(programs))):
         forwards = [
             forward_spec(layout, programs[s], s, residuals=not programs[s].cells.remat) for s in inner
         ]
-        compiler.prefetch([*forwards, *setup, *losses])
+        compiler.prefetch([*forwards, *setup, *(p.specs[CellKind.LOSS] for p in losses.values())])
     splits = layout.splits()
-    for s in inner:
-        backward_specs(layout, programs[s], s, compiler, splits)
+    return [
+        losses[s] if s in losses else backward_specs(layout, p, s, compiler, splits)
+        for s, p in enumerate(programs)
+    ]
 
 
 def _check_loss_stage(graph: StageGraph) -> None:
