@@ -69,31 +69,31 @@ def check_schedule(name: str, schedule, n: int) -> tuple[int, MpmdError | None]:
     return schedule.virtual_stages, None
 
 
-def pipeline_schedule(owner, graph, regions: dict):
+def pipeline_schedule(function, graph, regions: dict):
     """The schedule a traced function runs: the call's, or its regions' merged into one.
 
     Called twice: before the split with no graph (the trace opened no region, so the
     call's schedule must be valid on every rank) and after it."""
     if graph is not None and graph.has_regions:
         outside = any(region == DEFAULT_REGION for region, _ in graph.stage_regions)
-        if owner.schedule is None and outside and getattr(owner, "microbatched", True):
+        if function.schedule is None and outside and getattr(function, "microbatched", True):
             raise MpmdError(
-                f"{owner.name}: {WITHOUT_SCHEDULE}some stages run outside every region; wrap that code "
+                f"{function.name}: {WITHOUT_SCHEDULE}some stages run outside every region; wrap that code "
                 "in a region too, or pass schedule= (the schedule of the code outside the regions)."
             )
         return region_schedule(
-            graph, regions, owner.schedule, owner.mesh.mpmd_dim, owner.region_ranks, owner.name
+            graph, regions, function.schedule, function.mesh.mpmd_dim, function.region_ranks, function.name
         )
     if graph is None and regions:
         return None
-    if owner.region_ranks is not None:
+    if function.region_ranks is not None:
         raise MpmdError(
-            f"{owner.name}: region_ranks places sxstage_regions, but the function opens none; "
+            f"{function.name}: region_ranks places sxstage_regions, but the function opens none; "
             "drop region_ranks or wrap each branch in `with sxstage_region(name):`."
         )
-    if owner.schedule_error is not None:
-        raise owner.schedule_error
-    return owner.schedule
+    if function.schedule_error is not None:
+        raise function.schedule_error
+    return function.schedule
 
 
 def microbatches(name: str, schedule, regions: Callable[[], dict]) -> int:

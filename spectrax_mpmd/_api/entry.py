@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +15,21 @@ from .._runtime import HostProfile, Output, Plan, host_profile
 from .._trace.args import signature
 from .._trace.context import check_no_trace
 from ..errors import MpmdError
+
+
+class PipelinedFunction(Protocol):
+    """What every entry point's callable (`sxjit`'s, `sxvalue_and_grad`'s) is to the calls it
+    serves: its function and settings, its compiled plans by signature, and how to build one."""
+
+    name: str
+    fn: Callable
+    static_argnums: tuple
+    compiler: Compiler
+    placer: Placer
+    cache: dict
+    inputs_check: Callable
+
+    def build_entry(self, sig) -> Entry: ...
 
 
 class Placer:
@@ -103,31 +118,31 @@ class Entry:
         return buf
 
 
-def cached_entry(owner, args) -> tuple[Entry, list]:
-    """`owner`'s entry for this call's signature (built on a miss) and the call's leaves.
+def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
+    """`function`'s entry for this call's signature (built on a miss) and the call's leaves.
 
     Refuses calls under a JAX transformation before any cache is read or written.
     """
-    check_no_trace(owner.name)
-    sig = signature(owner.name, owner.fn, args, owner.static_argnums)
-    entry = owner.cache.get(sig.key)
-    owner.inputs_check(sig, first=entry is None)
+    check_no_trace(function.name)
+    sig = signature(function.name, function.fn, args, function.static_argnums)
+    entry = function.cache.get(sig.key)
+    function.inputs_check(sig, first=entry is None)
     if entry is None:
-        stats = owner.compiler.stats
+        stats = function.compiler.stats
         stats.reset()
         with stats.timed("plan"):
-            entry = owner._build(sig)
+            entry = function.build_entry(sig)
         entry.build = stats.report()
-        owner.cache[sig.key] = entry
-    owner.last_entry = entry
+        function.cache[sig.key] = entry
+    function.last_entry = entry
     return entry, sig.leaves
 
 
-def host_cost(owner, args, rounds: int) -> HostProfile:
-    """`owner`'s host-cost report for these arguments (see `HostProfile`)."""
-    entry, leaves = cached_entry(owner, args)
-    entry.plan.check_single_process(f"{owner.name}.profile")
-    return host_profile(entry.plan, fresh_inputs(entry, owner.placer, leaves), rounds)
+def host_cost(function: PipelinedFunction, args, rounds: int) -> HostProfile:
+    """`function`'s host-cost report for these arguments (see `HostProfile`)."""
+    entry, leaves = cached_entry(function, args)
+    entry.plan.check_single_process(f"{function.name}.profile")
+    return host_profile(entry.plan, fresh_inputs(entry, function.placer, leaves), rounds)
 
 
 def fresh_inputs(entry: Entry, placer: Placer, leaves: Sequence) -> Callable:
@@ -157,13 +172,13 @@ class Timings(dict):
     __str__ = __repr__
 
 
-def build_timings(owner, args) -> Timings:
+def build_timings(function: PipelinedFunction, args) -> Timings:
     """The build report of `args`' signature (building it if needed), or of the last call's."""
     if args:
-        return Timings(cached_entry(owner, args)[0].build)
-    entry = getattr(owner, "last_entry", None)
+        return Timings(cached_entry(function, args)[0].build)
+    entry = getattr(function, "last_entry", None)
     if entry is None:
-        raise MpmdError(f"{owner.name}: nothing has been built yet; call it first or pass arguments.")
+        raise MpmdError(f"{function.name}: nothing has been built yet; call it first or pass arguments.")
     return Timings(entry.build)
 
 

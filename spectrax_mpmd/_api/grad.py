@@ -157,7 +157,7 @@ class _StepFunction:
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
 
-    def _build(self, sig: Signature) -> Entry:
+    def build_entry(self, sig: Signature) -> Entry:
         pipe = self.pipeline(sig)
         plan = build_plan(self.compiler, build_train_plan, pipe.graph, pipe.schedule, self.mesh, pipe.args)
         slots = plan.output_slots[Output.GRADS]

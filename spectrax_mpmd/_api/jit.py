@@ -40,7 +40,7 @@ class _JitFunction:
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         functools.update_wrapper(self, fn)
 
-    def _build(self, sig: Signature) -> Entry:
+    def build_entry(self, sig: Signature) -> Entry:
         kinds, split_batch, m = None, {}, 1
         if self.batch_argnums is not None:
             whole = WholeBatchTrace(sig.bind(self.fn), sig, self.compiler.stats)

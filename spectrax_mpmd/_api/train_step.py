@@ -19,7 +19,7 @@ from .._trace.pipelined import FoundCall, PipelineCall
 from .entry import Entry, build_plan
 
 
-def build_train_step(owner, sig, found: FoundCall, out_tree, donated_leaves: frozenset) -> Entry:
+def build_train_step(function, sig, found: FoundCall, out_tree, donated_leaves: frozenset) -> Entry:
     """The plan of a traced training step: `found`'s pipeline, then the rest of the function.
 
     The plan reads the function's leaves: a leaf the pipeline reads keeps its role there
@@ -50,6 +50,6 @@ def build_train_step(owner, sig, found: FoundCall, out_tree, donated_leaves: fro
     )
     epilogue = Epilogue(program, tuple(roles), frozenset(donated), tuple(step_to_fn))
     args = dataclasses.replace(pipe.args, epilogue=epilogue)
-    plan = build_plan(owner.compiler, build_train_plan, pipe.graph, pipe.schedule, owner.mesh, args)
-    owner.last_graph = pipe.graph
+    plan = build_plan(function.compiler, build_train_plan, pipe.graph, pipe.schedule, function.mesh, args)
+    function.last_graph = pipe.graph
     return Entry(plan, out_tree, donated=donated_leaves)

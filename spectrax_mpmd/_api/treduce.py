@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._trace.jaxpr import eval_eqns, read
-from .._trace.pipelined import inside_train_step, train_step_owner
+from .._trace.pipelined import inside_train_step, traced_train_step
 from ..errors import MpmdError
 from .grad import step_function
 
@@ -140,11 +140,11 @@ def _pipelined(fn, xs, schedule, axis: int, operation, m: int, weight_fn):
     def weight(floats, xs, others):
         return weight_fn(_microbatch(xs, 0, 0))
 
-    owner = train_step_owner()
+    jitted = traced_train_step()
     step = step_function(
         loss,
-        compiler=owner.compiler,
-        mesh=owner.mesh,
+        compiler=jitted.compiler,
+        mesh=jitted.mesh,
         schedule=schedule,
         has_aux=True,
         batch_argnums=1,

@@ -57,9 +57,9 @@ sxpipeline_p.def_impl(_impl)
 
 
 @contextlib.contextmanager
-def tracing_train_step(owner) -> Iterator[None]:
-    """While `sxjit` (`owner`) traces: pipelined steps called on traced values bind `sxpipeline_p`."""
-    token = _tracing.set(owner)
+def tracing_train_step(function) -> Iterator[None]:
+    """While `sxjit` (`function`) traces: pipelined steps called on traced values bind `sxpipeline_p`."""
+    token = _tracing.set(function)
     try:
         yield
     finally:
@@ -70,7 +70,7 @@ def inside_train_step() -> bool:
     return _tracing.get() is not None
 
 
-def train_step_owner():
+def traced_train_step():
     """The `sxjit` function being traced (its mesh and compiler), or None."""
     return _tracing.get()
 
