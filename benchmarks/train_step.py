@@ -239,10 +239,10 @@ def section_simulate(rounds: int) -> list[dict]:
         validate = max(max(p - a, 0.0) for p, a in zip(measured["post"], apply))  # the check's cells
         timeline = S.simulate(schedule, N, cost)
         made = {
-            gate: S.with_update(
-                timeline, apply, gate=gate, validate=validate if gate == "post" else 0.0
+            validation: S.with_update(
+                timeline, apply, validation=validation, validate=validate if validation == "post" else 0.0
             ).makespan
-            for gate in ("none", "sync", "post")
+            for validation in S.VALIDATIONS
         }
         gain = made["sync"] / made["none"] - 1
         print(
@@ -256,7 +256,7 @@ def section_simulate(rounds: int) -> list[dict]:
                 makespan_s=timeline.makespan,
                 update_s=apply,
                 validate_s=validate,
-                **{f"{gate}_s": v for gate, v in made.items()},
+                **{f"{validation}_s": v for validation, v in made.items()},
                 gain=gain,
             )
         )

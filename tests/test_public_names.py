@@ -44,6 +44,7 @@ SCHEDULES_ADDED = {
     "ZeroBubbleH2", "ZBV", "VHalf", "VMin", "DualPipe", "MORE_SCHEDULES", "UserSchedule", "SearchedSchedule",
     "search", "UpdatedStep", "with_update",
     "BudgetError",
+    "VALIDATIONS",
 }  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from ._search import BudgetError, SearchedSchedule, search
 from ._simulate import simulate, validate
 from ._text import format_table, parse_cell, parse_table
 from ._timeline import Cost, Event, StageCost, Timeline
-from ._update import UpdatedStep, with_update
+from ._update import VALIDATIONS, UpdatedStep, with_update
 from ._user import UserSchedule
 from ._zb_h2 import ZeroBubbleH2
 from ._zero_bubble_v import ZBV, VHalf, VMin
@@ -49,6 +49,7 @@ MORE_SCHEDULES = (ZeroBubbleH2, ZBV, VHalf, VMin, DualPipe)
 __all__ = [
     "UpdatedStep",
     "with_update",
+    "VALIDATIONS",
     "GPipe",
     "Std1F1B",
     "Eager1F1B",

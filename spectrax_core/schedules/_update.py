@@ -1,9 +1,11 @@
 """The optimizer update after a simulated step: when each rank's update runs, and when the step ends.
 
 A training step that updates inside the schedule ends when the last rank's
-update ends. When the update starts depends on what gates it:
+update ends. When the update starts depends on its validation (the one name
+for what gates it, as `sxvalue_and_grad_and_apply(validation=)` says it):
 
-* `"none"`: nothing global: each rank updates right after its own last cell;
+* `"none"`: nothing global gates the update (it reads no other rank's
+  gradients): each rank updates right after its own last cell;
 * `"sync"`: a global condition (a gradient norm for clipping, a finiteness
   check): each rank's partial result crosses to one rank and the verdict comes
   back (two transfers), so every rank waits for the last backward of all;
@@ -14,12 +16,12 @@ update ends. When the update starts depends on what gates it:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ._timeline import Timeline
 
-GATES = ("none", "sync", "post")
+VALIDATIONS = ("none", "sync", "post")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class UpdatedStep:
     schedule's own makespan before any update."""
 
     timeline: Timeline
-    gate: str
+    validation: str
     spans: tuple[tuple[float, float], ...]
     makespan: float
 
@@ -39,12 +41,17 @@ class UpdatedStep:
 
 
 def with_update(
-    timeline: Timeline, apply: float | Sequence[float], *, gate: str = "none", validate: float = 0.0
+    timeline: Timeline,
+    apply: float | Sequence[float],
+    *,
+    validation: str = "none",
+    validate: float = 0.0,
 ) -> UpdatedStep:
     """`timeline` followed by each rank's update of duration `apply` (one per rank, or the same
-    for all), gated as `gate` says; the verdict's two transfers cost `timeline.cost.comm` each."""
-    if gate not in GATES:
-        raise ValueError(f"with_update: gate must be one of {GATES}, got {gate!r}.")
+    for all), gated as `validation` (one of `VALIDATIONS`) says; the verdict's two transfers cost
+    `timeline.cost.comm` each."""
+    if validation not in VALIDATIONS:
+        raise ValueError(f"with_update: validation must be one of {VALIDATIONS}, got {validation!r}.")
     n = timeline.n
     costs = [float(apply)] * n if isinstance(apply, (int, float)) else [float(a) for a in apply]
     if len(costs) != n:
@@ -53,7 +60,7 @@ def with_update(
     verdict = max(ends) + 2 * float(timeline.cost.comm)
     spans, finish = [], []
     for end, cost in zip(ends, costs):
-        start = verdict if gate == "sync" else end
+        start = verdict if validation == "sync" else end
         spans.append((start, start + cost))
-        finish.append(max(start + cost, verdict) + validate if gate == "post" else start + cost)
-    return UpdatedStep(timeline, gate, tuple(spans), max(finish))
+        finish.append(max(start + cost, verdict) + validate if validation == "post" else start + cost)
+    return UpdatedStep(timeline, validation, tuple(spans), max(finish))

@@ -62,7 +62,11 @@ def sxvalue_and_grad_and_apply(
     `validation="sync"` waits for the global norm before any rank updates;
     `"post"` updates each rank as soon as its backward ends and recomputes
     only when clipping triggers or a value is not finite: the same numbers,
-    without the wait (see `spectrax_mpmd._api.validation`).
+    without the wait (see `spectrax_mpmd._api.validation`). With neither
+    `max_grad_norm` nor `skip_nonfinite` `validation` changes nothing: the
+    update is gated only by what `tx` reads (`"none"` in
+    `spectrax_core.schedules.VALIDATIONS` unless it reads another rank's
+    gradients; a clip inside `tx` waits, as `"sync"`).
 
     `tx.update` receives `value=loss` when `tx` takes extra arguments
     (`optax.GradientTransformationExtraArgs`: `optax.contrib.reduce_on_plateau`,

@@ -20,7 +20,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-VALIDATIONS = ("sync", "post")
+from spectrax_core import schedules as S
+
+# the values a step can be given: the core's, less "none", which is what either is when there is
+# neither a clip nor a non-finite skip (the update then reads no other rank's gradients)
+VALIDATIONS = tuple(v for v in S.VALIDATIONS if v != "none")
 
 
 def _clipped(grads, norm, max_norm):
@@ -37,7 +41,15 @@ def _apply(tx, params, state, grads, extra: dict):
 
 
 def guarded_update(
-    tx, params, state, grads, *, max_grad_norm, skip_nonfinite: bool, validation: str, extra: dict | None = None
+    tx,
+    params,
+    state,
+    grads,
+    *,
+    max_grad_norm,
+    skip_nonfinite: bool,
+    validation: str,
+    extra: dict | None = None,
 ):
     """`(new_params, new_state)`: `tx` on `grads` clipped to `max_grad_norm` (None: no clipping),
     the step dropped when `skip_nonfinite` and the gradients are not finite; `extra` are keyword

@@ -1,4 +1,4 @@
-"""What an optax update adds to a pipelined step: its state's bytes on each rank, its time, its gate.
+"""What an optax update adds to a pipelined step: its state's bytes on each rank, its time, its validation.
 
 The one-plan training step (`sxvalue_and_grad_and_apply`) keeps each optimizer
 state leaf laid out like its parameter, on the rank that owns the parameter's
@@ -8,11 +8,14 @@ gradient, and runs each leaf's update there. So, from the transformation alone:
   `optax.tree_map_params` says which leaves are copies of the parameter tree
   (Adam's two moments) and so which parameter each belongs to; a leaf that is no
   parameter's (a step count) is counted on every rank;
-* the gate: when one leaf's update reads another rank's gradients (a global norm
-  for clipping, a finiteness check) every rank waits for the last backward
-  (`with_update(gate="sync")`), and while it waits a rank holds its reduced
+* the validation: when one leaf's update reads another rank's gradients (a
+  global norm for clipping, a finiteness check) a global verdict gates it, as
+  the step's validation says (`with_update(validation="sync")`: every rank
+  waits for the last backward; `"post"`: each updates after its own last cell,
+  then waits for the verdict), and until the verdict a rank holds its reduced
   gradients next to their accumulators (one more copy of its gradients);
-  otherwise each rank updates right after its own last cell (`gate="none"`);
+  otherwise nothing gates it: each rank updates right after its own last cell
+  (`validation="none"`);
 * the time: the update of the whole tree is timed once on one device and
   shared among the ranks in proportion to the parameter bytes each updates.
 """
@@ -137,8 +140,9 @@ def update_seconds(tx, params, rounds: int) -> float:
 
 
 def with_sync_copy(peaks: tuple[int, ...], memory, sync: bool) -> tuple[int, ...]:
-    """`peaks` raised to what a rank holds while a synchronous update waits: everything it holds
-    for the whole step plus its reduced gradients (as many bytes as its accumulators)."""
+    """`peaks` raised, when `sync` (a verdict gates the update), to what a rank holds until the
+    verdict: everything it holds for the whole step plus its reduced gradients (as many bytes as
+    its accumulators)."""
     if not sync:
         return peaks
     return tuple(max(p, memory.static(r) + memory.accumulators[r]) for r, p in enumerate(peaks))

@@ -1,0 +1,169 @@
+"""The planner's profiles: each step profiled once, with what its optimizer adds.
+
+A stage's cells depend only on the stage cut (ranks x virtual stages) and the
+microbatch size, and the bytes a plan holds per stage on the layout of stages on
+ranks. So one profile per layout, microbatch count and `remat` serves every
+schedule with them: for the flat layout, ZeroBubbleH1's, whose split backward
+runs every stage program alone (F, I and W; B = I + W) and whose bytes less the
+I cells' stash are what an unsplit backward holds; for the interleaved layout
+InterleavedGPipe's; the V layout's own for its bytes, its cells timed on the
+interleaved cut's (`holding_schedule`, `timing_schedule`).
+
+A `Profiler` makes and keeps them: each profile is the step's `profile_stages`
+(`StageProfile`) and the optimizer's per-rank state bytes and update seconds
+(`UpdateCost`). Its steps share one `Compiler` (a program two of them have in
+common compiles once), the update is timed once per stage count, and the host
+bandwidth measured once, when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spectrax_core import schedules as S
+
+from .._api import step_function
+from .._compile.compiler import Compiler
+from .._runtime import StageProfile
+from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
+from .memory import host_bandwidth
+from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
+
+
+@dataclass(frozen=True)
+class UpdateCost:
+    """Per rank, the optimizer state's bytes on one device and the update's seconds; and whether
+    some leaf's update reads a gradient another rank owns (`crosses_ranks`: a global-norm clip,
+    a finiteness check)."""
+
+    state: tuple[int, ...]
+    seconds: tuple[float, ...]
+    crosses_ranks: bool
+
+    def validation(self, given: str) -> str:
+        """The validation the step's update runs with (`spectrax_core.schedules.VALIDATIONS`):
+        `"none"` when it reads no other rank's gradients (nothing global gates it), else `given`
+        (`"sync"` or `"post"`, as `sxvalue_and_grad_and_apply(validation=)`)."""
+        return given if self.crosses_ranks else "none"
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """One profiled step: its stages' cells and bytes, and what its optimizer adds."""
+
+    stages: StageProfile
+    update: UpdateCost
+
+
+def holding_schedule(schedule):
+    """The schedule whose profile gives `schedule`'s cell times and bytes per stage (the same
+    layout; for the flat layout the split backward, which times every stage program alone)."""
+    m, v = schedule.microbatches, schedule.virtual_stages
+    if schedule.layout == "flat":
+        return S.ZeroBubbleH1(microbatches=m)
+    if schedule.layout == "loop":
+        return S.InterleavedGPipe(microbatches=m, virtual_stages=v)
+    return schedule
+
+
+def timing_schedule(schedule):
+    """The profile whose measured cells time `schedule` (the V layout's cells are timed on the
+    interleaved cut of the same stages, as its fused cells cannot be timed apart)."""
+    if schedule.layout == "v":
+        return S.InterleavedGPipe(microbatches=schedule.microbatches, virtual_stages=2)
+    return holding_schedule(schedule)
+
+
+class Profiler:
+    """Profiles of `fn`'s pipelined training step on `mesh`, each made once.
+
+    `fn(params, *batch)` is the loss and `args` its arguments, or, with no `args`,
+    `fn(n_stages)` returns `(loss_fn, args)` for a model cut into `n_stages`.
+    `step_kwargs` go to `sxvalue_and_grad`; `rounds` is how many timed runs a
+    profile takes. `optimizer` (an optax transformation) is the one whose state
+    and update are counted; with `optimizer_states=k` instead the state is `k`
+    copies of each rank's parameters and the update is not timed.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        args: tuple,
+        mesh,
+        step_kwargs: dict,
+        *,
+        rounds: int,
+        optimizer=None,
+        optimizer_states: float | None = None,
+    ):
+        self.fn, self.args, self.mesh, self.step_kwargs = fn, args, mesh, step_kwargs
+        self.rounds, self.optimizer, self.optimizer_states = rounds, optimizer, optimizer_states
+        self.compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
+        self._profiles: dict = {}
+        self._update_times: dict = {}  # stage count -> the whole tree's update seconds
+        self._bandwidth: float | None = None
+
+    @property
+    def count(self) -> int:
+        """How many steps were profiled (a failed one included)."""
+        return len(self._profiles)
+
+    def profile(self, schedule, timed: bool, remat=None) -> Profiled | MpmdError:
+        """The profile of the step under `schedule` (its cells timed when `timed`; with `remat`,
+        when not None, replacing the step's), or the error that says why the arguments cannot
+        be profiled that way (e.g. a batch that does not split into its microbatches; a function
+        whose markers cut it into another number of stages). Made once per `(schedule, remat)`:
+        the first call decides whether it is timed."""
+        key = (repr(schedule), remat)
+        if key not in self._profiles:
+            self._profiles[key] = self._made(schedule, timed, remat)
+        return self._profiles[key]
+
+    def pair(self, schedule, remat=None) -> tuple[Profiled | MpmdError, Profiled | MpmdError]:
+        """`(timing, holding)`: the profiles whose cells time `schedule` and whose bytes size it
+        (the same one when its layout times its own cells; the holding one is timed only then)."""
+        timing, holding = timing_schedule(schedule), holding_schedule(schedule)
+        return self.profile(timing, True, remat), self.profile(holding, repr(holding) == repr(timing), remat)
+
+    def bandwidth(self) -> float:
+        """The host bandwidth of rank 0's first device (bytes per second), measured once."""
+        if self._bandwidth is None:
+            self._bandwidth = host_bandwidth(self.mesh.submesh(0).devices.flat[0])
+        return self._bandwidth
+
+    def _made(self, schedule, timed: bool, remat) -> Profiled | MpmdError:
+        n = self.mesh.mpmd_dim
+        loss, loss_args = self.fn(schedule.num_model_stages(n)) if not self.args else (self.fn, self.args)
+        kwargs = self.step_kwargs if remat is None else {**self.step_kwargs, "remat": remat}
+        step = step_function(loss, mesh=self.mesh, schedule=schedule, compiler=self.compiler, **kwargs)
+        try:
+            measured = step.profile_stages(*loss_args, rounds=self.rounds if timed else 0)
+            return Profiled(measured, self._update(step, loss_args, measured))
+        except StageSplitError as err:
+            if not self.args:
+                raise
+            return err  # the function's markers cut it into another number of stages
+        except (TraceContextError, MeshError, DistributedError):
+            raise  # the same for every configuration
+        except MpmdError as err:
+            return err  # e.g. the batch does not split into this many microbatches
+
+    def _update(self, step, loss_args, measured: StageProfile) -> UpdateCost:
+        """What the optimizer adds to `step` on `loss_args` (`measured` is its profile)."""
+        n = self.mesh.mpmd_dim
+        if self.optimizer_states is not None:
+            state = tuple(round(self.optimizer_states * p) for p in measured.memory.params)
+            return UpdateCost(state, (0.0,) * n, False)
+        params = loss_args[0]
+        owners = Owners.of(step.plan_for(*loss_args), params)
+        stages = step.n_stages
+        if stages not in self._update_times:
+            self._update_times[stages] = update_seconds(self.optimizer, params, max(self.rounds, 1))
+        owned = owners.per_rank(n)
+        share = [b / sum(owned) if sum(owned) else 1.0 / n for b in owned]
+        return UpdateCost(
+            state_bytes(self.optimizer, params, owners, n),
+            tuple(self._update_times[stages] * k for k in share),
+            crosses_ranks(self.optimizer, params, owners),
+        )

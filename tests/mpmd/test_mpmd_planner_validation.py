@@ -1,0 +1,127 @@
+"""`mp.advise(validation=)`: the update's validation as the step will have it. Where the update reads
+another rank's gradients (a global-norm clip) a candidate is timed as
+`spectrax_core.schedules.with_update` times that validation on the candidate's own simulated step
+(`"post"`: each rank's update right after its own last cell, the step ending no earlier than the
+verdict; `"sync"`: every update after the verdict); where it reads none, as `"none"`. The chosen step
+is built with the same validation, and a value the step would not take is refused before anything is
+profiled."""
+
+import sys
+from dataclasses import replace
+
+import pytest
+from planner_cases import MESH, TXS, init, lm_loss
+
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+from spectrax_mpmd._planner.profiler import Profiler, UpdateCost
+
+ADVISE = sys.modules["spectrax_mpmd._planner.advise"]
+ADVICE = sys.modules["spectrax_mpmd._planner.advice"]
+SCHEDULE = S.Std1F1B(microbatches=8)
+COMM = 1e-4  # the verdict's two transfers come after the last backward
+
+
+@pytest.fixture(scope="module")
+def posted():
+    """An advice with `validation="post"` for a clipping optimizer, and the profiler it used."""
+    made = []
+
+    class Kept(Profiler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ADVISE, "Profiler", Kept)
+        advice = mp.advise(
+            lm_loss(4),
+            *init(),
+            mesh=MESH,
+            schedules=(type(SCHEDULE),),
+            microbatches=(8,),
+            rounds=1,
+            tx=TXS["clip+adamw"],
+            comm=COMM,
+            search=False,
+            validation="post",
+        )
+    (profiler,) = made
+    return advice, profiler
+
+
+def simulated(profiler):
+    """The candidate's simulated step (no update) and its update's seconds per rank, rebuilt from
+    the profiles `advise` used: cells timed by one, bytes held by the other (its optimizer state
+    included; an unsplit backward holds no stash)."""
+    timing, holding = profiler.pair(SCHEDULE)
+    memory = replace(holding.stages.memory, optimizer=holding.update.state)
+    memory = replace(memory, stash=(0,) * memory.stages)
+    timeline = S.simulate(SCHEDULE, 4, timing.stages.stage_cost(comm=COMM), memory=memory)
+    return timeline, holding.update
+
+
+def test_a_post_validated_update_is_timed_by_the_post_model(posted):
+    advice, profiler = posted
+    (candidate,) = advice.candidates
+    timeline, update = simulated(profiler)
+    assert update.crosses_ranks  # the clip reads every rank's gradients
+    post = S.with_update(timeline, update.seconds, validation="post")
+    sync = S.with_update(timeline, update.seconds, validation="sync")
+    assert candidate.step_s == post.makespan
+    assert candidate.update_s == post.makespan - timeline.makespan
+    assert candidate.bubble == timeline.bubble_fraction
+    # each rank updates right after its own last cell, not after the verdict: shorter than "sync"
+    assert post.makespan < sync.makespan
+    assert candidate.step_s < sync.makespan
+
+
+def test_each_validation_is_modelled_on_the_same_profiles(posted):
+    _, profiler = posted
+    timing, holding = profiler.pair(SCHEDULE)
+    local = replace(holding, update=replace(holding.update, crosses_ranks=False))
+    rows = {}
+    for name, held, validation in (
+        ("sync", holding, "sync"),
+        ("post", holding, "post"),
+        ("none", local, "post"),  # an update reading no other rank's gradients: nothing gates it
+    ):
+        inputs = ADVISE._inputs(SCHEDULE, timing, held, COMM, validation)
+        assert inputs.validation == name
+        (rows[name],) = ADVISE._rows(SCHEDULE, 4, inputs, None, None)
+    timeline, update = simulated(profiler)
+    for name, row in rows.items():
+        assert row.step_s == S.with_update(timeline, update.seconds, validation=name).makespan
+    assert rows["none"].step_s <= rows["post"].step_s < rows["sync"].step_s
+    # a gated update holds the reduced gradients until the verdict, whichever the validation
+    assert rows["post"].peak_bytes == rows["sync"].peak_bytes
+    assert all(p <= q for p, q in zip(rows["none"].peak_bytes, rows["post"].peak_bytes))
+    assert rows["none"].peak_bytes != rows["post"].peak_bytes
+
+
+def test_the_effective_validation_follows_what_the_update_reads():
+    assert UpdateCost((0,), (0.0,), True).validation("post") == "post"
+    assert UpdateCost((0,), (0.0,), True).validation("sync") == "sync"
+    assert UpdateCost((0,), (0.0,), False).validation("post") == "none"
+    assert UpdateCost((0,), (0.0,), False).validation("sync") == "none"
+
+
+def test_the_step_is_built_with_the_advised_validation(posted, monkeypatch):
+    advice, _ = posted
+    seen = {}
+    monkeypatch.setattr(ADVICE, "sxvalue_and_grad_and_apply", lambda loss, tx, **kwargs: seen.update(kwargs))
+    advice.step(TXS["adamw"], max_grad_norm=1.0)
+    assert seen["validation"] == "post" and seen["max_grad_norm"] == 1.0
+    assert seen["schedule"] == advice.best.schedule
+    advice.step(TXS["adamw"], validation="sync")  # a keyword given to step wins
+    assert seen["validation"] == "sync"
+
+
+@pytest.mark.parametrize("validation", ["none", "later", None, 1])
+def test_a_validation_the_step_would_not_take_is_refused_before_any_profile(validation):
+    def never(n_stages):
+        raise AssertionError("profiled before the arguments were checked")
+
+    allowed = r"\('sync', 'post'\)"
+    with pytest.raises(mp.MpmdError, match=rf"advise: validation must be one of {allowed}.*{validation!r}"):
+        mp.advise(never, mesh=MESH, validation=validation)
