@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -66,21 +67,28 @@ class MpmdMesh:
             raise MeshError(f"submesh: rank must be in [0, {self.mpmd_dim}), got {rank}.")
         return self._submeshes[rank]
 
+    @functools.cached_property
+    def device_rank(self) -> dict:
+        """`device -> pipeline rank` of every device of the mesh."""
+        return {d: r for r in range(self.mpmd_dim) for d in self.submesh(r).devices.flat}
+
     def rank_of(self, placed) -> int | None:
-        """The pipeline rank holding `placed` (an array or a sharding): the rank whose submesh
-        has every one of its devices; None when it spans several ranks or lies outside the mesh.
-        Every "which rank owns this leaf" question about placed values is answered here."""
-        sharding = getattr(placed, "sharding", placed)
-        devices = set(getattr(sharding, "device_set", ()))
-        if not devices:
-            return None
-        return next(
-            (r for r in range(self.mpmd_dim) if devices <= set(self.submesh(r).devices.flat)), None
-        )
+        """The pipeline rank holding `placed` (an array or a sharding); see `rank_holding`."""
+        return rank_holding(self.device_rank, placed)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"
+
+
+def rank_holding(device_rank: dict, placed) -> int | None:
+    """The pipeline rank holding `placed` (an array or a sharding) under `device_rank` (`device ->
+    rank`): the one rank all its devices belong to; None when it spans several ranks, lies
+    outside the mesh or is not placed. Every "which rank holds this leaf" question about a
+    placed value is answered here."""
+    sharding = getattr(placed, "sharding", placed)
+    ranks = {device_rank.get(d) for d in getattr(sharding, "device_set", ())}
+    return ranks.pop() if len(ranks) == 1 else None
 
 
 def _slice_submeshes(mesh: Mesh, axis: str) -> tuple[Mesh, ...]:

@@ -63,7 +63,6 @@ def seal(
         Step(compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs)
         for fn, ins, outs, _ in draft.steps
     ]
-    n = layout.n
     return Plan(
         steps=_free_after_last_use(steps, keep),
         log=draft.log,
@@ -74,7 +73,7 @@ def seal(
         output_slots=draft.outputs,
         stage_ranks=layout.ranks,
         action_steps=draft.action_steps,
-        device_rank={d: r for r in range(n) for d in layout.mesh.submesh(r).devices.flat},
+        device_rank=layout.mesh.device_rank,
         graph=layout.graph,
         schedule=schedule,
         transport=draft.transport,

@@ -57,14 +57,15 @@ class Skipped:
 @dataclass(frozen=True)
 class Source:
     """What the advice was made from: `fn` and `args` as given to `advise`, its mesh, the step's
-    keyword arguments, the optimizer and the update's validation (`"sync"` or `"post"`)."""
+    keyword arguments, the optimizer and the update's settings (`max_grad_norm`,
+    `skip_nonfinite`, `validation`, as `sxvalue_and_grad_and_apply` takes them)."""
 
     fn: Callable
     args: tuple
     mesh: object
     step_kwargs: dict
     tx: object
-    validation: str = "sync"
+    update: dict = field(default_factory=dict)
 
     def loss_and_args(self, candidate: Candidate) -> tuple[Callable, tuple]:
         if self.args:
@@ -156,9 +157,9 @@ class Advice:
         `sxvalue_and_grad_and_apply(loss, tx, mesh=, schedule=<its schedule>, ...)`, called as
         `step(params, opt_state, *batch) -> (loss, params, opt_state)` with `params, *batch =
         advice.arguments()` and `opt_state = tx.init(params)`. `tx` defaults to the one `advise`
-        was given, and the step's `validation` is the one `advise` modelled; `kwargs` (e.g.
-        `donate=False`, `max_grad_norm=1.0`) go to `sxvalue_and_grad_and_apply` after the keyword
-        arguments `advise` profiled with."""
+        was given, and the step's `max_grad_norm`, `skip_nonfinite` and `validation` are the ones
+        `advise` modelled; `kwargs` (e.g. `donate=False`) go to `sxvalue_and_grad_and_apply`
+        after the keyword arguments `advise` profiled with."""
         source = self._source()
         tx = tx if tx is not None else source.tx
         if tx is None:
@@ -170,7 +171,7 @@ class Advice:
         memory = (
             {} if chosen.memory is None else {"remat": chosen.memory.remat, "offload": chosen.memory.offload}
         )
-        step_kwargs = {"validation": source.validation, **source.step_kwargs, **memory, **kwargs}
+        step_kwargs = {**source.update, **source.step_kwargs, **memory, **kwargs}
         if step_kwargs.pop("argnums", 0) not in (0, (0,)):
             raise MpmdError("Advice.step: the step updates the first argument; advise with argnums=0.")
         return sxvalue_and_grad_and_apply(loss, tx, mesh=source.mesh, schedule=chosen.schedule, **step_kwargs)

@@ -95,6 +95,16 @@ def _optimizer_note(tx, optimizer_states) -> str:
     return "from tx: tx.init's state on each parameter's rank, and its update timed"
 
 
+def _check_guard(max_grad_norm, skip_nonfinite) -> None:
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not max_grad_norm > 0):
+        raise MpmdError(
+            f"advise: max_grad_norm must be a positive number or None (as sxvalue_and_grad_and_apply's), "
+            f"received {max_grad_norm!r}."
+        )
+    if not isinstance(skip_nonfinite, bool):
+        raise MpmdError(f"advise: skip_nonfinite must be True or False, received {skip_nonfinite!r}.")
+
+
 @outside_context_mesh
 def advise(
     fn: Callable,
@@ -109,6 +119,8 @@ def advise(
     comm: float = 0.0,
     rounds: int = 2,
     search: bool = True,
+    max_grad_norm: float | None = None,
+    skip_nonfinite: bool = False,
     validation: str = "sync",
     **step_kwargs,
 ) -> Advice:
@@ -124,15 +136,14 @@ def advise(
     each parameter's rank and its update, timed, runs after each rank's last cell;
     without `tx`, Adam is assumed; `optimizer_states=k` instead estimates the state
     as `k` copies of each rank's parameters, update not timed. `Advice.optimizer`
-    says which. `validation` is the step's, as
-    `sxvalue_and_grad_and_apply(validation=)` takes it (`"sync"` or `"post"`): where
-    some leaf's update reads another rank's gradients (a global-norm clip), `"sync"`
-    waits for every rank's last backward and the verdict before any update, `"post"`
-    updates each rank right after its own last cell and then waits for the verdict
-    (`spectrax_core.schedules.with_update`); where none does, nothing gates the
-    update (`"none"`). (`"post"` is how the step runs the clip it is given as
-    `max_grad_norm=`; a clip inside `tx` always waits: plan with a `tx` that clips
-    and build with `advice.step(opt, max_grad_norm=c)`.) `comm` is one transfer's
+    says which. `max_grad_norm`, `skip_nonfinite` and `validation` are the step's, as
+    `sxvalue_and_grad_and_apply` takes them: with either of the first two, the update
+    waits for the global gradient norm as `validation` says (`"sync"`: every rank waits
+    for every rank's last backward and the verdict; `"post"`: each rank updates right
+    after its own last cell, then waits for the verdict;
+    `spectrax_core.schedules.with_update`); a `tx` whose update reads other ranks'
+    gradients (a clip inside it) always waits (`"sync"`); otherwise nothing gates the
+    update (`"none"`). `comm` is one transfer's
     seconds; `rounds` how many timed runs each profile takes. With `search`
     (default), a table searched from the measured costs and bytes of the
     one-stage-per-rank cut (`spectrax_core.schedules.search`) is a candidate next to
@@ -143,7 +154,7 @@ def advise(
     least predicted cost (`Candidate.memory`: the choice, the host copies' seconds
     at the host bandwidth measured once, the recomputed forwards' seconds, host
     peaks); its layout is profiled once more with `remat=True` for that.
-    `advice.step(tx)` builds the chosen step, with this `validation`. A
+    `advice.step(tx)` builds the chosen step, with these three settings. A
     configuration that cannot be profiled on these arguments (a microbatch count
     that does not divide the batch) is skipped and listed, with the reason, in
     `Advice.skipped`; if every one is, the error says why for each.
@@ -152,6 +163,8 @@ def advise(
     mesh = check_mesh("advise", mesh)
     n = mesh.mpmd_dim
     _check_arguments(memory_budget, rounds, tx, optimizer_states, validation)
+    _check_guard(max_grad_norm, skip_nonfinite)
+    update = {"max_grad_norm": max_grad_norm, "skip_nonfinite": skip_nonfinite, "validation": validation}
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
     profiler = Profiler(
@@ -168,7 +181,8 @@ def advise(
             skipped.append(Skipped(schedule, m, v, str(failed)))
             errors.append(failed)
             continue
-        inputs = _inputs(schedule, timing, holding, comm, validation)
+        guarded = max_grad_norm is not None or skip_nonfinite
+        inputs = _inputs(schedule, timing, holding, comm, holding.update.validation(validation, guarded))
         if v == 1 and schedule.splits_backward:
             flat.setdefault(m, inputs)
         rows += _rows(schedule, n, inputs, memory_budget, profiler if choose_memory else None)
@@ -176,7 +190,7 @@ def advise(
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
     if search:
         rows += [_searched(n, m, measured, memory_budget) for m, measured in sorted(flat.items())]
-    source = Source(fn, args, mesh, dict(step_kwargs), tx, validation)
+    source = Source(fn, args, mesh, dict(step_kwargs), tx, update)
     return replace(
         ranked(rows, memory_budget, tuple(skipped)),
         optimizer=_optimizer_note(tx, optimizer_states),
@@ -205,7 +219,7 @@ def _inputs(schedule, timing: Profiled, holding: Profiled, comm: float, validati
     if not schedule.splits_backward:
         memory = replace(memory, stash=(0,) * memory.stages)
     update = holding.update
-    return Inputs(timing.stages.stage_cost(comm=comm), memory, update.seconds, update.validation(validation))
+    return Inputs(timing.stages.stage_cost(comm=comm), memory, update.seconds, validation)
 
 
 def _rows(schedule, n: int, inputs: Inputs, budget, profiler: Profiler | None) -> list[Candidate]:

@@ -31,6 +31,8 @@ import numpy as np
 import optax
 from jax.extend.core import Literal
 
+from .._mesh import rank_holding
+
 ASSUMED_STATES = 2  # without a transformation: Adam's two moments per parameter
 
 
@@ -50,8 +52,7 @@ class Owners:
         ranks, sizes = [], []
         for a, leaf in enumerate(leaves):
             sharding = shardings[a]
-            device = min(sharding.device_set, key=lambda d: d.id)
-            ranks.append(plan.device_rank[device])
+            ranks.append(rank_holding(plan.device_rank, sharding))
             shard = sharding.shard_shape(tuple(np.shape(leaf)))
             sizes.append(int(math.prod(shard)) * np.dtype(leaf.dtype).itemsize)
         return Owners(tuple(ranks), tuple(sizes))

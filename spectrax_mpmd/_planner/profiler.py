@@ -41,11 +41,15 @@ class UpdateCost:
     seconds: tuple[float, ...]
     crosses_ranks: bool
 
-    def validation(self, given: str) -> str:
+    def validation(self, given: str, guarded: bool) -> str:
         """The validation the step's update runs with (`spectrax_core.schedules.VALIDATIONS`):
-        `"none"` when it reads no other rank's gradients (nothing global gates it), else `given`
-        (`"sync"` or `"post"`, as `sxvalue_and_grad_and_apply(validation=)`)."""
-        return given if self.crosses_ranks else "none"
+        `"sync"` when the transformation itself reads other ranks' gradients (a clip inside
+        `tx` waits for them); else `given` (`"sync"` or `"post"`, as
+        `sxvalue_and_grad_and_apply(validation=)`) when the step is `guarded` (its
+        `max_grad_norm` or `skip_nonfinite` need the global norm); else `"none"`."""
+        if self.crosses_ranks:
+            return "sync"
+        return given if guarded else "none"
 
 
 @dataclass(frozen=True)

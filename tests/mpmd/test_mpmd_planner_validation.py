@@ -1,10 +1,11 @@
-"""`mp.advise(validation=)`: the update's validation as the step will have it. Where the update reads
-another rank's gradients (a global-norm clip) a candidate is timed as
-`spectrax_core.schedules.with_update` times that validation on the candidate's own simulated step
+"""`mp.advise(max_grad_norm=, skip_nonfinite=, validation=)`: the update's validation as the step
+will have it. A step guarded by the global gradient norm is timed as
+`spectrax_core.schedules.with_update` times its validation on the candidate's own simulated step
 (`"post"`: each rank's update right after its own last cell, the step ending no earlier than the
-verdict; `"sync"`: every update after the verdict); where it reads none, as `"none"`. The chosen step
-is built with the same validation, and a value the step would not take is refused before anything is
-profiled."""
+verdict; `"sync"`: every update after the verdict); a transformation that reads other ranks'
+gradients itself (a clip inside `tx`) always as `"sync"`; an unguarded, local update as `"none"`.
+The chosen step is built with the same settings, and a value the step would not take is refused
+before anything is profiled."""
 
 import sys
 from dataclasses import replace
@@ -24,7 +25,8 @@ COMM = 1e-4  # the verdict's two transfers come after the last backward
 
 @pytest.fixture(scope="module")
 def posted():
-    """An advice with `validation="post"` for a clipping optimizer, and the profiler it used."""
+    """An advice for a step clipped by `max_grad_norm` with `validation="post"`, and the profiler
+    it used."""
     made = []
 
     class Kept(Profiler):
@@ -41,9 +43,10 @@ def posted():
             schedules=(type(SCHEDULE),),
             microbatches=(8,),
             rounds=1,
-            tx=TXS["clip+adamw"],
+            tx=TXS["adamw"],
             comm=COMM,
             search=False,
+            max_grad_norm=1.0,
             validation="post",
         )
     (profiler,) = made
@@ -65,7 +68,7 @@ def test_a_post_validated_update_is_timed_by_the_post_model(posted):
     advice, profiler = posted
     (candidate,) = advice.candidates
     timeline, update = simulated(profiler)
-    assert update.crosses_ranks  # the clip reads every rank's gradients
+    assert not update.crosses_ranks  # adamw reads its own leaves; the guard needs the global norm
     post = S.with_update(timeline, update.seconds, validation="post")
     sync = S.with_update(timeline, update.seconds, validation="sync")
     assert candidate.step_s == post.makespan
@@ -79,15 +82,9 @@ def test_a_post_validated_update_is_timed_by_the_post_model(posted):
 def test_each_validation_is_modelled_on_the_same_profiles(posted):
     _, profiler = posted
     timing, holding = profiler.pair(SCHEDULE)
-    local = replace(holding, update=replace(holding.update, crosses_ranks=False))
     rows = {}
-    for name, held, validation in (
-        ("sync", holding, "sync"),
-        ("post", holding, "post"),
-        ("none", local, "post"),  # an update reading no other rank's gradients: nothing gates it
-    ):
-        inputs = ADVISE._inputs(SCHEDULE, timing, held, COMM, validation)
-        assert inputs.validation == name
+    for name in ("sync", "post", "none"):
+        inputs = ADVISE._inputs(SCHEDULE, timing, holding, COMM, name)
         (rows[name],) = ADVISE._rows(SCHEDULE, 4, inputs, None, None)
     timeline, update = simulated(profiler)
     for name, row in rows.items():
@@ -99,19 +96,29 @@ def test_each_validation_is_modelled_on_the_same_profiles(posted):
     assert rows["none"].peak_bytes != rows["post"].peak_bytes
 
 
-def test_the_effective_validation_follows_what_the_update_reads():
-    assert UpdateCost((0,), (0.0,), True).validation("post") == "post"
-    assert UpdateCost((0,), (0.0,), True).validation("sync") == "sync"
-    assert UpdateCost((0,), (0.0,), False).validation("post") == "none"
-    assert UpdateCost((0,), (0.0,), False).validation("sync") == "none"
+@pytest.mark.parametrize(
+    "crosses, guarded, given, effective",
+    [
+        (True, False, "post", "sync"),  # a clip inside tx waits for every rank's gradients
+        (True, True, "post", "sync"),
+        (True, True, "sync", "sync"),
+        (False, True, "post", "post"),  # max_grad_norm / skip_nonfinite as validation= says
+        (False, True, "sync", "sync"),
+        (False, False, "post", "none"),  # nothing global gates a local update
+        (False, False, "sync", "none"),
+    ],
+)
+def test_the_effective_validation_follows_what_gates_the_update(crosses, guarded, given, effective):
+    assert UpdateCost((0,), (0.0,), crosses).validation(given, guarded) == effective
 
 
 def test_the_step_is_built_with_the_advised_validation(posted, monkeypatch):
     advice, _ = posted
     seen = {}
     monkeypatch.setattr(ADVICE, "sxvalue_and_grad_and_apply", lambda loss, tx, **kwargs: seen.update(kwargs))
-    advice.step(TXS["adamw"], max_grad_norm=1.0)
+    advice.step()
     assert seen["validation"] == "post" and seen["max_grad_norm"] == 1.0
+    assert seen["skip_nonfinite"] is False
     assert seen["schedule"] == advice.best.schedule
     advice.step(TXS["adamw"], validation="sync")  # a keyword given to step wins
     assert seen["validation"] == "sync"
@@ -125,3 +132,12 @@ def test_a_validation_the_step_would_not_take_is_refused_before_any_profile(vali
     allowed = r"\('sync', 'post'\)"
     with pytest.raises(mp.MpmdError, match=rf"advise: validation must be one of {allowed}.*{validation!r}"):
         mp.advise(never, mesh=MESH, validation=validation)
+
+
+@pytest.mark.parametrize("guard", [{"max_grad_norm": 0.0}, {"max_grad_norm": True}, {"skip_nonfinite": 1}])
+def test_a_guard_the_step_would_not_take_is_refused_before_any_profile(guard):
+    def never(n_stages):
+        raise AssertionError("profiled before the arguments were checked")
+
+    with pytest.raises(mp.MpmdError, match=f"advise: {next(iter(guard))} must be"):
+        mp.advise(never, mesh=MESH, **guard)
