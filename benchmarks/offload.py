@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
 from _devices import cpu_devices
 
@@ -27,7 +26,7 @@ cpu_devices(8)  # before JAX is imported
 
 import jax  # noqa: E402
 import optax  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import apply  # noqa: E402
@@ -64,17 +63,10 @@ def loss(params, tokens, targets):
 
 def timed(contenders: dict, args, mesh_args) -> dict:
     """Interleaved rounds of `args.calls` waited-for calls of each contender."""
-    wall = {k: [] for k in contenders}
-    cpu = {k: [] for k in contenders}
     for step in contenders.values():
         jax.block_until_ready(step(*mesh_args))
-    for _ in range(args.rounds):
-        for name, step in contenders.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.calls):
-                jax.block_until_ready(step(*mesh_args))
-            wall[name].append((time.perf_counter() - t0) / args.calls)
-            cpu[name].append((time.thread_time() - c0) / args.calls)
+    calls = {name: (lambda step=step: step(*mesh_args)) for name, step in contenders.items()}
+    wall, cpu = interleaved(calls, args.rounds, args.calls)
     return {k: summary(wall[k], cpu[k]) for k in contenders}
 
 
