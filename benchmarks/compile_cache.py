@@ -85,7 +85,8 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile_cache.json"))
     args = ap.parse_args()
     print(
-        f"{'cache':>5} {'process':>7} {'first s':>8} {'lower':>7} {'compile':>8} {'reloc s':>8} {'compiled':>8} {'reloc':>6}"
+        f"{'cache':>5} {'process':>7} {'first s':>8} {'lower':>7} {'compile':>8} {'reloc s':>8} "
+        f"{'compiled':>8} {'reloc':>6}"
     )
     rows = run(args.processes, args.schedule, None)
     with tempfile.TemporaryDirectory() as cache_dir:

@@ -17,7 +17,8 @@ table gives each column's min and spread, the calling thread's CPU time, and
 the paired overhead (median over rounds of column minus raw within a round),
 which stays readable on a shared, noisy machine.
 
-    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit] [--json benchmarks/results/dispatch.json]
+    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit]
+        [--json benchmarks/results/dispatch.json]
     python benchmarks/dispatch.py --facade   # the facade's own work per call, without XLA
 """
 
@@ -301,10 +302,10 @@ def _nnx_columns(core, x, y) -> dict[str, dict]:
     n_fwd, n_noop = nnx.jit(loss), nnx.jit(lambda m, x: x)
 
     def train(m, x, y):
-        l, g = nnx.value_and_grad(loss)(m, x, y)
+        value, g = nnx.value_and_grad(loss)(m, x, y)
         ps = nnx.state(m, nnx.Param)
         nnx.update(m, jax.tree.map(lambda a, b: a - LR * b, ps, g))
-        return l
+        return value
 
     n_train = nnx.jit(train)
     cached_fwd = nnx.cached_partial(n_fwd, cached_model)
@@ -331,10 +332,10 @@ def _spectrax_lib_columns(core: CoreModel, x, y) -> dict[str, dict]:
 
     @sxl.jit(mutable="parameters")
     def l_train(m, x, y):
-        l, g = sxl.value_and_grad(loss)(m, x, y)
+        value, g = sxl.value_and_grad(loss)(m, x, y)
         params = sxl.tree_state(m).filter("parameters")
         sxl.update(m, jax.tree.map(lambda a, b: a - LR * b, params, g))
-        return l
+        return value
 
     return {"spectrax-lib": dict(fwd=lambda: l_fwd(model, x, y), train=lambda: l_train(model, x, y),
                                  noop=lambda: l_noop(model, x), loss=lambda: l_fwd(model, x, y))}
@@ -376,8 +377,13 @@ def run(d: int, rounds: int, calls: int, only: list[str] | None = None) -> dict:
                 times[w][name] += wall[name]
                 cpu[w][name] += thread[name]
     stats = {w: {n: summary(times[w][n], cpu[w][n], unit="us") for n in cols} for w in times}
-    pick = lambda key: {w: {n: s[key] for n, s in t.items()} for w, t in stats.items()}  # noqa: E731
-    us = lambda t: {w: {n: [x * 1e6 for x in v] for n, v in r.items()} for w, r in t.items()}  # noqa: E731
+
+    def pick(key):
+        return {w: {n: s[key] for n, s in t.items()} for w, t in stats.items()}
+
+    def us(seconds):
+        return {w: {n: [x * 1e6 for x in v] for n, v in r.items()} for w, r in seconds.items()}
+
     return {"d": d, "loss": ref, "losses": losses, "median_us": pick("median_us"), "min_us": pick("min_us"),
             "spread": pick("spread"), "cpu_median_us": pick("cpu_median_us"), "rounds_us": us(times),
             "rounds_cpu_us": us(cpu)}
@@ -435,14 +441,17 @@ def table(result: dict) -> str:
     """Per workload: wall median (ratio to raw), min and spread ((max - min) / median over the
     rounds), the calling thread's CPU time median (ratio to raw), and the paired overheads:
     the median over rounds of (column - raw) in the same round, wall and thread CPU."""
-    med, low, cpu, rounds = result["median_us"], result["min_us"], result["cpu_median_us"], result["rounds_us"]
-    rounds_cpu, spreads = result["rounds_cpu_us"], result["spread"]
+    med, low, cpu, spreads = result["median_us"], result["min_us"], result["cpu_median_us"], result["spread"]
+    rounds, rounds_cpu = result["rounds_us"], result["rounds_cpu_us"]
     names = list(med["fwd"])
-    lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"]
+    lines = [
+        f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"
+    ]
     for w, title in WORKLOADS:
         raw, raw_cpu = med[w]["raw jax.jit"], cpu[w]["raw jax.jit"]
         lines.append(
-            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} {'paired +wall':>13} {'+CPU':>7}"
+            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} "
+            f"{'paired +wall':>13} {'+CPU':>7}"
         )
         for n in names:
             spread = spreads[w][n]

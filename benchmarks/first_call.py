@@ -129,7 +129,8 @@ def print_profile(row: dict, fixed_s: float) -> None:
             )
         print(
             f"  {side:9} {'total':28} {'':7} {run['lower_s']:8.3f} {run['compiles']:9d} "
-            f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, {run['first_cpu_s']:.2f} s CPU"
+            f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, "
+            f"{run['first_cpu_s']:.2f} s CPU"
         )
     pipe, unsplit, serial = row["pipeline"], row["unsplit"], row["serial"]
     print(

@@ -14,9 +14,10 @@ per call over tokens x groups x stages, per generated token per rank over tokens
 Utilisation: one run with `record=` at g = 2n waits for every cell and gives each stage's cost
 (median over the decode rounds) and the transfer time to the next rank; the wavefront model
 (`simulate_wavefront`) replays them for g = 1, n, 2n: utilisation over the whole run and in
-steady state (the window where every rank has work). With more blocks than ranks, `decode_split` picks the decode-aware split and the same figures are measured for
-it. On one CPU host the fake devices share the cores, so wall time cannot show a pipeline
-speed-up here; the figures are overhead and the modelled overlap.
+steady state (the window where every rank has work). With more blocks than ranks,
+`decode_split` picks the decode-aware split and the same figures are measured for it. On one
+CPU host the fake devices share the cores, so wall time cannot show a pipeline speed-up here;
+the figures are overhead and the modelled overlap.
 
     python benchmarks/generate.py [--rounds 5] [--layers 4] [--out benchmarks/results/generate.json]
 """

@@ -79,7 +79,10 @@ def main(argv=None) -> list[dict]:
         firsts[name] = (once(call)[0], step.runner.step.timings()["seconds"]["trace"])
     wall, cpu = interleaved({name: call for name, (_, call) in steps.items()}, args.rounds, args.calls)
     records = []
-    print(f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} {'cpu ms':>7}")
+    print(
+        f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
+        f"{'cpu ms':>7}"
+    )
     for name in steps:
         row = {"loss": name, "first_s": firsts[name][0], "trace_s": firsts[name][1]}
         row.update(summary(wall[name], cpu[name]))

@@ -107,8 +107,8 @@ def references(layers: int, m: int) -> tuple:
 
         def body(carry, mb):
             loss, g = carry
-            l, gi = grad(params, mb)
-            return (loss + l / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
+            value, gi = grad(params, mb)
+            return (loss + value / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
 
         zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
         return jax.lax.scan(body, zero, (xs, ys))[0]

@@ -242,7 +242,8 @@ def main() -> None:
         per = " ".join(f"{u:.0f}" for u in row["cpu_per_issued_us"])
         print(
             f"{row['layout']:17} {row['min_ms']:7.1f} {row['median_ms']:7.1f} {row['spread']:6.2f} "
-            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) | {per}"
+            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) "
+            f"| {per}"
         )
     print("transfer latency, ms per MiB (4 MiB messages, median):")
     for key, ms in transfers.items():

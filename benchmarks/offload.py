@@ -98,11 +98,12 @@ def main(argv=None) -> dict:
             rows.append(row)
     times = timed(steps, args, call_args)
     print(
-        f"{'schedule':13} {'choice':14} {'device MiB per rank (measured; predicted error)':58} {'host MiB':24} ms"
+        f"{'schedule':13} {'choice':14} {'device MiB per rank (measured; predicted error)':58} "
+        f"{'host MiB':24} ms"
     )
     for row in rows:
         name = f"{row['schedule']} {row['choice']}"
-        row["time"] = times[name]
+        row["time"] = timing = times[name]
         dev, host = row["measured"]["device"], row["measured"]["host"]
         pred = row.get("predicted")
         err = (
@@ -120,8 +121,8 @@ def main(argv=None) -> dict:
         print(
             f"{row['schedule']:13} {row['choice']:14} {cells}  err {note:12} "
             f"{' '.join(f'{b / 2**20:5.2f}' for b in host):24} "
-            f"{row['time']['median_ms']:7.1f} (min {row['time']['min_ms']:.1f}, spread {row['time']['spread']:.0%}, "
-            f"cpu {row['time']['cpu_median_ms']:.1f})"
+            f"{timing['median_ms']:7.1f} (min {timing['min_ms']:.1f}, spread {timing['spread']:.0%}, "
+            f"cpu {timing['cpu_median_ms']:.1f})"
         )
     advised = advise(mesh, call_args, rows, args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,8 @@ def advise(mesh, call_args, rows, args) -> dict:
     times = timed({"advised": advice.step(donate=False)}, args, (params, state, *batch))["advised"]
     print(
         f"advised {best.name} under {budget / 2**20:.3f} MiB: predicted step {best.step_s * 1e3:.1f} ms, "
-        f"measured median {times['median_ms']:.1f} ms (ratio {times['median_ms'] / (best.step_s * 1e3):.2f}); "
+        f"measured median {times['median_ms']:.1f} ms "
+        f"(ratio {times['median_ms'] / (best.step_s * 1e3):.2f}); "
         f"peak MiB predicted {max(best.peak_bytes) / 2**20:.3f}, measured {max(measured_peaks) / 2**20:.3f}"
     )
     return {

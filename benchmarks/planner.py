@@ -131,7 +131,8 @@ def main(argv=None) -> list[dict]:
             }
             line = (
                 f"{repr(schedule):42} remat={remat!s:5} peak KiB predicted "
-                f"{[round(b / 1024, 1) for b in timeline.peak_bytes]} measured {[round(b / 1024, 1) for b in measured]}"
+                f"{[round(b / 1024, 1) for b in timeline.peak_bytes]} "
+                f"measured {[round(b / 1024, 1) for b in measured]}"
             )
             print(line)
             if schedule.layout != "v":
@@ -145,7 +146,8 @@ def main(argv=None) -> list[dict]:
                     print(
                         f"{'':42} {clock:4} busy ms predicted {predicted} measured {measured_busy} "
                         f"(worst {t['worst_busy_error']:.1%}); makespan ms simulated "
-                        f"{t['simulated_makespan_s'] * 1e3:.1f}, busy/cores {t['busy_over_cores_s'] * 1e3:.1f}, "
+                        f"{t['simulated_makespan_s'] * 1e3:.1f}, "
+                        f"busy/cores {t['busy_over_cores_s'] * 1e3:.1f}, "
                         f"step wall median {t['step_wall_median_s'] * 1e3:.1f} (min "
                         f"{t['step_wall_min_s'] * 1e3:.1f}, spread {t['step_wall_spread']:.2f}, thread CPU "
                         f"{t['step_cpu_median_s'] * 1e3:.1f})"

@@ -103,18 +103,23 @@ def main(argv=None) -> dict:
     prompt = jnp.asarray([list(b"Alice was beginning to ")], jnp.int32)
     steps = 32
     decoder = mp.PipelineDecoder(lm, mesh=mesh)
-    assert np.array_equal(np.asarray(decoder.generate(prompt, steps)), np.asarray(greedy_decode(lm, prompt, steps)))
+    want = np.asarray(greedy_decode(lm, prompt, steps))
+    assert np.array_equal(np.asarray(decoder.generate(prompt, steps)), want)
 
     train = measure({"spx.run": via_run, "hand": lambda: hand(p, x, y)}, args.rounds, 10)
     decode = measure(
-        {"pipelined": lambda: decoder.generate(prompt, steps), "unsplit": lambda: greedy_decode(lm, prompt, steps)},
+        {
+            "pipelined": lambda: decoder.generate(prompt, steps),
+            "unsplit": lambda: greedy_decode(lm, prompt, steps),
+        },
         args.rounds,
         2,
     )
     report = {"train": train, "decode": decode, "decode_tokens": steps, "rounds": args.rounds}
     rt, ht = train["spx.run"], train["hand"]
     pd, ud = decode["pipelined"], decode["unsplit"]
-    print(f"{'row':8s} {'side':10s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s}")
+    print(f"{'row':8s} {'side':10s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} "
+          f"{'cpu median ms':>13s}")  # fmt: skip
     for row, sides in (("train", train), ("decode", decode)):
         for side, s in sides.items():
             print(f"{row:8s} {side:10s} {s['min_ms']:11.2f} {s['median_ms']:8.2f} {s['spread']:7.2f} "

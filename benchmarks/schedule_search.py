@@ -108,7 +108,8 @@ def main(argv=None) -> list[dict]:
                 rows.append(r)
                 b, s, w = r["named"][r["best_named"]], r["search"], r["timing"]
                 print(
-                    f"{name:5} {n:>3} {4 * n:>3} {str(budget):>6} {r['best_named']:>14} {b['makespan']:>9.4g} "
+                    f"{name:5} {n:>3} {4 * n:>3} {budget!s:>6} {r['best_named']:>14} "
+                    f"{b['makespan']:>9.4g} "
                     f"{s['schedule']:>18} {s['makespan']:>9.4g} {s['peak']:>5} "
                     f"{w['min_s']:>9.2f}/{w['median_s']:<9.2f} {w['spread']:6.2f} {w['cpu_median_s']:8.2f}"
                 )

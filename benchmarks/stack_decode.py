@@ -124,7 +124,8 @@ def decoders(args) -> dict:
             decoder.tokens = []
             decode_rounds({side: decoder}, 1, args.tokens)  # compile and keep the tokens
             decoder.tokens = jnp.stack(decoder.tokens)
-        assert bool((out[("stack", n)].tokens == out[("blocks", n)].tokens).all()), f"{n} blocks: tokens differ"
+        same = bool((out[("stack", n)].tokens == out[("blocks", n)].tokens).all())
+        assert same, f"{n} blocks: tokens differ"
         for side in sides:
             out[(side, n)].tokens = None
     return out
@@ -168,7 +169,8 @@ def table(times: dict) -> dict:
                 row = rows[f"{tree} {side} n={n}"]
                 row["vs_blocks"] = row["median_us"] / rows[f"{tree} blocks n={n}"]["median_us"]
                 print(f"{tree[-20:]:20s} {side:6s} {n:6d} {row['min_us']:12.1f} {row['median_us']:8.1f} "
-                      f"{row['spread']:7.2f} {row['cpu_median_us']:13.1f} {row['vs_blocks']:8.2f}")  # fmt: skip
+                      f"{row['spread']:7.2f} {row['cpu_median_us']:13.1f} "
+                      f"{row['vs_blocks']:8.2f}")  # fmt: skip
     return rows
 
 

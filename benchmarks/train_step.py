@@ -230,7 +230,8 @@ def section_simulate(rounds: int) -> list[dict]:
     rows = []
     print("\nsimulated step with the update (small model, measured costs, µs)")
     print(
-        f"  {'schedule':14} {'no update':>10} {'ungated':>10} {'sync':>10} {'post':>10} {'gain':>7} {'post/ungated':>13}"
+        f"  {'schedule':14} {'no update':>10} {'ungated':>10} {'sync':>10} {'post':>10} {'gain':>7} "
+        f"{'post/ungated':>13}"
     )
     for sched_name in ("GPipe", "Std1F1B", "ZeroBubbleH1", "Eager1F1B"):
         schedule = getattr(S, sched_name)(microbatches=M)
@@ -253,7 +254,8 @@ def section_simulate(rounds: int) -> list[dict]:
         gain = made["sync"] / made["none"] - 1
         print(
             f"  {sched_name:14} {timeline.makespan * 1e6:10.0f} {made['none'] * 1e6:10.0f} "
-            f"{made['sync'] * 1e6:10.0f} {made['post'] * 1e6:10.0f} {gain:7.1%} {made['post'] / made['none']:13.4f}"
+            f"{made['sync'] * 1e6:10.0f} {made['post'] * 1e6:10.0f} {gain:7.1%} "
+            f"{made['post'] / made['none']:13.4f}"
         )
         rows.append(
             dict(
