@@ -70,14 +70,18 @@ def _measure(fn: Callable, calls: int, wait, issue_cpu_only: bool, clock: Callab
             _block(out)
         return time.perf_counter() - t0, issued, out
     t0, c0 = time.perf_counter(), clock()
-    if wait == "each":
-        for _ in range(calls):
-            out = _block(fn())
-    else:
+    if wait == "each":  # only the last result is kept (for `after`)
+        for _ in range(calls - 1):
+            _block(fn())
+        out = _block(fn())
+    elif wait is None:
+        for _ in range(calls - 1):
+            fn()
+        out = fn()
+    else:  # "last": a chain, each result feeding the next call
         for _ in range(calls):
             out = fn()
-        if wait == "last":
-            _block(out)
+        _block(out)
     return time.perf_counter() - t0, clock() - c0, out
 
 
