@@ -79,7 +79,8 @@ class SxLib:
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))
         ):
             print(
-                f"NOTE spectrax-lib {name}: loss/grads differ from jax.value_and_grad; its timing is still shown."
+                f"NOTE spectrax-lib {name}: loss/grads differ from jax.value_and_grad; "
+                "its timing is still shown."
             )
         return lambda: step(*lib_args)
 

@@ -17,7 +17,8 @@ table gives each column's min and spread, the calling thread's CPU time, and
 the paired overhead (median over rounds of column minus raw within a round),
 which stays readable on a shared, noisy machine.
 
-    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit] [--json benchmarks/results/dispatch.json]
+    python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit]
+        [--json benchmarks/results/dispatch.json]
     python benchmarks/dispatch.py --facade   # the facade's own work per call, without XLA
 """
 
@@ -28,7 +29,6 @@ import json
 import math
 import os
 import statistics
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -36,6 +36,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_core as sc  # noqa: E402
 import spectrax_eager as spx  # noqa: E402
@@ -301,10 +302,10 @@ def _nnx_columns(core, x, y) -> dict[str, dict]:
     n_fwd, n_noop = nnx.jit(loss), nnx.jit(lambda m, x: x)
 
     def train(m, x, y):
-        l, g = nnx.value_and_grad(loss)(m, x, y)
+        value, g = nnx.value_and_grad(loss)(m, x, y)
         ps = nnx.state(m, nnx.Param)
         nnx.update(m, jax.tree.map(lambda a, b: a - LR * b, ps, g))
-        return l
+        return value
 
     n_train = nnx.jit(train)
     cached_fwd = nnx.cached_partial(n_fwd, cached_model)
@@ -331,25 +332,16 @@ def _spectrax_lib_columns(core: CoreModel, x, y) -> dict[str, dict]:
 
     @sxl.jit(mutable="parameters")
     def l_train(m, x, y):
-        l, g = sxl.value_and_grad(loss)(m, x, y)
+        value, g = sxl.value_and_grad(loss)(m, x, y)
         params = sxl.tree_state(m).filter("parameters")
         sxl.update(m, jax.tree.map(lambda a, b: a - LR * b, params, g))
-        return l
+        return value
 
     return {"spectrax-lib": dict(fwd=lambda: l_fwd(model, x, y), train=lambda: l_train(model, x, y),
                                  noop=lambda: l_noop(model, x), loss=lambda: l_fwd(model, x, y))}
 
 
 # ---------------------------------------------------------------- timing
-
-
-def time_calls(fn, calls: int) -> tuple[float, float]:
-    """Mean wall and calling-thread CPU µs per call (CPU time is the dispatch work itself:
-    it excludes time spent waiting, so it is steadier than wall time on a shared machine)."""
-    start, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(calls):
-        jax.block_until_ready(fn())
-    return (time.perf_counter() - start) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
 
 
 def run(d: int, rounds: int, calls: int, only: list[str] | None = None) -> dict:
@@ -373,22 +365,28 @@ def run(d: int, rounds: int, calls: int, only: list[str] | None = None) -> dict:
     for c in cols.values():  # compile everything before timing
         for w in ("fwd", "train", "noop"):
             jax.block_until_ready(c[w]())
+    # seconds per call of each round; a round times every workload, the frameworks in a new order
+    # for each (no framework always runs right after another)
     times = {w: {name: [] for name in cols} for w in ("fwd", "train", "noop")}
     cpu = {w: {name: [] for name in cols} for w in ("fwd", "train", "noop")}
-    order = list(cols)
     rng = np.random.default_rng(0)
     for _ in range(rounds):
         for w in ("fwd", "train", "noop"):
-            rng.shuffle(order)  # no framework always runs right after another
-            for name in order:
-                wall, thread = time_calls(cols[name][w], calls)
-                times[w][name].append(wall)
-                cpu[w][name].append(thread)
-    med = {w: {n: statistics.median(v) for n, v in t.items()} for w, t in times.items()}
-    low = {w: {n: min(v) for n, v in t.items()} for w, t in times.items()}
-    cpu_med = {w: {n: statistics.median(v) for n, v in t.items()} for w, t in cpu.items()}
-    return {"d": d, "loss": ref, "losses": losses, "median_us": med, "min_us": low,
-            "cpu_median_us": cpu_med, "rounds_us": times, "rounds_cpu_us": cpu}
+            wall, thread = interleaved({name: c[w] for name, c in cols.items()}, 1, calls, shuffle=rng)
+            for name in cols:
+                times[w][name] += wall[name]
+                cpu[w][name] += thread[name]
+    stats = {w: {n: summary(times[w][n], cpu[w][n], unit="us") for n in cols} for w in times}
+
+    def pick(key):
+        return {w: {n: s[key] for n, s in t.items()} for w, t in stats.items()}
+
+    def us(seconds):
+        return {w: {n: [x * 1e6 for x in v] for n, v in r.items()} for w, r in seconds.items()}
+
+    return {"d": d, "loss": ref, "losses": losses, "median_us": pick("median_us"), "min_us": pick("min_us"),
+            "spread": pick("spread"), "cpu_median_us": pick("cpu_median_us"), "rounds_us": us(times),
+            "rounds_cpu_us": us(cpu)}
 
 
 WORKLOADS = (("fwd", "forward"), ("train", "train step"), ("noop", "no-op"))
@@ -397,10 +395,8 @@ WORKLOADS = (("fwd", "forward"), ("train", "train step"), ("noop", "no-op"))
 def facade_us(jitted, args: tuple, calls: int) -> float:
     """The facade's own work per `spx.jit` call, in µs: the compiled program is swapped for a
     stub returning its real outputs, so what is timed is argument handling, reading the
-    variables' values and writing back, without XLA and hot in the caches (min of 7 repeats,
-    minus the stub's own cost)."""
-    import timeit
-
+    variables' values and writing back, without XLA and hot in the caches (min of 7 interleaved
+    rounds, the garbage collector off as in `timeit`, minus the stub's own cost)."""
     (key, program), = jitted._cache.items()
     values = [v.value for _, v in spx.iter_variables(args[0])]
     out, updates = program(values, *args[1:])
@@ -410,13 +406,19 @@ def facade_us(jitted, args: tuple, calls: int) -> float:
     if hot is not None:
         jitted._hot = (*hot[:4], stub, hot[5])
     try:
-        per = min(timeit.repeat(lambda: jitted(*args), number=calls, repeat=7)) / calls
-        own = min(timeit.repeat(lambda: stub(values, *args[1:]), number=calls, repeat=7)) / calls
+        wall, _ = interleaved(
+            {"call": lambda: jitted(*args), "stub": lambda: stub(values, *args[1:])},
+            7,
+            calls,
+            wait=None,
+            collect_garbage=False,
+        )
     finally:
         jitted._cache[key] = program
         if hot is not None:
             jitted._hot = None
-    return (per - own) * 1e6
+    per, own = (summary(wall[k], unit="us")["min_us"] for k in ("call", "stub"))
+    return per - own
 
 
 def facade_table(d: int, calls: int) -> tuple[str, dict]:
@@ -439,17 +441,20 @@ def table(result: dict) -> str:
     """Per workload: wall median (ratio to raw), min and spread ((max - min) / median over the
     rounds), the calling thread's CPU time median (ratio to raw), and the paired overheads:
     the median over rounds of (column - raw) in the same round, wall and thread CPU."""
-    med, low, cpu, rounds = result["median_us"], result["min_us"], result["cpu_median_us"], result["rounds_us"]
-    rounds_cpu = result["rounds_cpu_us"]
+    med, low, cpu, spreads = result["median_us"], result["min_us"], result["cpu_median_us"], result["spread"]
+    rounds, rounds_cpu = result["rounds_us"], result["rounds_cpu_us"]
     names = list(med["fwd"])
-    lines = [f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"]
+    lines = [
+        f"d={result['d']} (seq {SEQ}, batch {BATCH}, {LAYERS} layers, fp32); µs per call over the rounds"
+    ]
     for w, title in WORKLOADS:
         raw, raw_cpu = med[w]["raw jax.jit"], cpu[w]["raw jax.jit"]
         lines.append(
-            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} {'paired +wall':>13} {'+CPU':>7}"
+            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} "
+            f"{'paired +wall':>13} {'+CPU':>7}"
         )
         for n in names:
-            spread = (max(rounds[w][n]) - min(rounds[w][n])) / med[w][n]
+            spread = spreads[w][n]
             d_wall = statistics.median(a - b for a, b in zip(rounds[w][n], rounds[w]["raw jax.jit"]))
             d_cpu = statistics.median(a - b for a, b in zip(rounds_cpu[w][n], rounds_cpu[w]["raw jax.jit"]))
             lines.append(

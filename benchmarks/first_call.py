@@ -21,10 +21,9 @@ backward whatever the depth).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 from _devices import cpu_devices
@@ -33,6 +32,7 @@ cpu_devices(8)  # before JAX is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 from mpmd_overhead import LM_CONFIGS, Updating, first_call_cpu, lm_steps  # noqa: E402
 
 from spectrax_mpmd._env import COMPILE_THREADS_ENV  # noqa: E402
@@ -77,13 +77,14 @@ def by_program(events: list) -> dict:
 
 def trivial_compile_s(times: int) -> float:
     """The median wall seconds XLA takes to compile a one-addition program (fresh each time)."""
-    spent = []
-    for k in range(times):
-        lowered = jax.jit(lambda x, k=k: x + k).lower(jnp.zeros(4))
-        start = time.perf_counter()
-        lowered.compile()
-        spent.append(time.perf_counter() - start)
-    return statistics.median(spent)
+    fresh, lowered = itertools.count(), {}
+
+    def lower(name):  # a new function each round: nothing cached
+        k = next(fresh)
+        lowered["it"] = jax.jit(lambda x, k=k: x + k).lower(jnp.zeros(4))
+
+    wall, _ = interleaved({"compile": lambda: lowered["it"].compile()}, times, setup=lower, wait=None)
+    return summary(wall["compile"], unit="s")["median_s"]
 
 
 def first_call_record(listener: Listener, contender) -> dict:
@@ -128,7 +129,8 @@ def print_profile(row: dict, fixed_s: float) -> None:
             )
         print(
             f"  {side:9} {'total':28} {'':7} {run['lower_s']:8.3f} {run['compiles']:9d} "
-            f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, {run['first_cpu_s']:.2f} s CPU"
+            f"{run['compile_s']:10.3f}   first call {run['first_s']:.2f} s wall, "
+            f"{run['first_cpu_s']:.2f} s CPU"
         )
     pipe, unsplit, serial = row["pipeline"], row["unsplit"], row["serial"]
     print(

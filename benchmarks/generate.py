@@ -14,9 +14,10 @@ per call over tokens x groups x stages, per generated token per rank over tokens
 Utilisation: one run with `record=` at g = 2n waits for every cell and gives each stage's cost
 (median over the decode rounds) and the transfer time to the next rank; the wavefront model
 (`simulate_wavefront`) replays them for g = 1, n, 2n: utilisation over the whole run and in
-steady state (the window where every rank has work). With more blocks than ranks, `decode_split` picks the decode-aware split and the same figures are measured for
-it. On one CPU host the fake devices share the cores, so wall time cannot show a pipeline
-speed-up here; the figures are overhead and the modelled overlap.
+steady state (the window where every rank has work). With more blocks than ranks,
+`decode_split` picks the decode-aware split and the same figures are measured for it. On one
+CPU host the fake devices share the cores, so wall time cannot show a pipeline speed-up here;
+the figures are overhead and the modelled overlap.
 
     python benchmarks/generate.py [--rounds 5] [--layers 4] [--out benchmarks/results/generate.json]
 """
@@ -27,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -35,7 +35,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core.models import TransformerLM, generate  # noqa: E402
@@ -110,15 +110,7 @@ def main() -> dict:
     for name, fn in sides.items():  # warm up (compile) and check every side gives the same tokens
         assert np.array_equal(np.asarray(fn()), want), name
 
-    wall = {k: [] for k in sides}
-    cpu = {k: [] for k in sides}
-    for _ in range(args.rounds):
-        for name, fn in sides.items():
-            w0, c0 = time.perf_counter(), time.thread_time()
-            jax.block_until_ready(fn())
-            wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.thread_time() - c0)
-
+    wall, cpu = interleaved(sides, args.rounds)
     rows = {k: summary(wall[k], cpu[k]) for k in sides}
     print(f"{n} ranks, batch {batch}, {steps} new tokens, {args.rounds} interleaved rounds")
     print(f"{'side':16s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s} "

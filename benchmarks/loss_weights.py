@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
 from _devices import cpu_devices
 
@@ -28,7 +27,7 @@ cpu_devices(8)  # before JAX is imported
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-from _timing import interleaved, summary  # noqa: E402
+from _timing import interleaved, once, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
@@ -77,12 +76,13 @@ def main(argv=None) -> list[dict]:
     steps = contenders()
     firsts = {}
     for name, (step, call) in steps.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        firsts[name] = (time.perf_counter() - t0, step.runner.step.timings()["seconds"]["trace"])
+        firsts[name] = (once(call)[0], step.runner.step.timings()["seconds"]["trace"])
     wall, cpu = interleaved({name: call for name, (_, call) in steps.items()}, args.rounds, args.calls)
     records = []
-    print(f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} {'cpu ms':>7}")
+    print(
+        f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
+        f"{'cpu ms':>7}"
+    )
     for name in steps:
         row = {"loss": name, "first_s": firsts[name][0], "trace_s": firsts[name][1]}
         row.update(summary(wall[name], cpu[name]))

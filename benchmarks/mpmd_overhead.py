@@ -41,7 +41,6 @@ import argparse
 import functools
 import json
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,7 +51,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, once, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
@@ -108,8 +107,8 @@ def references(layers: int, m: int) -> tuple:
 
         def body(carry, mb):
             loss, g = carry
-            l, gi = grad(params, mb)
-            return (loss + l / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
+            value, gi = grad(params, mb)
+            return (loss + value / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
 
         zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
         return jax.lax.scan(body, zero, (xs, ys))[0]
@@ -130,32 +129,21 @@ def pipeline(n: int, schedule, layers: int, d: int, b: int):
 # --- measurement -------------------------------------------------------------------------------
 
 
-def interleaved(contenders: dict, rounds: int, calls: int) -> dict:
-    """Per contender: wall and issuing-thread CPU seconds per call over interleaved rounds."""
-    wall = {k: [] for k in contenders}
-    cpu = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            w, c = time.perf_counter(), time.thread_time()
-            for _ in range(calls):
-                jax.block_until_ready(fn())
-            cpu[name].append((time.thread_time() - c) / calls)
-            wall[name].append((time.perf_counter() - w) / calls)
+def timed(contenders: dict, rounds: int, calls: int) -> dict:
+    """Per contender: the summary of its wall and issuing-thread CPU seconds per call over
+    interleaved rounds."""
+    wall, cpu = interleaved(contenders, rounds, calls)
     return {k: summary(wall[k], cpu[k]) for k in contenders}
 
 
 def first_call(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
+    return once(fn)[0]
 
 
 def first_call_cpu(fn) -> tuple[float, float]:
     """Wall seconds and the process's CPU seconds (every thread: tracing, lowering, the compiler's
     threads, the first run) of a first call; CPU time barely moves with other load on the machine."""
-    cpu = time.process_time()
-    wall = first_call(fn)
-    return wall, time.process_time() - cpu
+    return once(fn)
 
 
 def allclose(got, want) -> bool:
@@ -191,7 +179,7 @@ def section_schedules(rounds: int, sizes: list, lib) -> list:
             sx = lib.step(name, step.mesh, args, mlp_loss) if lib is not None else None
             if sx is not None:
                 contenders["sxlib"] = sx
-            t = interleaved(contenders, rounds, 3 if size == "large" else 10)
+            t = timed(contenders, rounds, 3 if size == "large" else 10)
             host = step.profile(*args, rounds=rounds)
             row = {
                 "section": "schedules",
@@ -223,7 +211,7 @@ def section_scaling(rounds: int) -> list:
             reference = jax.block_until_ready(unsplit(*local))
             jax.block_until_ready(scan(*local))
             checked_first_call(step, args, reference)
-            t = interleaved({"mpmd": lambda: step(*args), "scan": lambda: scan(*local)}, rounds, 5)
+            t = timed({"mpmd": lambda: step(*args), "scan": lambda: scan(*local)}, rounds, 5)
             host = step.profile(*args, rounds=rounds)
             row = {
                 "section": "scaling",
@@ -334,17 +322,17 @@ def release_cost(owner, args: tuple, rounds: int) -> float:
     entry, leaves = cached_entry(owner, args)
     kept = dataclasses.replace(entry.plan, steps=[Step(fn, i, o) for fn, i, o, _ in entry.plan.steps])
     inputs = fresh_inputs(entry, owner.placer, leaves)
-    spent: dict = {"freed": [], "kept": []}
-    for _ in range(rounds):
-        for name, plan in (("freed", entry.plan), ("kept", kept)):
-            placed = inputs()
-            jax.block_until_ready(placed)
-            start = time.thread_time()
-            buf = plan.run(placed)
-            spent[name].append(time.thread_time() - start)
-            jax.block_until_ready([b for b in buf if b is not None and not b.is_deleted()])
-            del buf
-    return min(spent["freed"]) - min(spent["kept"])
+    plans, placed = {"freed": entry.plan, "kept": kept}, {}
+
+    def place(name):
+        placed["inputs"] = jax.block_until_ready(inputs())
+
+    def release(name, buf):  # wait for what the plan issued, untimed
+        jax.block_until_ready([b for b in buf if b is not None and not b.is_deleted()])
+
+    runs = {name: (lambda plan=plan: plan.run(placed.pop("inputs"))) for name, plan in plans.items()}
+    _, cpu = interleaved(runs, rounds, setup=place, after=release, wait=None)
+    return min(cpu["freed"]) - min(cpu["kept"])
 
 
 def section_lm(rounds: int, configs: list) -> list:
@@ -356,7 +344,7 @@ def section_lm(rounds: int, configs: list) -> list:
         spmd_first, spmd_first_cpu = first_call_cpu(spmd)
         mpmd_first, mpmd_first_cpu = first_call_cpu(mpmd)
         report = mpmd_step.runner.update_step.timings()
-        t = interleaved({"mpmd": mpmd, "spmd": spmd}, rounds, 2)
+        t = timed({"mpmd": mpmd, "spmd": spmd}, rounds, 2)
         host = mpmd_step.runner.update_step.profile(mpmd.params, mpmd.state, None, *batch, rounds=rounds)
         kinds = {}
         for row in host.rows:

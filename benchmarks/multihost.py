@@ -38,10 +38,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _timing import summary
+from _timing import interleaved, summary
 
 LAYOUTS = ((1, 4, None), (2, 2, "transfer"), (2, 2, "ppermute"), (4, 1, "transfer"), (4, 1, "ppermute"))
 D, B, LAYERS, M = 256, 64, 4, 8
@@ -101,15 +100,8 @@ def _step_figures(world: int, rounds: int, calls: int) -> dict:
     for _ in range(3):
         jax.block_until_ready(call())
     issued = len(step.plan_for(params, batch).steps)
-    wall, cpu = [], []
-    for _ in range(rounds):
-        _barrier(world)
-        w, c = time.perf_counter(), time.thread_time()
-        for _ in range(calls):
-            jax.block_until_ready(call())
-        cpu.append((time.thread_time() - c) / calls)
-        wall.append((time.perf_counter() - w) / calls)
-    return {"wall": wall, "cpu": cpu, "issued": issued}
+    wall, cpu = interleaved({"step": call}, rounds, calls, setup=lambda _: _barrier(world))
+    return {"wall": wall["step"], "cpu": cpu["step"], "issued": issued}
 
 
 def _copy_per_mib(rounds: int, mib: int) -> float | None:
@@ -126,12 +118,8 @@ def _copy_per_mib(rounds: int, mib: int) -> float | None:
     src, dst = SingleDeviceSharding(local[0]), SingleDeviceSharding(local[1])
     x = jax.block_until_ready(jax.device_put(jnp.ones(mib * MIB // 4, jnp.float32), src))
     move = transfer([src], [dst])
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        jax.block_until_ready(move(x))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) / mib
+    wall, _ = interleaved({"copy": lambda: move(x)}, rounds)
+    return summary(wall["copy"], unit="s")["median_s"] / mib
 
 
 def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
@@ -151,24 +139,28 @@ def _cross_process_per_mib(name: str, rounds: int, mib: int) -> float | None:
     group = transport.new_group("benchmark", 0)
     send = transport.send_step(group, 1, [source], [spec])
     recv = transport.recv_step(group, 0, [source], [spec])
-    times = []
-    for r in range(rounds + 1):  # the first round connects the pair
+    sent, fill = {}, iter(range(rounds + 1))
+
+    def begin(_):
         transport.begin()
-        x = (
-            jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), first))
-            if me == 0
-            else None
-        )
-        _barrier(2)  # both sides issue at once (a ppermute runs when both have)
-        start = time.perf_counter()
+        r = next(fill)
         if me == 0:
-            send(x)
-        else:
-            jax.block_until_ready(recv())
-            times.append(time.perf_counter() - start)
+            sent["x"] = jax.block_until_ready(jax.device_put(jnp.full(spec.shape, r, jnp.float32), first))
+        _barrier(2)  # both sides issue at once (a ppermute runs when both have)
+
+    def end(*_):
         transport.end()
         _barrier(2)
-    return statistics.median(times[1:]) / mib if times else None
+
+    def one():  # the sender's side is not timed: only the receiver's figures are kept
+        if me == 0:
+            send(sent.pop("x"))
+            return None
+        return recv()
+
+    # the first round connects the pair
+    wall, _ = interleaved({"pull": one}, rounds + 1, setup=begin, after=end)
+    return summary(wall["pull"][1:], unit="s")["median_s"] / mib if me != 0 else None
 
 
 def worker(out: str, rounds: int, calls: int) -> None:
@@ -250,7 +242,8 @@ def main() -> None:
         per = " ".join(f"{u:.0f}" for u in row["cpu_per_issued_us"])
         print(
             f"{row['layout']:17} {row['min_ms']:7.1f} {row['median_ms']:7.1f} {row['spread']:6.2f} "
-            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) | {per}"
+            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) "
+            f"| {per}"
         )
     print("transfer latency, ms per MiB (4 MiB messages, median):")
     for key, ms in transfers.items():

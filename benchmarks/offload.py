@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
 from _devices import cpu_devices
 
@@ -27,7 +26,7 @@ cpu_devices(8)  # before JAX is imported
 
 import jax  # noqa: E402
 import optax  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import apply  # noqa: E402
@@ -64,17 +63,10 @@ def loss(params, tokens, targets):
 
 def timed(contenders: dict, args, mesh_args) -> dict:
     """Interleaved rounds of `args.calls` waited-for calls of each contender."""
-    wall = {k: [] for k in contenders}
-    cpu = {k: [] for k in contenders}
     for step in contenders.values():
         jax.block_until_ready(step(*mesh_args))
-    for _ in range(args.rounds):
-        for name, step in contenders.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.calls):
-                jax.block_until_ready(step(*mesh_args))
-            wall[name].append((time.perf_counter() - t0) / args.calls)
-            cpu[name].append((time.thread_time() - c0) / args.calls)
+    calls = {name: (lambda step=step: step(*mesh_args)) for name, step in contenders.items()}
+    wall, cpu = interleaved(calls, args.rounds, args.calls)
     return {k: summary(wall[k], cpu[k]) for k in contenders}
 
 
@@ -106,11 +98,12 @@ def main(argv=None) -> dict:
             rows.append(row)
     times = timed(steps, args, call_args)
     print(
-        f"{'schedule':13} {'choice':14} {'device MiB per rank (measured; predicted error)':58} {'host MiB':24} ms"
+        f"{'schedule':13} {'choice':14} {'device MiB per rank (measured; predicted error)':58} "
+        f"{'host MiB':24} ms"
     )
     for row in rows:
         name = f"{row['schedule']} {row['choice']}"
-        row["time"] = times[name]
+        row["time"] = timing = times[name]
         dev, host = row["measured"]["device"], row["measured"]["host"]
         pred = row.get("predicted")
         err = (
@@ -128,8 +121,8 @@ def main(argv=None) -> dict:
         print(
             f"{row['schedule']:13} {row['choice']:14} {cells}  err {note:12} "
             f"{' '.join(f'{b / 2**20:5.2f}' for b in host):24} "
-            f"{row['time']['median_ms']:7.1f} (min {row['time']['min_ms']:.1f}, spread {row['time']['spread']:.0%}, "
-            f"cpu {row['time']['cpu_median_ms']:.1f})"
+            f"{timing['median_ms']:7.1f} (min {timing['min_ms']:.1f}, spread {timing['spread']:.0%}, "
+            f"cpu {timing['cpu_median_ms']:.1f})"
         )
     advised = advise(mesh, call_args, rows, args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +150,8 @@ def advise(mesh, call_args, rows, args) -> dict:
     times = timed({"advised": advice.step(donate=False)}, args, (params, state, *batch))["advised"]
     print(
         f"advised {best.name} under {budget / 2**20:.3f} MiB: predicted step {best.step_s * 1e3:.1f} ms, "
-        f"measured median {times['median_ms']:.1f} ms (ratio {times['median_ms'] / (best.step_s * 1e3):.2f}); "
+        f"measured median {times['median_ms']:.1f} ms "
+        f"(ratio {times['median_ms'] / (best.step_s * 1e3):.2f}); "
         f"peak MiB predicted {max(best.peak_bytes) / 2**20:.3f}, measured {max(measured_peaks) / 2**20:.3f}"
     )
     return {

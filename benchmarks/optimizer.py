@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
 from _devices import cpu_devices
 
@@ -39,7 +38,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _timing import interleaved, summary  # noqa: E402
+from _timing import interleaved, once, summary  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import spectrax_core as sc  # noqa: E402
@@ -148,12 +147,7 @@ def main(argv=None) -> list[dict]:
     contenders = {**lm_contenders(), **eager_contenders()}
     firsts = {}
     for name, fn in contenders.items():
-        calls = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            calls.append(time.perf_counter() - t0)
-        firsts[name] = calls
+        firsts[name] = [once(fn)[0] for _ in range(2)]
     wall, cpu = interleaved(contenders, args.rounds, args.calls)
     records = []
     print(

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import pathlib
-import time
 
 from _devices import cpu_devices
 
@@ -31,6 +30,7 @@ cpu_devices(8)  # before JAX is imported
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
@@ -80,11 +80,8 @@ def busy_prediction(step, data, schedule, clock: str, runs: int) -> dict:
     profile = step.profile_stages(*data, rounds=runs, clock=clock)
     predicted = S.simulate(schedule, 4, profile.stage_cost(statistic="mean"))
     measured = np.median([step.measure_timeline(*data, clock=clock).busy for _ in range(runs)], axis=0) * 1e-6
-    walls = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(step(*data))
-        walls.append(time.perf_counter() - start)
+    wall, cpu = interleaved({"step": lambda: step(*data)}, runs)
+    steps = summary(wall["step"], cpu["step"], unit="s")
     return {
         "clock": clock,
         "predicted_busy_s": list(predicted.busy),
@@ -92,8 +89,10 @@ def busy_prediction(step, data, schedule, clock: str, runs: int) -> dict:
         "worst_busy_error": max(abs(p - m) / m for p, m in zip(predicted.busy, measured)),
         "simulated_makespan_s": predicted.makespan,
         "busy_over_cores_s": sum(measured) / (os.cpu_count() or 1),
-        "step_wall_min_s": min(walls),
-        "step_wall_median_s": float(np.median(walls)),
+        "step_wall_min_s": steps["min_s"],
+        "step_wall_median_s": steps["median_s"],
+        "step_wall_spread": steps["spread"],
+        "step_cpu_median_s": steps["cpu_median_s"],
     }
 
 
@@ -132,7 +131,8 @@ def main(argv=None) -> list[dict]:
             }
             line = (
                 f"{repr(schedule):42} remat={remat!s:5} peak KiB predicted "
-                f"{[round(b / 1024, 1) for b in timeline.peak_bytes]} measured {[round(b / 1024, 1) for b in measured]}"
+                f"{[round(b / 1024, 1) for b in timeline.peak_bytes]} "
+                f"measured {[round(b / 1024, 1) for b in measured]}"
             )
             print(line)
             if schedule.layout != "v":
@@ -141,11 +141,16 @@ def main(argv=None) -> list[dict]:
                 )
                 for clock in ("cpu", "wall"):
                     t = record[f"time_{clock}"] = busy_prediction(timed, big, schedule, clock, args.runs)
+                    predicted = [round(b * 1e3, 2) for b in t["predicted_busy_s"]]
+                    measured_busy = [round(b * 1e3, 2) for b in t["measured_busy_s"]]
                     print(
-                        f"{'':42} {clock:4} busy ms predicted {[round(b * 1e3, 2) for b in t['predicted_busy_s']]} "
-                        f"measured {[round(b * 1e3, 2) for b in t['measured_busy_s']]} (worst {t['worst_busy_error']:.1%}); "
-                        f"makespan ms simulated {t['simulated_makespan_s'] * 1e3:.1f}, busy/cores "
-                        f"{t['busy_over_cores_s'] * 1e3:.1f}, step wall {t['step_wall_median_s'] * 1e3:.1f}"
+                        f"{'':42} {clock:4} busy ms predicted {predicted} measured {measured_busy} "
+                        f"(worst {t['worst_busy_error']:.1%}); makespan ms simulated "
+                        f"{t['simulated_makespan_s'] * 1e3:.1f}, "
+                        f"busy/cores {t['busy_over_cores_s'] * 1e3:.1f}, "
+                        f"step wall median {t['step_wall_median_s'] * 1e3:.1f} (min "
+                        f"{t['step_wall_min_s'] * 1e3:.1f}, spread {t['step_wall_spread']:.2f}, thread CPU "
+                        f"{t['step_cpu_median_s'] * 1e3:.1f})"
                     )
             records.append(record)
     OUT.parent.mkdir(parents=True, exist_ok=True)

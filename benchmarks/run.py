@@ -10,8 +10,9 @@ Rows:
           `greedy_decode` on one device (report: the pipelined per-token cost is
           one cell per rank plus the transfers between them).
 
-Rounds interleave the two sides; each reports min, median and spread (max/min)
-of wall time, and the issuing thread's CPU time (`time.thread_time`) next to it.
+Rounds interleave the two sides; each reports min, median and spread ((max - min) / median)
+of wall time, and the issuing thread's CPU time (`time.thread_time`) next to it. JSON: per side
+`min_ms`, `median_ms`, `spread`, `cpu_min_ms`, `cpu_median_ms` (per call).
 
     python benchmarks/run.py [--rounds 7] [--out benchmarks/results/run.json]
 """
@@ -21,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -31,6 +30,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 import spectrax_eager as spx  # noqa: E402
 import spectrax_mpmd as mp  # noqa: E402
@@ -71,21 +71,10 @@ def hand_loss(p, x, y):
 
 
 def measure(fns: dict, rounds: int, calls: int) -> dict:
-    """Interleaved rounds: per name, per-call wall and issuing-thread CPU seconds of each round."""
-    samples = {name: {"wall": [], "cpu": []} for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            jax.block_until_ready(fn())
-            w0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(calls):
-                jax.block_until_ready(fn())
-            samples[name]["wall"].append((time.perf_counter() - w0) / calls)
-            samples[name]["cpu"].append((time.thread_time() - c0) / calls)
-    return samples
-
-
-def summary(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "spread": max(values) / min(values)}
+    """Interleaved rounds (one untimed call of each side before its timed ones in every round):
+    per name, the summary of its per-call wall and issuing-thread CPU time."""
+    wall, cpu = interleaved(fns, rounds, calls, warmup=1)
+    return {name: summary(wall[name], cpu[name]) for name in fns}
 
 
 def main(argv=None) -> dict:
@@ -114,34 +103,42 @@ def main(argv=None) -> dict:
     prompt = jnp.asarray([list(b"Alice was beginning to ")], jnp.int32)
     steps = 32
     decoder = mp.PipelineDecoder(lm, mesh=mesh)
-    assert np.array_equal(np.asarray(decoder.generate(prompt, steps)), np.asarray(greedy_decode(lm, prompt, steps)))
+    want = np.asarray(greedy_decode(lm, prompt, steps))
+    assert np.array_equal(np.asarray(decoder.generate(prompt, steps)), want)
 
     train = measure({"spx.run": via_run, "hand": lambda: hand(p, x, y)}, args.rounds, 10)
     decode = measure(
-        {"pipelined": lambda: decoder.generate(prompt, steps), "unsplit": lambda: greedy_decode(lm, prompt, steps)},
+        {
+            "pipelined": lambda: decoder.generate(prompt, steps),
+            "unsplit": lambda: greedy_decode(lm, prompt, steps),
+        },
         args.rounds,
         2,
     )
-    report = {
-        "train": {k: {m: summary(v[m]) for m in v} for k, v in train.items()},
-        "decode": {k: {m: summary(v[m]) for m in v} for k, v in decode.items()},
-        "decode_tokens": steps,
-        "rounds": args.rounds,
-    }
-    rt, ht = report["train"]["spx.run"]["wall"], report["train"]["hand"]["wall"]
-    pd, ud = report["decode"]["pipelined"]["wall"], report["decode"]["unsplit"]["wall"]
-    print(f"{'row':8s} {'side':10s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} {'cpu median ms':>13s}")
+    report = {"train": train, "decode": decode, "decode_tokens": steps, "rounds": args.rounds}
+    rt, ht = train["spx.run"], train["hand"]
+    pd, ud = decode["pipelined"], decode["unsplit"]
+    print(f"{'row':8s} {'side':10s} {'wall min ms':>11s} {'median':>8s} {'spread':>7s} "
+          f"{'cpu median ms':>13s}")  # fmt: skip
     for row, sides in (("train", train), ("decode", decode)):
         for side, s in sides.items():
-            w, c = summary(s["wall"]), summary(s["cpu"])
-            print(f"{row:8s} {side:10s} {w['min'] * 1e3:11.2f} {w['median'] * 1e3:8.2f} {w['spread']:7.2f} "
-                  f"{c['median'] * 1e3:13.2f}")
-    print(f"spx.run / hand (median wall): {rt['median'] / ht['median']:.3f}  (min: {rt['min'] / ht['min']:.3f})")
-    print(f"decode tokens/s: pipelined {steps / pd['median']:.0f}, unsplit {steps / ud['median']:.0f}")
+            print(f"{row:8s} {side:10s} {s['min_ms']:11.2f} {s['median_ms']:8.2f} {s['spread']:7.2f} "
+                  f"{s['cpu_median_ms']:13.2f}")  # fmt: skip
+    print(
+        f"spx.run / hand (median wall): {rt['median_ms'] / ht['median_ms']:.3f}  "
+        f"(min: {rt['min_ms'] / ht['min_ms']:.3f})"
+    )
+    print(
+        f"decode tokens/s: pipelined {steps / pd['median_ms'] * 1e3:.0f}, "
+        f"unsplit {steps / ud['median_ms'] * 1e3:.0f}"
+    )
     report["ratios"] = {
-        "run_vs_hand_median": rt["median"] / ht["median"],
-        "run_vs_hand_min": rt["min"] / ht["min"],
-        "decode_tokens_per_s": {"pipelined": steps / pd["median"], "unsplit": steps / ud["median"]},
+        "run_vs_hand_median": rt["median_ms"] / ht["median_ms"],
+        "run_vs_hand_min": rt["min_ms"] / ht["min_ms"],
+        "decode_tokens_per_s": {
+            "pipelined": steps / pd["median_ms"] * 1e3,
+            "unsplit": steps / ud["median_ms"] * 1e3,
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

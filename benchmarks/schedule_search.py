@@ -9,8 +9,9 @@ Cases (per-stage costs, T_F of a block = 1; I = B/2 unless said):
          by `profile_stages` on 4 fake CPU devices (n = 4 only).
 For n in {4, 8, 16} ranks and m = 4n microbatches, with a memory budget of n live
 activations per rank (1F1B's) and without one, prints each named schedule's simulated
-makespan and peak, the search's result, and the search time (min / median / spread of
-wall and thread CPU seconds over rounds). Writes benchmarks/results/schedule_search.json.
+makespan and peak, the search's result, and the search time over rounds: wall min, median and
+spread ((max - min) / median), the thread's CPU median (JSON `timing`: `min_s`, `median_s`,
+`spread`, `cpu_min_s`, `cpu_median_s`). Writes benchmarks/results/schedule_search.json.
 
     python benchmarks/schedule_search.py [--rounds 3]
 """
@@ -21,10 +22,11 @@ import argparse
 import json
 import os
 import pathlib
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+from _timing import interleaved, summary  # noqa: E402
 
 from spectrax_core import schedules as S  # noqa: E402
 
@@ -61,14 +63,15 @@ def measured(n: int) -> S.StageCost:
 
 
 def timed(fn, rounds: int):
-    wall, cpu, out = [], [], None
-    for _ in range(rounds):
-        w, c = time.perf_counter(), time.thread_time()
-        out = fn()
-        wall.append(time.perf_counter() - w)
-        cpu.append(time.thread_time() - c)
-    stats = lambda xs: {"min": min(xs), "median": sorted(xs)[len(xs) // 2], "spread": max(xs) - min(xs)}  # noqa: E731
-    return out, {"wall_s": stats(wall), "thread_cpu_s": stats(cpu)}
+    """`fn`'s result and its wall and thread CPU seconds over `rounds` runs (host work: nothing to
+    wait for), as `_timing.summary` gives them in seconds."""
+    result = {}
+
+    def run():
+        result["out"] = fn()
+
+    wall, cpu = interleaved({"search": run}, rounds, wait=None)
+    return result["out"], summary(wall["search"], cpu["search"], unit="s")
 
 
 def case(name: str, make, n: int, m: int, budget, rounds: int) -> dict:
@@ -96,17 +99,19 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     rows = []
     print(f"{'case':5} {'n':>3} {'m':>3} {'budget':>6} {'best named':>14} {'makespan':>9} "
-          f"{'search':>18} {'makespan':>9} {'peak':>5} {'search s (min/med)':>19}")  # fmt: skip
+          f"{'search':>18} {'makespan':>9} {'peak':>5} {'search s (min/med)':>19} "
+          f"{'spread':>6} {'cpu med':>8}")  # fmt: skip
     for name, make in (("lm", lm), ("skew", skew), ("measured", measured)):
         for n in (4,) if name == "measured" else (4, 8, 16):
             for budget in (n, None):
                 r = case(name, make, n, 4 * n, budget, args.rounds)
                 rows.append(r)
-                b, s, w = r["named"][r["best_named"]], r["search"], r["timing"]["wall_s"]
+                b, s, w = r["named"][r["best_named"]], r["search"], r["timing"]
                 print(
-                    f"{name:5} {n:>3} {4 * n:>3} {str(budget):>6} {r['best_named']:>14} {b['makespan']:>9.4g} "
+                    f"{name:5} {n:>3} {4 * n:>3} {budget!s:>6} {r['best_named']:>14} "
+                    f"{b['makespan']:>9.4g} "
                     f"{s['schedule']:>18} {s['makespan']:>9.4g} {s['peak']:>5} "
-                    f"{w['min']:>9.2f}/{w['median']:<9.2f}"
+                    f"{w['min_s']:>9.2f}/{w['median_s']:<9.2f} {w['spread']:6.2f} {w['cpu_median_s']:8.2f}"
                 )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(rows, indent=1))

@@ -27,14 +27,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _timing import summary  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
 
 BLOCKS = (1, 2, 4)
 
@@ -66,12 +65,41 @@ def blocks_step(lm, blocks, tokens, caches, starts, state):
     return token, new, state
 
 
+class Decoder:
+    """One side's greedy decode as calls of one token step each: `reset` prefills a fresh cache
+    (untimed), each call then decodes the next token from the last one's tokens, cache (donated)
+    and state; `tokens` keeps every token when given a list."""
+
+    def __init__(self, cache0, step, prompt, batch: int, tokens: int):
+        self.cache0, self.step, self.prompt, self.batch, self.n = cache0, step, prompt, batch, tokens
+        self.carry, self.tokens = None, None
+
+    def reset(self):
+        from spectrax_core.models._sample import gen_state
+
+        state = gen_state(self.batch, self.n + 1, None, ())
+        tokens, cache, state = self.step(self.prompt, self.cache0(), state)
+        self.carry = jax.block_until_ready((tokens, cache)) + (state,)
+
+    def __call__(self):
+        self.carry = self.step(*self.carry)
+        if self.tokens is not None:
+            self.tokens.append(self.carry[0])
+        return self.carry[:2]
+
+
+def decode_rounds(fns: dict, rounds: int, tokens: int) -> tuple[dict, dict]:
+    """Interleaved rounds of `tokens` chained steps per side (a fresh prefill before each, the
+    steps issued ahead and the last one waited for): wall and thread CPU seconds per token."""
+    return interleaved(fns, rounds, tokens, setup=lambda k: fns[k].reset(), wait="last")
+
+
 def decoders(args) -> dict:
-    """Per (side, block count): a function that decodes `args.tokens` greedy tokens after a prefill
-    and returns (wall, thread CPU) seconds per token; compiled, and both sides' tokens checked equal."""
+    """Per (side, block count): a `Decoder` of `args.tokens` greedy tokens after a prefill;
+    compiled, and both sides' tokens checked equal."""
     from spectrax_core.models import TransformerLM, init_cache
     from spectrax_core.models._generate import lm_generate_step
-    from spectrax_core.models._sample import Sampler, gen_state
+    from spectrax_core.models._sample import Sampler
 
     prompt = jax.random.randint(jax.random.key(1), (args.batch, 8), 0, 256)
     starts = jnp.zeros((args.batch,), jnp.int32)
@@ -92,36 +120,22 @@ def decoders(args) -> dict:
             ),
         }
         for side, (cache0, step) in sides.items():
-
-            def run(cache0=cache0, step=step, tokens_out=None) -> tuple[float, float]:
-                state = gen_state(args.batch, args.tokens + 1, None, ())
-                tokens, cache, state = step(prompt, cache0(), state)
-                jax.block_until_ready((tokens, cache))
-                w0, c0 = time.perf_counter(), time.thread_time()
-                for _ in range(args.tokens):
-                    tokens, cache, state = step(tokens, cache, state)
-                    if tokens_out is not None:
-                        tokens_out.append(tokens)
-                jax.block_until_ready((tokens, cache))
-                return (time.perf_counter() - w0) / args.tokens, (time.thread_time() - c0) / args.tokens
-
-            got: list = []
-            run(tokens_out=got)  # compile and keep the tokens
-            out[(side, n)] = (run, jnp.stack(got))
-        assert bool((out[("stack", n)][1] == out[("blocks", n)][1]).all()), f"{n} blocks: tokens differ"
-    return {k: fn for k, (fn, _) in out.items()}
+            decoder = out[(side, n)] = Decoder(cache0, step, prompt, args.batch, args.tokens)
+            decoder.tokens = []
+            decode_rounds({side: decoder}, 1, args.tokens)  # compile and keep the tokens
+            decoder.tokens = jnp.stack(decoder.tokens)
+        same = bool((out[("stack", n)].tokens == out[("blocks", n)].tokens).all())
+        assert same, f"{n} blocks: tokens differ"
+        for side in sides:
+            out[(side, n)].tokens = None
+    return out
 
 
 def rounds_here(args, rounds: int) -> dict:
     """`rounds` interleaved rounds in this process: {"side n=k": {"wall": [...], "cpu": [...]}}."""
     fns = {f"{side} n={n}": fn for (side, n), fn in decoders(args).items()}
-    times = {k: {"wall": [], "cpu": []} for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            wall, cpu = fn()
-            times[k]["wall"].append(wall)
-            times[k]["cpu"].append(cpu)
-    return times
+    wall, cpu = decode_rounds(fns, rounds, args.tokens)
+    return {k: {"wall": wall[k], "cpu": cpu[k]} for k in fns}
 
 
 def rounds_trees(args) -> dict:
@@ -149,16 +163,14 @@ def table(times: dict) -> dict:
           f"{'cpu median us':>13s} {'/ blocks':>8s}")  # fmt: skip
     for tree, per_side in times.items():
         for k, t in per_side.items():
-            stats = summary(t["wall"], t["cpu"])  # seconds per token in, so its "ms" are ms per token
-            row = {key.replace("_ms", "_us"): v * 1e3 for key, v in stats.items() if key != "spread"}
-            row["spread"] = stats["spread"]
-            rows[f"{tree} {k}"] = row
+            rows[f"{tree} {k}"] = summary(t["wall"], t["cpu"], unit="us")  # seconds per token in
         for n in BLOCKS:
             for side in ("blocks", "stack"):
                 row = rows[f"{tree} {side} n={n}"]
                 row["vs_blocks"] = row["median_us"] / rows[f"{tree} blocks n={n}"]["median_us"]
                 print(f"{tree[-20:]:20s} {side:6s} {n:6d} {row['min_us']:12.1f} {row['median_us']:8.1f} "
-                      f"{row['spread']:7.2f} {row['cpu_median_us']:13.1f} {row['vs_blocks']:8.2f}")  # fmt: skip
+                      f"{row['spread']:7.2f} {row['cpu_median_us']:13.1f} "
+                      f"{row['vs_blocks']:8.2f}")  # fmt: skip
     return rows
 
 
