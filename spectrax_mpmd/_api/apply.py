@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 import jax
 import optax
 
+from spectrax_core.schedules import Schedule
+
 from .._trace.args import as_tuple
 from ..errors import MpmdError
 from .grad import sxvalue_and_grad
@@ -25,7 +27,7 @@ def sxvalue_and_grad_and_apply(
     tx: optax.GradientTransformation,
     *,
     mesh,
-    schedule=None,
+    schedule: Schedule | None = None,
     has_aux: bool = False,
     remat=False,
     offload=False,

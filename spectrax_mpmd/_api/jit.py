@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from spectrax_core.schedules import Timeline
+from spectrax_core.schedules import Schedule, Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
@@ -117,7 +117,7 @@ def sxjit(
     fn: Callable | None = None,
     *,
     mesh,
-    schedule=None,
+    schedule: Schedule | None = None,
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
     batch_argnums: int | Sequence[int] | None = None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from spectrax_core import schedules as S
+
 from .._api import sxvalue_and_grad_and_apply
 from ..errors import MpmdError
 from .memory import MemoryChoice
@@ -24,7 +26,7 @@ class Candidate:
     included), `fits` within the budget. `memory`, when not None, is the per-stage recompute and
     offload the candidate needs to fit (the step is built with them) and what they cost."""
 
-    schedule: object
+    schedule: S.Schedule
     microbatches: int
     virtual_stages: int
     step_s: float
@@ -44,7 +46,7 @@ class Skipped:
     """A valid configuration that could not be profiled on these arguments, and why (e.g. a
     microbatch count that does not divide the batch)."""
 
-    schedule: object
+    schedule: S.Schedule
     microbatches: int
     virtual_stages: int
     reason: str
