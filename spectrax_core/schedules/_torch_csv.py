@@ -178,7 +178,7 @@ def _item(value: str, rank: int, index: int):
             raise ScheduleError(f"{where}: {kind} names a stage only ('{stage}{kind}'), no microbatch.")
         return _Other(kind, stage)
     if not micro:
-        raise ScheduleError(f"{where}: a {kind} action needs its microbatch ('{stage}{kind}0').")
+        raise ScheduleError(f"{where}: {kind} needs a microbatch ('{stage}{kind}0').")
     if kind in _COMPUTE:
         return Action(kind, stage, int(micro))
     return _Comm(kind, stage, int(micro))
@@ -195,10 +195,11 @@ def _in_fields(err: ScheduleError, fields: list[list[_Field]]) -> ScheduleError:
         if match[1] is not None:
             rank = int(match[1])
             return match[0]
-        cells, k = (at[rank] if rank is not None and rank < len(at) else []), int(match[2])
+        r, k = (int(match[3]), int(match[4])) if match[3] is not None else (rank, int(match[2]))
+        cells = at[r] if r is not None and r < len(at) else []
         return match[0] + (f" (CSV field {cells[k]})" if k < len(cells) and cells[k] != k else "")
 
-    message = re.sub(r"rank (\d+)|cell (\d+)", field, str(err))
+    message = re.sub(r"rank (\d+)|cell (\d+)|\((\d+), (\d+)\)", field, str(err))
     if isinstance(err, DeadlockError):
         return DeadlockError(message, err.stuck)
     return type(err)(message)
@@ -365,7 +366,7 @@ def _check_progress(flow: Flow, fields, expected) -> None:
         raise DeadlockError(
             "parse_torch_csv: the rows deadlock when each receive waits for its send: "
             + "; ".join(f"rank {f.rank} waits at field {f.index} ({_show(f.item)})" for f in stuck)
-            + ". Move each receive after the sends its rank can reach first."
+            + ". Move the receives so that each one's send can be issued before it is reached."
         )
 
 
