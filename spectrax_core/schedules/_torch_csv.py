@@ -24,6 +24,7 @@ import re
 from typing import NamedTuple
 
 from ._actions import Action, Cell, FusedAction, ScheduleError, Table, check_table
+from ._base import Schedule
 from ._flow import DeadlockError, Flow, issue_order
 from ._simulate import walk_table
 
@@ -79,6 +80,11 @@ def format_torch_csv(schedule, n: int, *, communication: bool = False) -> str:
     reads at most one stage on another rank, and at most one stage there reads it), as
     PyTorch's actions name one neighbour per stage. Idle steps are not written.
     """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(
+            f"format_torch_csv: schedule must be a Schedule, received {type(schedule).__name__}; "
+            "make a table one with UserSchedule(table)."
+        )
     table = schedule.actions(n)
     schedule.validate(n)
     if not communication:
@@ -140,7 +146,9 @@ def _token(cell: Cell) -> str:
 
 
 def _read(text: str) -> list[list[_Field]]:
-    lines = text.strip("\r\n").splitlines()
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
     while lines and not lines[0].strip():
         lines.pop(0)
     rows = []

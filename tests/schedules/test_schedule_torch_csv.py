@@ -117,7 +117,7 @@ WITH_COMMS = (
 def test_a_hand_written_compute_only_table():
     assert parse_torch_csv(COMPUTE_ONLY) == SPLIT_1F1B
     assert parse_torch_csv(COMPUTE_ONLY.replace("\n", "\r\n")) == SPLIT_1F1B
-    assert parse_torch_csv(f"\n  \n{COMPUTE_ONLY}\n\n") == SPLIT_1F1B
+    assert parse_torch_csv(f"\n  \n{COMPUTE_ONLY}\n \n") == SPLIT_1F1B
     assert parse_torch_csv(COMPUTE_ONLY, S.ZeroBubbleH1(2)) == SPLIT_1F1B
     s = UserSchedule.from_torch_csv(io.StringIO(COMPUTE_ONLY))
     assert s.actions(2) == SPLIT_1F1B and s.splits_backward and s.microbatches == 2
@@ -235,3 +235,5 @@ def test_sources_of_the_wrong_type_are_type_errors():
         parse_torch_csv(COMPUTE_ONLY.encode())
     with pytest.raises(TypeError, match=r"from_torch_csv: source must be a path or a text file"):
         UserSchedule.from_torch_csv(42)
+    with pytest.raises(TypeError, match=r"format_torch_csv: schedule must be a Schedule, received tuple"):
+        format_torch_csv(SPLIT_1F1B, 2)
