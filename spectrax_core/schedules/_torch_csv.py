@@ -27,6 +27,7 @@ from ._actions import Action, Cell, FusedAction, ScheduleError, Table, check_tab
 from ._base import Schedule
 from ._flow import DeadlockError, Flow, issue_order
 from ._simulate import walk_table
+from ._user import UserSchedule
 
 _COMPUTE = ("F", "B", "I", "W")
 _COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -83,7 +84,7 @@ def format_torch_csv(schedule, n: int, *, communication: bool = False) -> str:
     if not isinstance(schedule, Schedule):
         raise TypeError(
             f"format_torch_csv: schedule must be a Schedule, received {type(schedule).__name__}; "
-            "make a table one with UserSchedule(table)."
+            "wrap a table as UserSchedule(table)."
         )
     table = schedule.actions(n)
     schedule.validate(n)
@@ -112,10 +113,11 @@ def parse_torch_csv(text: str, schedule=None) -> Table:
     The cells are checked as our own tables are: with `schedule`, as `parse_table` checks
     them (`check_table`'s rules on as many ranks as there are rows, and no deadlock); without,
     as a `UserSchedule` (the table then fixes where each stage lives). Send and receive actions
-    are checked against the cells and then dropped (the runtime derives its transfers): every
-    stage that feeds one on another rank sends after the cell that produces and receives
-    before the cell that reads, once per microbatch; the sends and receives between two ranks
-    come in the same order; and the rows run without deadlock when a receive waits for its send.
+    are checked against the cells and then dropped (the runtime derives its transfers): each
+    transfer between stages on different ranks appears once per microbatch, its send after the
+    cell that produces what it sends and its receive before the cell that reads it; the sends
+    and receives between two ranks come in the same order; and the rows run without deadlock
+    when a receive waits for its send.
     Errors (`ScheduleError`, `DeadlockError`) name the rank, the field and the rule.
     """
     if not isinstance(text, str):
@@ -125,8 +127,6 @@ def parse_torch_csv(text: str, schedule=None) -> Table:
     n = len(table)
     try:
         if schedule is None:
-            from ._user import UserSchedule
-
             schedule = UserSchedule(table)
         else:
             check_table(schedule, n, table)
