@@ -78,8 +78,8 @@ class UserSchedule(Schedule):
                 return cls.from_csv(f)
         if not isinstance(source, io.IOBase) and not hasattr(source, "read"):
             raise TypeError(
-                f"UserSchedule.from_csv: source must be a path or a text file, received {type(source).__name__}; "
-                "wrap CSV text in io.StringIO."
+                "UserSchedule.from_csv: source must be a path or a text file, received "
+                f"{type(source).__name__}; wrap CSV text in io.StringIO."
             )
         rows = [[c.strip() for c in line if c.strip()] for line in csv.reader(source)]
         return cls([row for row in rows if row])
