@@ -276,11 +276,15 @@ def _predictor(schedule, n: int, update_s, validation: str):
 def _searched(n: int, m: int, inputs: Inputs, budget) -> Candidate:
     """A table searched (`spectrax_core.schedules.search`) from the measured costs and bytes of a
     one-stage-per-rank cut, as a candidate; when none fits the budget, the table with the
-    smallest peak the search found (a candidate that does not fit)."""
+    smallest peak the search found (a candidate that does not fit). The row is the searched
+    table even when a named schedule's table was the best found (the search starts from them):
+    which one wins can turn on a measured microsecond, and the row stays the search's."""
     try:
         found = S.search(n, m, inputs.cost, memory_budget=budget, memory=inputs.memory)
     except S.BudgetError as err:
         found = err.smallest
+    if not isinstance(found, S.SearchedSchedule):
+        found = S.SearchedSchedule(tuple(map(tuple, found.actions(n))))
     predict = _predictor(found, n, inputs.update_s, inputs.validation)
     return _candidate(found, predict(inputs.memory, inputs.cost), budget)
 
