@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
-from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
 from jax.sharding import PartitionSpec
 
 from spectrax_core.schedules import Flow
 
 from ..errors import StageSplitError
+from .jax_private import ClosedJaxpr, JaxprEqn, Literal, Var
 from .jaxpr import (
     CALL_PRIMITIVES,
     contains_primitive,
