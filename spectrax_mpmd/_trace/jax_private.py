@@ -67,7 +67,7 @@ PRIVATE = (
     Private(
         "jax._src.distributed.global_state",
         "spectrax_mpmd._comm",
-        "the coordinator address from the environment; exchanges over the file system",
+        "the coordinator address from the environment; exchanges as a collective all-gather program",
     ),
     Private(
         "jax._src.lib.xla_client.batched_copy_array_to_devices_with_sharding",
@@ -105,7 +105,7 @@ def private(path: str):
     if path not in _LISTED:
         raise KeyError(f"{path} is not listed in PRIVATE: add it there with its public fallback")
     parts = path.split(".")
-    for cut in range(len(parts) - 1, 1, -1):
+    for cut in range(len(parts), 1, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
