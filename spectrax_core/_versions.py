@@ -51,10 +51,11 @@ def check(versions: dict[str, str] | None = None) -> None:
             f"SpectraX needs {need}; installed: {have}. Upgrade with: pip install --upgrade {pins}"
         )
     if release(versions["jax"])[:2] > NEWEST_TESTED:
-        newest = ".".join(map(str, NEWEST_TESTED))
+        major, minor = NEWEST_TESTED
         warnings.warn(
-            f"jax {versions['jax']} is newer than the newest release SpectraX is tested on ({newest}.x); "
-            f'if something fails, pip install "jax<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}" is known to work.',
+            f"jax {versions['jax']} is newer than the newest release SpectraX is tested on "
+            f"({major}.{minor}.x); if something fails, "
+            f'pip install "jax<{major}.{minor + 1}" "jaxlib<{major}.{minor + 1}" is known to work.',
             UntestedJaxWarning,
             stacklevel=2,
         )

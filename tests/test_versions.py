@@ -62,7 +62,11 @@ def test_a_newer_untested_jax_warns_once_and_does_not_raise():
 
 def _import_with_jax_version(module: str, version: str) -> subprocess.CompletedProcess:
     """`import module` in a fresh interpreter whose JAX reports `version`."""
-    script = f"import jax, jaxlib.version\njax.__version__ = jaxlib.version.__version__ = {version!r}\nimport {module}\n"
+    script = (
+        "import jax, jaxlib.version\n"
+        f"jax.__version__ = jaxlib.version.__version__ = {version!r}\n"
+        f"import {module}\n"
+    )
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
     return subprocess.run(
