@@ -60,8 +60,10 @@ def test_a_newer_untested_jax_warns_once_and_does_not_raise():
     assert f"jax {major}.{minor + 1}.0" in str(caught[0].message) and f"{NEWEST}.x" in str(caught[0].message)
 
 
-def _import_with_jax_version(module: str, version: str) -> subprocess.CompletedProcess:
-    """`import module` in a fresh interpreter whose JAX reports `version`."""
+def _import_with_jax_version(
+    module: str, version: str, action: str = "default"
+) -> subprocess.CompletedProcess:
+    """`import module` in a fresh interpreter whose JAX reports `version`, warnings filtered by `action`."""
     script = (
         "import jax, jaxlib.version\n"
         f"jax.__version__ = jaxlib.version.__version__ = {version!r}\n"
@@ -69,9 +71,8 @@ def _import_with_jax_version(module: str, version: str) -> subprocess.CompletedP
     )
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env, check=False
-    )
+    command = [sys.executable, "-W", action, "-c", script]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
 
 
 @pytest.mark.parametrize("module", ["spectrax_mpmd", "spectrax_eager"])
@@ -84,6 +85,15 @@ def test_importing_under_an_older_jax_ends_in_the_clear_error(module):
         last.startswith("ImportError: SpectraX needs jax>=")
         and f"installed: jax {old}, jaxlib {old}." in last
     ), last
+
+
+def test_importing_every_package_under_a_newer_jax_warns_once():
+    major, minor = _versions.NEWEST_TESTED
+    newer = f"{major}.{minor + 1}.0"
+    result = _import_with_jax_version("spectrax_core, spectrax_mpmd, spectrax_eager", newer, "always")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("UntestedJaxWarning") == 1, result.stderr[-3000:]
+    assert f"jax {newer} is newer than the newest release SpectraX is tested on" in result.stderr
 
 
 def test_the_declared_bounds_are_the_checked_ones_and_ci_pins_each_of_them():
