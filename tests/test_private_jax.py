@@ -131,7 +131,7 @@ def test_every_listed_name_is_read_where_the_list_says():
         reader = (ROOT / entry.reader.replace(".", "/")).with_suffix(".py")
         assert re.search(rf"\b{attribute}\b", reader.read_text()), entry
     imported = {a.name for p in texts for a in _from_list(p)}
-    assert imported == {*jax_private.EXTENSION, "bind_params", "private"}
+    assert imported == {*jax_private.EXTENSION, "private"}
 
 
 def _from_list(path: Path) -> list[ast.alias]:

@@ -12,8 +12,7 @@ to a public path instead of failing at import:
   with their fallbacks and tested alike.
 * The extension API (`jax.extend.core`, `jax.interpreters`): the documented way
   to define a primitive and to read a jaxpr, but it moves between releases
-  (`DropVar` joined `jax.extend.core` in 0.10, before it was `jax.core.DropVar`;
-  `get_bind_params` changed its result in 0.9.2). Every module imports it from here.
+  (`DropVar` joined `jax.extend.core` in 0.10). Every module imports it from here.
 """
 
 from __future__ import annotations
@@ -21,13 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
+from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Primitive, Var
 from jax.interpreters import ad, batching, mlir
-
-try:
-    from jax.extend.core import DropVar
-except ImportError:  # older JAX keeps it in `jax.core` only
-    from jax.core import DropVar
 
 
 class Private(NamedTuple):
@@ -93,13 +87,6 @@ PRIVATE = (
 _LISTED = {entry.path for entry in PRIVATE}
 
 
-def bind_params(eqn: JaxprEqn) -> tuple[list, dict]:
-    """The leading function arguments and the parameters to re-bind `eqn`'s primitive with:
-    `get_bind_params` returns both before JAX 0.9.2 and the parameters alone since."""
-    bound = eqn.primitive.get_bind_params(eqn.params)
-    return bound if isinstance(bound, tuple) else ([], bound)
-
-
 def private(path: str):
     """The object at `path` (one of `PRIVATE`) if this JAX has it, else None (take the fallback)."""
     if path not in _LISTED:
@@ -154,7 +141,6 @@ __all__ = [
     "Var",
     "ad",
     "batching",
-    "bind_params",
     "mlir",
     "private",
 ]

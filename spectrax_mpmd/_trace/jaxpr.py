@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Sequence
 
-from .jax_private import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var, bind_params
+from .jax_private import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
 CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 CONTROL_FLOW_PRIMITIVES = frozenset({"scan", "while", "cond"})
@@ -39,9 +39,9 @@ def eval_eqns(eqns: Iterable[JaxprEqn], env: dict) -> dict:
     """Evaluate `eqns` in order (binding each primitive), filling `env` with their outputs."""
     for eqn in eqns:
         invals = [read(env, v) for v in eqn.invars]
-        subfuns, params = bind_params(eqn)
+        params = eqn.primitive.get_bind_params(eqn.params)
         with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*subfuns, *invals, **params)
+            outs = eqn.primitive.bind(*invals, **params)
         if not eqn.primitive.multiple_results:
             outs = (outs,)
         for var, val in zip(eqn.outvars, outs):
