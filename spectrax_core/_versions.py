@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import warnings
 
-# the oldest versions the quick subset passes on: pyproject.toml's lower bounds, which CI installs
-# exactly (`.ci/oldest`)
+# the oldest versions SpectraX is tested on: pyproject.toml's lower bounds, which CI's second step
+# installs exactly (`.ci/oldest`)
 OLDEST = {"jax": "0.10.0", "jaxlib": "0.10.0"}
 # the newest (major, minor) of JAX the whole suite has run on
 NEWEST_TESTED = (0, 10)

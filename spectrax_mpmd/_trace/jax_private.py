@@ -1,12 +1,12 @@
 """Every JAX name the package reads from outside JAX's stable `jax.*` API, in one place.
 
-Three kinds, each resolved here so that a JAX release that moves one degrades
-to a public path instead of failing at import:
+Three kinds, so that a JAX release that moves one is a change to this file alone:
 
 * `PRIVATE`: names under `jax._src` and private names of public modules. Each
   is read only through `private(path)`, which gives None when this JAX lacks
   it; the reader then takes the public fallback written next to it in the
-  table, and a test checks that both paths give equal results.
+  table (a newer JAX degrades instead of failing), and a test checks that both
+  paths give equal results.
 * `ATTRIBUTES`: private attributes of JAX objects (a compiled or lowered
   program), read where they are used behind a default or a `try`; listed here
   with their fallbacks and tested alike.
