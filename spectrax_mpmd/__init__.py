@@ -3,6 +3,8 @@
 Imports `spectrax_core`; never `spectrax_eager`.
 """
 
+import spectrax_core  # noqa: F401 - imported first: it refuses an unsupported JAX before any module reads it
+
 from ._api import (
     Add,
     Concat,

@@ -45,7 +45,7 @@ SCHEDULES_ADDED = {
     "search", "UpdatedStep", "with_update",
     "BudgetError",
     "VALIDATIONS",
-    "format_torch_csv", "parse_torch_csv",
+    "format_torch_csv", "parse_torch_csv", "read_torch_csv",
 }  # fmt: skip
 
 

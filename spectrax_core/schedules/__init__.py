@@ -13,7 +13,7 @@ show the result. `Flow` says what each cell waits for and `issue_order` walks a 
 that order (the simulator, the memory model, the region merge and the MPMD runtime share
 both). A table has a text form: `format_table` writes it, `parse_table` reads it back
 (`Action.parse("2F3")` is stage 2, forward, microbatch 3); `format_torch_csv` and
-`parse_torch_csv` write and read PyTorch's schedule CSV. See docs/schedules.md.
+`parse_torch_csv` / `read_torch_csv` write and read PyTorch's schedule CSV. See docs/schedules.md.
 """
 
 from ._actions import Action, FusedAction, ScheduleError, check_table
@@ -29,7 +29,7 @@ from ._search import BudgetError, SearchedSchedule, search
 from ._simulate import simulate, validate
 from ._text import format_table, parse_cell, parse_table
 from ._timeline import Cost, Event, StageCost, Timeline
-from ._torch_csv import format_torch_csv, parse_torch_csv
+from ._torch_csv import format_torch_csv, parse_torch_csv, read_torch_csv
 from ._update import VALIDATIONS, UpdatedStep, with_update
 from ._user import UserSchedule
 from ._zb_h2 import ZeroBubbleH2
@@ -98,6 +98,7 @@ __all__ = [
     "format_table",
     "format_torch_csv",
     "parse_torch_csv",
+    "read_torch_csv",
     "render_grid",
     "chrome_trace",
     "save_chrome_trace",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 from typing import NamedTuple
 
@@ -386,3 +387,13 @@ def _ready(item, flow: Flow, done: set, sent: set, expected) -> bool:
 
 def _show(item) -> str:
     return _token(item) if isinstance(item, (Action, FusedAction)) else repr(item)
+
+
+def read_torch_csv(source) -> UserSchedule:
+    """`parse_torch_csv` of the file `source` (a path or a text file), as a `UserSchedule`."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, newline="") as f:
+            return read_torch_csv(f)
+    if not hasattr(source, "read"):
+        raise TypeError(f"read_torch_csv: source must be a path or a text file, not {type(source).__name__}.")
+    return UserSchedule(parse_torch_csv(source.read()))

@@ -7,7 +7,7 @@ of a rank those its cells name (`stages_of` in increasing order), and
 `virtual_stages` the most stages a rank holds. It is checked when built: every
 action once (`check_table`) and no deadlock under the order the MPMD runtime
 issues cells (`issue_order`); the error names the first offending action.
-`UserSchedule.from_torch_csv` reads PyTorch's schedule CSV.
+`read_torch_csv` (`spectrax_core.schedules._torch_csv`) reads PyTorch's schedule CSV.
 """
 
 from __future__ import annotations
@@ -83,23 +83,6 @@ class UserSchedule(Schedule):
             )
         rows = [[c.strip() for c in line if c.strip()] for line in csv.reader(source)]
         return cls([row for row in rows if row])
-
-    @classmethod
-    def from_torch_csv(cls, source) -> UserSchedule:
-        """The table in PyTorch's schedule CSV (`torch.distributed.pipelining`; compute-only or
-        with send and receive actions), checked as `parse_torch_csv` checks it. `source` is a path
-        or a text file."""
-        from ._torch_csv import parse_torch_csv
-
-        if isinstance(source, (str, os.PathLike)):
-            with open(source, newline="") as f:
-                return cls.from_torch_csv(f)
-        if not hasattr(source, "read"):
-            raise TypeError(
-                f"UserSchedule.from_torch_csv: source must be a path or a text file, received "
-                f"{type(source).__name__}; wrap CSV text in io.StringIO."
-            )
-        return cls(parse_torch_csv(source.read()))
 
     @property
     def splits_backward(self) -> bool:

@@ -38,6 +38,7 @@ from .._env import (
     int_env,
     job_size_from_env,
 )
+from .._trace.jax_private import private
 from ..errors import DistributedError
 
 
@@ -124,11 +125,7 @@ def _wait_reachable(host: str, port: int, timeout: float) -> None:
 def _cluster_detected() -> bool:
     """Whether JAX's cluster detection (SLURM, Open MPI, ...) recognises this environment.
     Feature-detected private API; where it is missing, assume a cluster and let JAX decide."""
-    try:
-        from jax._src.clusters import ClusterEnv
-    except ImportError:
-        return True
-    kinds = getattr(ClusterEnv, "_cluster_types", None)
+    kinds = getattr(private("jax._src.clusters.ClusterEnv"), "_cluster_types", None)
     if kinds is None:
         return True
     return any(not k.opt_in_only_method and k.is_env_present() for k in kinds)

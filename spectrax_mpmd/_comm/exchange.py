@@ -17,17 +17,14 @@ import jax
 import numpy as np
 
 from .._env import configured_timeout
+from .._trace.jax_private import private
 from ..errors import DistributedError
 
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 
 
 def _client():
-    try:
-        from jax._src import distributed
-    except ImportError:
-        return None
-    client = getattr(distributed.global_state, "client", None)
+    client = getattr(private("jax._src.distributed.global_state"), "client", None)
     return client if client is not None and all(hasattr(client, m) for m in _NEEDED) else None
 
 

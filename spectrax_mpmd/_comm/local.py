@@ -21,16 +21,15 @@ from typing import Callable, Sequence
 import jax
 from jax.sharding import NamedSharding, Sharding
 
+from .._trace.jax_private import private
+
 
 def _detect_copier() -> tuple[Callable, object] | None:
     """JAX's C++ batched copy and its 'reuse the input' semantics, or None if unavailable."""
-    try:
-        from jax._src.lib import xla_client
-    except ImportError:
-        return None
-    copy = getattr(xla_client, "batched_copy_array_to_devices_with_sharding", None)
-    semantics = getattr(getattr(xla_client, "ArrayCopySemantics", None), "REUSE_INPUT", None)
-    if copy is None or semantics is None or not hasattr(NamedSharding, "_internal_device_list"):
+    copy = private("jax._src.lib.xla_client.batched_copy_array_to_devices_with_sharding")
+    semantics = getattr(private("jax._src.lib.xla_client.ArrayCopySemantics"), "REUSE_INPUT", None)
+    device_list = private("jax.sharding.NamedSharding._internal_device_list")
+    if copy is None or semantics is None or device_list is None:
         return None
     return copy, semantics
 

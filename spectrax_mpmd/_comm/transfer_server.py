@@ -23,6 +23,7 @@ from typing import Sequence
 import jax
 
 from .._env import coordinator_from_env, transfer_host
+from .._trace.jax_private import private
 from .base import CrossProcess
 
 _GROUPS_PER_CALL = 1 << 24  # uuid = call * _GROUPS_PER_CALL + group
@@ -64,12 +65,8 @@ def _advertised_host() -> str:
     if host:
         return host
     coordinator = coordinator_from_env() or ""
-    try:
-        from jax._src import distributed  # private: the address the job was initialised with
-
-        coordinator = getattr(distributed.global_state, "coordinator_address", None) or coordinator
-    except ImportError:
-        pass
+    state = private("jax._src.distributed.global_state")  # the address the job was initialised with
+    coordinator = getattr(state, "coordinator_address", None) or coordinator
     target = coordinator.rsplit(":", 1)[0].strip("[]") if coordinator else ""
     if not target or target in ("localhost", "127.0.0.1", "::1"):
         return "127.0.0.1"

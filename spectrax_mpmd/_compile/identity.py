@@ -33,8 +33,9 @@ from typing import Any
 import jax
 import numpy as np
 from jax import Array
-from jax.extend import core as jex_core
 from jax.sharding import Mesh, NamedSharding, Sharding
+
+from .._trace import jax_private as jex_core
 
 
 class Held:

@@ -22,15 +22,16 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from .._trace.jax_private import private
+
 
 def _detect():
     try:
-        from jax._src import compiler
         from jax.experimental import serialize_executable
     except ImportError:
         return None
-    unpickler = getattr(serialize_executable, "_JaxPjrtUnpickler", None)
-    options = getattr(compiler, "get_compile_options", None)
+    unpickler = private("jax.experimental.serialize_executable._JaxPjrtUnpickler")
+    options = private("jax._src.compiler.get_compile_options")
     if unpickler is None or options is None or not hasattr(serialize_executable, "serialize"):
         return None
 
@@ -65,10 +66,7 @@ def relocation_available() -> bool:
 
 def _detect_cache_state():
     """JAX's compilation-cache module if it shows whether JAX holds an open cache, or None."""
-    try:
-        from jax._src import compilation_cache
-    except ImportError:
-        return None
+    compilation_cache = private("jax._src.compilation_cache")
     return compilation_cache if hasattr(compilation_cache, "_cache") else None
 
 

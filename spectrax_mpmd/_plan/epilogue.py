@@ -18,11 +18,11 @@ from enum import StrEnum
 from typing import NamedTuple
 
 import numpy as np
-from jax.extend.core import Literal
 
 from .._comm import transfer
 from .._compile.compiler import CellSpec, shape_spec
 from .._runtime.slots import Input, InputKind, Output
+from .._trace.jax_private import Literal
 from .._trace.ownership import Partition, Program, partition
 from .draft import Draft
 from .gradients import grad_stage

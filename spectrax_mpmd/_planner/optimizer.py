@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 import optax
-from jax.extend.core import Literal
 
 from .._mesh import rank_holding
+from .._trace.jax_private import Literal
 
 ASSUMED_STATES = 2  # without a transformation: Adam's two moments per parameter
 

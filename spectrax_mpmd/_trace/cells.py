@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Literal, Var
 
 from .args import fold_key
 from .graph import Stage, StageGraph
+from .jax_private import Literal, Var
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
 from .weights import LossWeights
 

@@ -1,7 +1,7 @@
 """JAX's trace context as the runtime sees it: what changes a trace, and whether one is active.
 
-Both questions have an exact answer in JAX's private `jax._src` modules; each
-is used only when present, with a public fallback that is never less safe:
+Both questions have an exact answer in JAX's private `jax._src` modules (listed in
+`jax_private`); each is used only when present, with a public fallback that is never less safe:
 
 * `config_key()`: the configuration values that change what tracing produces
   (x64, rank promotion, default matmul precision, ...). Privately JAX's own
@@ -26,17 +26,8 @@ import jax
 import numpy as np
 
 from ..errors import TraceContextError
+from .jax_private import private
 from .marker import sxstage_iter_p
-
-
-def _private(module: str, name: str) -> Callable | None:
-    """`jax._src.<module>.<name>` if this JAX version has it (feature detection), else None."""
-    try:
-        mod = __import__(f"jax._src.{module}", fromlist=[name])
-    except ImportError:
-        return None
-    fn = getattr(mod, name, None)
-    return fn if callable(fn) else None
 
 
 def public_config_key() -> tuple:
@@ -50,8 +41,8 @@ def public_active_trace() -> bool:
     return isinstance(out, jax.core.Tracer)
 
 
-_trace_context = _private("config", "trace_context")
-_trace_state_clean = _private("core", "trace_state_clean")
+_trace_context = private("jax._src.config.trace_context")
+_trace_state_clean = private("jax._src.core.trace_state_clean")
 
 
 def config_key() -> tuple:

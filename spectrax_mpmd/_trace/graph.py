@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-from jax.extend.core import JaxprEqn, Var
 from jax.sharding import PartitionSpec
 
 from spectrax_core.schedules import Flow
 
+from .jax_private import JaxprEqn, Var
 from .jaxpr import eval_eqns, read
 from .region import DEFAULT_REGION
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Sequence
 
-from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
+from .jax_private import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
 CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 CONTROL_FLOW_PRIMITIVES = frozenset({"scan", "while", "cond"})

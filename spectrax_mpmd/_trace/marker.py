@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec
 
 from ..errors import MarkerError
+from .jax_private import Primitive, ad, batching, mlir
 
 sxstage_iter_p = Primitive("sxstage_iter")
 sxstage_iter_p.multiple_results = True

@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Literal, Var
 
+from .jax_private import ClosedJaxpr, Literal, Var
 from .jaxpr import EVERY_CALL, eval_eqns, inline_calls, needed_eqns, read, resolve
 
 # primitives whose output keeps an operand's shape without keeping its layout

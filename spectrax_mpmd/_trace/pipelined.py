@@ -16,9 +16,8 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from jax.extend.core import ClosedJaxpr, Literal, Primitive
-
 from ..errors import MpmdError, TraceContextError
+from .jax_private import ClosedJaxpr, Literal, Primitive
 from .jaxpr import EVERY_CALL, contains_primitive, inline_calls, sub_jaxprs
 
 _tracing: contextvars.ContextVar[object] = contextvars.ContextVar("spectrax_train_step", default=None)

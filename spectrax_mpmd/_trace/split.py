@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
 
 from ..errors import StageSplitError
 from .graph import Edge, Stage, StageGraph
+from .jax_private import ClosedJaxpr, JaxprEqn, Literal, Var
 from .jaxpr import CALL_PRIMITIVES, contains_primitive, inline_calls, name_stack, resolve, sub_jaxprs
 from .marker import sxstage_iter_p
 from .region import DEFAULT_REGION, SCOPE_PREFIX, recording_regions, region_of

@@ -31,11 +31,11 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Literal, Var
 
 from ..errors import MpmdError
 from .args import fold_key
 from .graph import StageGraph
+from .jax_private import ClosedJaxpr, Literal, Var
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, producers, read
 from .marker import sxstage_iter_p
 

@@ -23,7 +23,7 @@ TORCH_CSV = (  # one CSV row per rank (rank 0's row is split over two lines here
 
 
 def test_a_hand_written_torch_csv_table_runs_exactly():
-    schedule = S.UserSchedule.from_torch_csv(io.StringIO(TORCH_CSV))
+    schedule = S.read_torch_csv(io.StringIO(TORCH_CSV))
     n, m = 2, 2
     assert schedule.microbatches == m and schedule.num_stages(n) == 4
     assert [schedule.stages_of(r, n) for r in range(n)] == [(0, 3), (1, 2)]

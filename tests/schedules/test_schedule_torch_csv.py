@@ -1,4 +1,4 @@
-"""PyTorch's schedule CSV: `format_torch_csv`, `parse_torch_csv`, `UserSchedule.from_torch_csv`.
+"""PyTorch's schedule CSV: `format_torch_csv`, `parse_torch_csv`, `read_torch_csv`.
 
 Every shipped schedule round-trips in both forms (compute-only and with send/recv actions);
 tables written by hand in PyTorch's format read as expected; bad fields, broken table rules and
@@ -21,6 +21,7 @@ from spectrax_core.schedules import (
     format_torch_csv,
     parse_table,
     parse_torch_csv,
+    read_torch_csv,
 )
 
 
@@ -52,7 +53,7 @@ def test_every_shipped_schedule_round_trips(schedule, n, communication):
     assert len(text.splitlines()) == n
     assert parse_torch_csv(text, schedule) == table
     if schedule.num_model_stages(n) == schedule.num_stages(n):  # DualPipe's copies need the schedule
-        read = UserSchedule.from_torch_csv(io.StringIO(text))
+        read = read_torch_csv(io.StringIO(text))
         assert read.actions(n) == table
         assert [read.stages_of(r, n) for r in range(n)] == [schedule.stages_of(r, n) for r in range(n)]
 
@@ -119,7 +120,7 @@ def test_a_hand_written_compute_only_table():
     assert parse_torch_csv(COMPUTE_ONLY.replace("\n", "\r\n")) == SPLIT_1F1B
     assert parse_torch_csv(f"\n  \n{COMPUTE_ONLY}\n \n") == SPLIT_1F1B
     assert parse_torch_csv(COMPUTE_ONLY, S.ZeroBubbleH1(2)) == SPLIT_1F1B
-    s = UserSchedule.from_torch_csv(io.StringIO(COMPUTE_ONLY))
+    s = read_torch_csv(io.StringIO(COMPUTE_ONLY))
     assert s.actions(2) == SPLIT_1F1B and s.splits_backward and s.microbatches == 2
 
 
@@ -127,8 +128,8 @@ def test_a_hand_written_table_with_communication(tmp_path):
     assert parse_torch_csv(WITH_COMMS) == SPLIT_1F1B
     path = tmp_path / "schedule.csv"
     path.write_text(WITH_COMMS)
-    assert UserSchedule.from_torch_csv(path).actions(2) == SPLIT_1F1B
-    assert UserSchedule.from_torch_csv(str(path)).actions(2) == SPLIT_1F1B
+    assert read_torch_csv(path).actions(2) == SPLIT_1F1B
+    assert read_torch_csv(str(path)).actions(2) == SPLIT_1F1B
 
 
 def test_an_overlapped_cell_is_a_fused_action():
@@ -233,7 +234,7 @@ def test_stages_that_do_not_form_chains_have_no_communication_form():
 def test_sources_of_the_wrong_type_are_type_errors():
     with pytest.raises(TypeError, match=r"parse_torch_csv: text must be a str, received bytes"):
         parse_torch_csv(COMPUTE_ONLY.encode())
-    with pytest.raises(TypeError, match=r"from_torch_csv: source must be a path or a text file"):
-        UserSchedule.from_torch_csv(42)
+    with pytest.raises(TypeError, match=r"read_torch_csv: source must be a path or a text file"):
+        read_torch_csv(42)
     with pytest.raises(TypeError, match=r"format_torch_csv: schedule must be a Schedule, received tuple"):
         format_torch_csv(SPLIT_1F1B, 2)
