@@ -98,6 +98,9 @@ class LoRALinear(CoreLayer):
         self.b = LoRAParam(params.b, axes=axes["b"])
         self.rank, self.alpha = params.rank, params.alpha
 
+    lora_a = property(lambda self: self.a, doc="`a`, the `(d_in, rank)` factor.")
+    lora_b = property(lambda self: self.b, doc="`b`, the `(rank, d_out)` factor.")
+
     def lora_params(self) -> sc.nn.LoRA:
         """The core `LoRA` params holding the current values."""
         return sc.nn.LoRA(
