@@ -2,8 +2,10 @@
 
 The schedule classes and the entry points (`sxjit`, `sxcall`, `sxgrad`,
 `sxvalue_and_grad`, `sxvalue_and_grad_and_apply`, `sxstage_region`) are `spx`'s;
-the stage marker `sxstage_iter` and the mesh type `MpmdMesh` come from
-`spectrax_mpmd`, imported on first use.
+the stage marker `sxstage_iter` and the mesh type `MpmdMesh` (also built as
+`MpMdMesh(jax_mesh, mpmd_axis_name)`) come from `spectrax_mpmd`, imported on first use.
+`dualpipev_tasks` lists one rank's DualPipeV actions; `StagesArray` (in `types` too) holds
+one array per pipeline rank.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from spectrax_core.schedules import Action, FusedAction, Schedule
 
-from ._compat.schedules import (
+from .._compat.schedules import (
     DualPipeV,
     Eager1F1B,
     GPipe,
@@ -22,21 +24,23 @@ from ._compat.schedules import (
     KimiK2,
     Std1F1B,
     ZeroBubbleH1,
+    dualpipev_tasks,
 )
-from ._pipeline.entry_points import (
+from .._compat.stages_array import StagesArray, abstract_stages_array
+from .._pipeline.entry_points import (
     sxgrad,
     sxjit,
     sxstage_region,
     sxvalue_and_grad,
     sxvalue_and_grad_and_apply,
 )
-from ._pipeline.mpmd import mpmd
-from ._pipeline.sxcall import sxcall
+from .._pipeline.mpmd import mpmd
+from .._pipeline.sxcall import sxcall
 
 #: The fused forward+backward cell of a schedule table (`FusedAction` here).
 FusedTask = FusedAction
 
-MPMD_NAMES = ("sxstage_iter", "MpmdMesh")
+MPMD_NAMES = ("sxstage_iter", "MpmdMesh", "MpMdMesh")
 
 
 def __getattr__(name: str) -> Any:
@@ -57,8 +61,11 @@ __all__ = [
     "InterleavedH1",
     "KimiK2",
     "Schedule",
+    "StagesArray",
     "Std1F1B",
     "ZeroBubbleH1",
+    "abstract_stages_array",
+    "dualpipev_tasks",
     "sxcall",
     "sxgrad",
     "sxjit",
