@@ -1,0 +1,66 @@
+"""Programs written for the seed library (`tests/eager/seed_programs/`) run here with only the
+import changed (`spectrax` -> `spectrax_eager`), and print what the seed library printed
+(recorded next to each program as JSON; floats within a tolerance)."""
+
+import contextlib
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "seed_programs"
+IMPORT = re.compile(r"^(\s*)(from|import) spectrax\b", re.M)
+SLOW = {"guide_llama3", "guide_vit", "mpmd_train_run", "multimodal_stage_regions", "spmd_vs_mpmd"}
+PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if p.name != "record.py" and not p.name.startswith("_"))
+
+
+def ours(source: str) -> str:
+    """The program with its `spectrax` imports changed to this project's eager package."""
+    return IMPORT.sub(r"\1\2 spectrax_eager", source)
+
+
+def run(name: str) -> dict:
+    path = HERE / f"{name}.py"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(ours(path.read_text()), str(path), "exec"), {"__name__": "__main__"})
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def differences(got, want, where="") -> list[str]:
+    """Where `got` differs from `want`: floats within rtol 1e-4 / atol 1e-5, the rest exactly."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(got) != set(want):
+            return [f"{where}: keys {sorted(got)} != {sorted(want)}"]
+        return [d for k in want for d in differences(got[k], want[k], f"{where}.{k}")]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{where}: length {len(got)} != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{where}[{i}]")]
+    if isinstance(want, float) and isinstance(got, int | float) and not isinstance(got, bool):
+        ok = math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5) or (math.isnan(got) and math.isnan(want))
+        return [] if ok else [f"{where}: {got} != {want}"]
+    return [] if (type(got) is type(want) and got == want) else [f"{where}: {got!r} != {want!r}"]
+
+
+def test_the_import_change_and_the_comparison_can_fail():
+    assert ours("import spectrax as spx\nfrom spectrax import nn\nimport spectraxx") == (
+        "import spectrax_eager as spx\nfrom spectrax_eager import nn\nimport spectraxx"
+    )
+    assert differences({"a": [1.0, 2]}, {"a": [1.00001, 2]}) == []
+    assert differences({"a": [1.1, 2]}, {"a": [1.0, 2]})
+    assert differences({"a": 1}, {"a": 1.0 + 1e-9}) == []
+    assert differences({"a": True}, {"a": 1})
+    assert differences({"a": [1]}, {"a": [1, 2]})
+    assert differences({"a": 1}, {"b": 1})
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in PROGRAMS]
+)
+def test_program_prints_what_the_seed_library_printed(name):
+    want = json.loads((HERE / f"{name}.json").read_text())
+    assert differences(run(name), want) == []
