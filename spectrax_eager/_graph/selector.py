@@ -67,6 +67,12 @@ class Selector:
         """Keep variables whose collection is one of `kinds`."""
         return _And(self, _Collection(kinds))
 
+    variables = in_collection  # the seed library's name
+
+    def not_instances_of(self, *module_types: type) -> Selector:
+        """Drop variables that live (at any depth) under an instance of one of `module_types`."""
+        return _And(self, _Not(_AtInstances(module_types)))
+
     def at_path(self, *globs: str) -> Selector:
         """Keep variables whose dotted path matches one of the fnmatch `globs`."""
         return _And(self, _Path(globs))
