@@ -69,6 +69,22 @@ class Selector:
 
     variables = in_collection  # the seed library's name
 
+    def apply(self, module: Any) -> list[tuple[str, Variable]]:
+        """`[(path, variable)]` of the module's variables this selector matches."""
+        from .walk import iter_variables  # walk imports this module
+
+        return list(iter_variables(module, self))
+
+    def partition_state(self, module: Any, state: Any) -> tuple[Any, Any]:
+        """`(matched, rest)`: `state` (of `module`) split by this selector."""
+        keep = {(var.kind, path) for path, var in self.apply(module)}
+        picked = [(i.kind, i.path) in keep for i in state._infos]
+        parts = []
+        for want in (True, False):
+            infos = tuple(i for i, k in zip(state._infos, picked) if k is want)
+            parts.append(type(state)(infos, [v for v, k in zip(state._values, picked) if k is want]))
+        return parts[0], parts[1]
+
     def not_instances_of(self, *module_types: type) -> Selector:
         """Drop variables that live (at any depth) under an instance of one of `module_types`."""
         return _And(self, _Not(_AtInstances(module_types)))
