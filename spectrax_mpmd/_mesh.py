@@ -85,7 +85,7 @@ class MpmdMesh:
         return tuple(n for n in self.jax_mesh.axis_names if n != self.mpmd_axis)
 
     @property
-    def mpmd_mesh(self) -> "MpmdMesh":
+    def mpmd_mesh(self) -> MpmdMesh:
         """The mesh itself (it is its own MPMD view)."""
         return self
 

@@ -20,4 +20,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spectrax_eager.runtime.types' has no attribute {name!r}")
 
 
-__all__ = ["StagesArray", "abstract_stages_array", *_MPMD_NAMES]
+__all__ = ["MpMdMesh", "MpmdMesh", "StagesArray", "abstract_stages_array"]  # noqa: F822 (module __getattr__)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent / "seed_programs"
-IMPORT = re.compile(r"^(\s*)(from|import) spectrax\b", re.M)
-SLOW = {"guide_llama3", "guide_vit", "mpmd_train_run", "multimodal_stage_regions", "spmd_vs_mpmd"}
+IMPORT = re.compile(r"^(\s*)(from|import) spectrax\b", re.MULTILINE)
+SLOW = {"decode_loop", "guide_gpt2", "guide_llama3", "lora_injection"}  # over 2 s each on CPU
 PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if p.name != "record.py" and not p.name.startswith("_"))
 
 
@@ -26,7 +26,7 @@ def run(name: str) -> dict:
     path = HERE / f"{name}.py"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(ours(path.read_text()), str(path), "exec"), {"__name__": "__main__"})
+        exec(compile(ours(path.read_text()), str(path), "exec"), {"__name__": "__main__"})  # noqa: S102
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 

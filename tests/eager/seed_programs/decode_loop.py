@@ -6,7 +6,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -17,6 +16,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Cache(spx.Variable):
     default_kind = "cache"
@@ -60,10 +60,14 @@ for _ in range(5):
 reference = [3]
 for _ in range(5):
     reference.append(int(jnp.argmax(model.full(jnp.asarray(reference))[-1])))
-print(json.dumps({
-    "tokens": tokens,
-    "matches_full": tokens == reference,
-    "index": int(model.index.value),
-    "cache_rows_written": int(jnp.sum(jnp.any(model.k_cache.value != 0, axis=-1))),
-    "last_logits": np.asarray(logits).round(5).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "tokens": tokens,
+            "matches_full": tokens == reference,
+            "index": int(model.index.value),
+            "cache_rows_written": int(jnp.sum(jnp.any(model.k_cache.value != 0, axis=-1))),
+            "last_logits": np.asarray(logits).round(5).tolist(),
+        }
+    )
+)

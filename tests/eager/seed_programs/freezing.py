@@ -6,7 +6,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import Optimizer
@@ -18,6 +17,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Net(spx.Module):
     def __init__(self, rngs):
@@ -49,8 +49,12 @@ for _ in range(4):
     params, opt = opt.update(params, grads)
     spx.update(net, params)
     losses.append(float(loss))
-print(json.dumps({
-    "grad_paths": sorted(p for _, p, _ in grads.items()),
-    "losses": losses,
-    "backbone_unchanged": bool(np.array_equal(backbone, np.asarray(net.backbone.weight.value))),
-}))
+print(
+    json.dumps(
+        {
+            "grad_paths": sorted(p for _, p, _ in grads.items()),
+            "losses": losses,
+            "backbone_unchanged": bool(np.array_equal(backbone, np.asarray(net.backbone.weight.value))),
+        }
+    )
+)

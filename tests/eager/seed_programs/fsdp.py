@@ -8,7 +8,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.sharding import get_named_sharding, get_partition_spec, logical_axis_rules
@@ -21,10 +20,11 @@ def fill(model):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
 
+
 def place(model, mesh):
     """Every variable moved to its NamedSharding, read as {collection: {path: sharding}}."""
     variables = dict(spx.iter_variables(model))
-    for _, entries in get_named_sharding(model, mesh).items():
+    for _, entries in get_named_sharding(model, mesh).items():  # noqa: PERF102 - the seed shape: (col, entries)
         for path, sharding in entries.items():
             variables[path].value = jax.device_put(variables[path].value, sharding)
 
@@ -54,12 +54,16 @@ with logical_axis_rules(RULES), mesh:
     place(model, mesh)
     loss, grads = spx.jit(spx.value_and_grad(loss_fn))(model, x)
 rows = [(col, path, str(spec)) for col, entries in specs.items() for path, spec in entries.items()]
-print(json.dumps({
-    "specs": sorted(rows),
-    "placed": str(model.fc1.weight.value.sharding.spec),
-    "shards": len(model.fc1.weight.value.addressable_shards),
-    "shard_shape": list(model.fc1.weight.value.addressable_shards[0].data.shape),
-    "loss": float(loss),
-    "same_loss": bool(jnp.allclose(loss, ref_loss, rtol=1e-5)),
-    "grad_sum": float(sum(jnp.sum(g) for _, _, g in grads.items())),
-}))
+print(
+    json.dumps(
+        {
+            "specs": sorted(rows),
+            "placed": str(model.fc1.weight.value.sharding.spec),
+            "shards": len(model.fc1.weight.value.addressable_shards),
+            "shard_shape": list(model.fc1.weight.value.addressable_shards[0].data.shape),
+            "loss": float(loss),
+            "same_loss": bool(jnp.allclose(loss, ref_loss, rtol=1e-5)),
+            "grad_sum": float(sum(jnp.sum(g) for _, _, g in grads.items())),
+        }
+    )
+)

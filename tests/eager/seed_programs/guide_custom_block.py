@@ -5,7 +5,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 
 
@@ -15,6 +14,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class ScaledResidual(spx.Module):
     def __init__(self, d):
@@ -36,10 +36,14 @@ step = spx.jit(lambda m, x: m(x), mutable="buffers")
 for _ in range(3):
     y = step(block, x)
 w_total = float(jnp.sum(block.w))
-print(json.dumps({
-    "y": np.asarray(y).round(6).tolist(),
-    "calls": int(block.calls.value),
-    "w_total": w_total,
-    "np_shape": list(np.asarray(block.w).shape),
-    "neg": float((-block.gain)[0]),
-}))
+print(
+    json.dumps(
+        {
+            "y": np.asarray(y).round(6).tolist(),
+            "calls": int(block.calls.value),
+            "w_total": w_total,
+            "np_shape": list(np.asarray(block.w).shape),
+            "neg": float((-block.gain)[0]),
+        }
+    )
+)

@@ -6,7 +6,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -17,6 +16,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Block(spx.Module):
     def __init__(self, d, heads, rngs):
@@ -59,11 +59,15 @@ def loss_fn(m, tokens):
 
 loss, grads = spx.jit(spx.value_and_grad(loss_fn))(model, tokens)
 norms = sorted(float(jnp.linalg.norm(g)) for _, _, g in grads.items())
-print(json.dumps({
-    "logits_shape": list(model(tokens).shape),
-    "loss": float(loss),
-    "n_grads": len(norms),
-    "grad_norm_max": norms[-1],
-    "grad_norm_sum": sum(norms),
-    "params": int(spx.inspect.count_parameters(model)),
-}))
+print(
+    json.dumps(
+        {
+            "logits_shape": list(model(tokens).shape),
+            "loss": float(loss),
+            "n_grads": len(norms),
+            "grad_norm_max": norms[-1],
+            "grad_norm_sum": sum(norms),
+            "params": int(spx.inspect.count_parameters(model)),
+        }
+    )
+)

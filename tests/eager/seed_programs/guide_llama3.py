@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import Optimizer
@@ -19,6 +18,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 def rope(x, base=10000.0):
     t, d = x.shape[1], x.shape[-1]
@@ -103,4 +103,6 @@ losses = []
 for _ in range(3):
     loss, opt = train_step(model, opt, tokens)
     losses.append(float(loss))
-print(json.dumps({"losses": losses, "params": int(spx.inspect.count_parameters(model)), "step": int(opt.step)}))
+print(
+    json.dumps({"losses": losses, "params": int(spx.inspect.count_parameters(model)), "step": int(opt.step)})
+)

@@ -6,7 +6,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -17,6 +16,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class QwenBlock(spx.Module):
     def __init__(self, d, heads, rngs):
@@ -63,9 +63,13 @@ model = Qwen(vocab=17, d=8, layers=2, rngs=spx.Rngs(0))
 fill(model)
 tokens = jnp.asarray([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
 logits = spx.jit(lambda m, t: m(t))(model, tokens)
-print(json.dumps({
-    "shape": list(logits.shape),
-    "next": np.asarray(jnp.argmax(logits[:, -1], -1)).tolist(),
-    "logit_sum": float(logits.sum()),
-    "last": np.asarray(logits[:, -1, :4]).round(5).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "shape": list(logits.shape),
+            "next": np.asarray(jnp.argmax(logits[:, -1], -1)).tolist(),
+            "logit_sum": float(logits.sum()),
+            "last": np.asarray(logits[:, -1, :4]).round(5).tolist(),
+        }
+    )
+)

@@ -6,7 +6,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -17,6 +16,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class EncoderBlock(spx.Module):
     def __init__(self, d, heads, rngs):
@@ -56,8 +56,12 @@ images = jnp.asarray(np.cos(np.arange(2 * 4 * 4 * 3)).reshape(2, 4, 4, 3), jnp.f
 labels = jnp.asarray([1, 3])
 logits = spx.jit(lambda m, x: m(x))(model, images)
 loss = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
-print(json.dumps({
-    "logits": np.asarray(logits).round(5).tolist(),
-    "loss": float(loss),
-    "kernel_shape": list(model.patch.weight.value.shape),
-}))
+print(
+    json.dumps(
+        {
+            "logits": np.asarray(logits).round(5).tolist(),
+            "loss": float(loss),
+            "kernel_shape": list(model.patch.weight.value.shape),
+        }
+    )
+)

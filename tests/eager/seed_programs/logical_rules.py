@@ -4,9 +4,6 @@ same mesh; nested rule blocks and the rules in force."""
 import json
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.sharding import current_axis_rules, get_partition_spec, logical_axis_rules
@@ -34,8 +31,7 @@ with mesh:
         with logical_axis_rules(rules):
             specs = get_partition_spec(block)
             out[name] = {path: str(spec) for col, entries in specs.items() for path, spec in entries.items()}
-    with logical_axis_rules([("embed", "fsdp")]):
-        with logical_axis_rules([("mlp", "tp")]):
-            inner = current_axis_rules()
-            out["nested"] = [str(inner.get("embed")), str(inner.get("mlp"))]
+    with logical_axis_rules([("embed", "fsdp")]), logical_axis_rules([("mlp", "tp")]):
+        inner = current_axis_rules()
+        out["nested"] = [str(inner.get("embed")), str(inner.get("mlp"))]
 print(json.dumps(out))

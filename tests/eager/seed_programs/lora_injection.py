@@ -6,7 +6,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import Optimizer
@@ -18,6 +17,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Net(spx.Module):
     def __init__(self, rngs):
@@ -45,12 +45,16 @@ for _ in range(2):
     grads = spx.grad(lambda m: jnp.mean((m(x) - 1.0) ** 2), wrt="lora")(net)
     params, opt = opt.update(spx.tree_state(net).filter("lora"), grads)
     spx.update(net, params)
-print(json.dumps({
-    "unchanged_at_start": unchanged,
-    "is_lora": isinstance(net.up, nn.LoRA),
-    "n_lora": len(list(spx.iter_variables(net, select="lora"))),
-    "lora_count": int(sum(v.value.size for _, v in spx.iter_variables(net, select="lora"))),
-    "base_frozen": float(net.up.base_module.weight.value.sum()) == base_before,
-    "loss": float(jnp.mean((net(x) - 1.0) ** 2)),
-    "b_norm": float(jnp.linalg.norm(net.down.lora_b.value)),
-}))
+print(
+    json.dumps(
+        {
+            "unchanged_at_start": unchanged,
+            "is_lora": isinstance(net.up, nn.LoRA),
+            "n_lora": len(list(spx.iter_variables(net, select="lora"))),
+            "lora_count": int(sum(v.value.size for _, v in spx.iter_variables(net, select="lora"))),
+            "base_frozen": float(net.up.base_module.weight.value.sum()) == base_before,
+            "loss": float(jnp.mean((net(x) - 1.0) ** 2)),
+            "b_norm": float(jnp.linalg.norm(net.down.lora_b.value)),
+        }
+    )
+)

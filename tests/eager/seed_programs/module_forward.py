@@ -4,7 +4,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -36,12 +35,16 @@ fill(model)
 x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 y = model(x)
 gdef, state = spx.export(model)
-print(json.dumps({
-    "shape": list(y.shape),
-    "y": np.asarray(y).round(6).tolist(),
-    "weight_shape": list(model.fc1.weight.value.shape),
-    "count": int(spx.inspect.count_parameters(model)),
-    "collections": sorted(state.collections()),
-    "n_leaves": len(list(state.items())),
-    "item_len": len(next(iter(state.items()))),
-}))
+print(
+    json.dumps(
+        {
+            "shape": list(y.shape),
+            "y": np.asarray(y).round(6).tolist(),
+            "weight_shape": list(model.fc1.weight.value.shape),
+            "count": int(spx.inspect.count_parameters(model)),
+            "collections": sorted(state.collections()),
+            "n_leaves": len(list(state.items())),
+            "item_len": len(next(iter(state.items()))),
+        }
+    )
+)

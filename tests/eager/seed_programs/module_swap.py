@@ -5,7 +5,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -16,6 +15,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Net(spx.Module):
     def __init__(self, rngs):
@@ -40,9 +40,13 @@ b = step(net, x)
 net.fc = nn.Linear(3, 3, use_bias=False, rngs=spx.Rngs(2))
 fill(net)
 c = step(net, x)
-print(json.dumps({
-    "relu": np.asarray(a).round(6).ravel().tolist(),
-    "tanh": np.asarray(b).round(6).ravel().tolist(),
-    "no_bias": np.asarray(c).round(6).ravel().tolist(),
-    "cache_sizes": [size_before, len(step._spx_compile_cache)],
-}))
+print(
+    json.dumps(
+        {
+            "relu": np.asarray(a).round(6).ravel().tolist(),
+            "tanh": np.asarray(b).round(6).ravel().tolist(),
+            "no_bias": np.asarray(c).round(6).ravel().tolist(),
+            "cache_sizes": [size_before, len(step._spx_compile_cache)],
+        }
+    )
+)

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
-
 from spectrax.runtime.types import MpMdMesh, StagesArray, abstract_stages_array
 
 mm = MpMdMesh(Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("pp", "dp")), "pp")
@@ -21,17 +20,21 @@ try:
 except ValueError:
     single = False
 leaves = jax.tree.leaves(arr)
-print(json.dumps({
-    "zeros_ranks": sorted(zeros.mpmd_idxs),
-    "zeros_shape": list(zeros.shape),
-    "ranks": sorted(arr.mpmd_idxs),
-    "len": len(arr),
-    "contains": [0 in arr, 1 in arr],
-    "sum": np.asarray(arr.reduce_sum()).tolist(),
-    "sum_after_replace": float(np.asarray(arr2.reduce_sum()).sum()),
-    "devices_rank2": sorted(d.id for d in arr[2].devices()),
-    "to_local_needs_one": not single,
-    "n_leaves": len(leaves),
-    "dtype": str(arr.dtype),
-    "replicated": arr.replicated,
-}))
+print(
+    json.dumps(
+        {
+            "zeros_ranks": sorted(zeros.mpmd_idxs),
+            "zeros_shape": list(zeros.shape),
+            "ranks": sorted(arr.mpmd_idxs),
+            "len": len(arr),
+            "contains": [0 in arr, 1 in arr],
+            "sum": np.asarray(arr.reduce_sum()).tolist(),
+            "sum_after_replace": float(np.asarray(arr2.reduce_sum()).sum()),
+            "devices_rank2": sorted(d.id for d in arr[2].devices()),
+            "to_local_needs_one": not single,
+            "n_leaves": len(leaves),
+            "dtype": str(arr.dtype),
+            "replicated": arr.replicated,
+        }
+    )
+)

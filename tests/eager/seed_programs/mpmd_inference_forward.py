@@ -5,7 +5,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -16,6 +15,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Block(spx.Module):
     def __init__(self, d, rngs):
@@ -47,8 +47,12 @@ ref = model(x)
 mesh = spx.create_mesh(axis_dims=(2, 1, -1, 1, 1, 1), mpmd_axis="pp")
 with mesh:
     out = spx.run(model, inputs=x, mesh=mesh, mode="forward", microbatches=4)
-print(json.dumps({
-    "shape": list(out.shape),
-    "same": bool(jnp.allclose(out, ref, atol=1e-5)),
-    "first": np.asarray(out[0]).round(5).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "shape": list(out.shape),
+            "same": bool(jnp.allclose(out, ref, atol=1e-5)),
+            "first": np.asarray(out[0]).round(5).tolist(),
+        }
+    )
+)

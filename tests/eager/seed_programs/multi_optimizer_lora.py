@@ -5,7 +5,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import MultiOptimizer
@@ -32,11 +31,15 @@ trainable = state.filter("parameters", "lora")
 grads = spx.grad(lambda m: jnp.sum(m(x) ** 2), wrt=("parameters", "lora"))(model)
 new, opt = opt.update(trainable, grads)
 spx.update(model, new)
-print(json.dumps({
-    "n_subs": len(opt.subs),
-    "lora_a_shape": list(model.lora_a.value.shape),
-    "lora_b_shape": list(model.lora_b.value.shape),
-    "delta_a": float(model.lora_a.value.sum()) - before_a,
-    "delta_w": float(model.base_module.weight.value.sum()) - before_w,
-    "y": np.asarray(model(x)).round(6).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "n_subs": len(opt.subs),
+            "lora_a_shape": list(model.lora_a.value.shape),
+            "lora_b_shape": list(model.lora_b.value.shape),
+            "delta_a": float(model.lora_a.value.sum()) - before_a,
+            "delta_w": float(model.base_module.weight.value.sum()) - before_w,
+            "y": np.asarray(model(x)).round(6).tolist(),
+        }
+    )
+)

@@ -7,7 +7,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 
 
@@ -42,8 +41,14 @@ mesh = spx.create_mesh(axis_dims=(4, 1, -1, 1, 1, 1), mpmd_axis="pp")
 pipelined = spx.sxjit(loss, mesh=mesh, schedule=spx.GPipe(2), batch_argnums=(1, 2, 3))
 with mesh:
     value, (grads,) = spx.sxvalue_and_grad(pipelined)(w, pixels, tokens, y)
-print(json.dumps({
-    "loss": float(value),
-    "ref_loss": float(ref_loss),
-    "grads_close": {k: bool(np.allclose(np.asarray(grads[k]), ref_grads[k], rtol=1e-4, atol=1e-6)) for k in w},
-}))
+print(
+    json.dumps(
+        {
+            "loss": float(value),
+            "ref_loss": float(ref_loss),
+            "grads_close": {
+                k: bool(np.allclose(np.asarray(grads[k]), ref_grads[k], rtol=1e-4, atol=1e-6)) for k in w
+            },
+        }
+    )
+)

@@ -2,11 +2,9 @@
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import Optimizer
@@ -30,8 +28,12 @@ for _ in range(3):
     params, opt = opt.update(spx.tree_state(model).filter("parameters"), grads)
     spx.update(model, params)
     steps.append(int(opt.step))
-print(json.dumps({
-    "steps": steps,
-    "w": np.asarray(model.weight.value).round(6).tolist(),
-    "b": np.asarray(model.bias.value).round(6).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "steps": steps,
+            "w": np.asarray(model.weight.value).round(6).tolist(),
+            "b": np.asarray(model.bias.value).round(6).tolist(),
+        }
+    )
+)

@@ -3,10 +3,8 @@ remat_scan, and fori_loop with a user carry."""
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -18,6 +16,7 @@ def fill(model):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
 
+
 cell = nn.Linear(3, 3, rngs=spx.Rngs(0))
 fill(cell)
 xs = jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
@@ -27,10 +26,14 @@ ys_remat = spx.remat_scan(lambda m, x: jnp.tanh(m(x)), cell, xs)
 remat_loss = spx.remat(lambda m, x: jnp.sum(jnp.tanh(m(x)) ** 2))
 g = spx.grad(remat_loss)(cell, xs)
 final = spx.fori_loop(0, 4, lambda i, m, h: jnp.tanh(m(h)) + i, cell, xs[0])
-print(json.dumps({
-    "ys_shape": list(ys.shape),
-    "ys": np.asarray(ys).round(6).ravel().tolist(),
-    "same_with_remat": bool(jnp.allclose(ys, ys_remat)),
-    "remat_grad_sum": float(sum(v.sum() for _, _, v in g.items())),
-    "fori": np.asarray(final).round(6).tolist(),
-}))
+print(
+    json.dumps(
+        {
+            "ys_shape": list(ys.shape),
+            "ys": np.asarray(ys).round(6).ravel().tolist(),
+            "same_with_remat": bool(jnp.allclose(ys, ys_remat)),
+            "remat_grad_sum": float(sum(v.sum() for _, _, v in g.items())),
+            "fori": np.asarray(final).round(6).tolist(),
+        }
+    )
+)

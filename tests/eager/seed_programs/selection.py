@@ -4,8 +4,6 @@ model and used to choose what a gradient is taken with respect to."""
 import json
 
 import jax.numpy as jnp
-import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -35,16 +33,20 @@ def count(sel):
 
 linear_vars = spx.select().at_instances_of(nn.Linear)
 grads = spx.grad(lambda m: jnp.sum(m(jnp.ones((1, 4)))), wrt=spx.path_contains("decoder"))(net)
-print(json.dumps({
-    "all": count(None),
-    "parameters": count("parameters"),
-    "counters": count("counters"),
-    "of_type_counter": count(spx.of_type(Counter)),
-    "linear": count(linear_vars),
-    "decoder": count(spx.path_contains("decoder")),
-    "startswith_enc": count(spx.path_startswith("encoder")),
-    "not_parameters": count(spx.not_(spx.select().variables("parameters"))),
-    "union": count(spx.any_of(spx.path_contains("decoder"), spx.of_type(Counter))),
-    "grad_paths": sorted(p for _, p, _ in grads.items()),
-    "modules": len(list(spx.iter_modules(net, skip_root=True))),
-}))
+print(
+    json.dumps(
+        {
+            "all": count(None),
+            "parameters": count("parameters"),
+            "counters": count("counters"),
+            "of_type_counter": count(spx.of_type(Counter)),
+            "linear": count(linear_vars),
+            "decoder": count(spx.path_contains("decoder")),
+            "startswith_enc": count(spx.path_startswith("encoder")),
+            "not_parameters": count(spx.not_(spx.select().variables("parameters"))),
+            "union": count(spx.any_of(spx.path_contains("decoder"), spx.of_type(Counter))),
+            "grad_paths": sorted(p for _, p, _ in grads.items()),
+            "modules": len(list(spx.iter_modules(net, skip_root=True))),
+        }
+    )
+)

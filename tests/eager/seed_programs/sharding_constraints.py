@@ -3,10 +3,8 @@ hidden features to tp; the output's sharding as asked, the numbers as on one dev
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.sharding import with_sharding_constraint
@@ -18,6 +16,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Net(spx.Module):
     def __init__(self, rngs):
@@ -37,10 +36,14 @@ ref = net(x)
 mesh = spx.create_mesh(axis_dims=(1, 4, 1, 1, 2, 1))
 with mesh:
     y = spx.jit(lambda m, x: m(x))(net, x)
-print(json.dumps({
-    "spec": str(y.sharding.spec),
-    "shards": len(y.addressable_shards),
-    "shard_shape": list(y.addressable_shards[0].data.shape),
-    "same": bool(jnp.allclose(y, ref, atol=1e-6)),
-    "sum": float(y.sum()),
-}))
+print(
+    json.dumps(
+        {
+            "spec": str(y.sharding.spec),
+            "shards": len(y.addressable_shards),
+            "shard_shape": list(y.addressable_shards[0].data.shape),
+            "same": bool(jnp.allclose(y, ref, atol=1e-6)),
+            "sum": float(y.sum()),
+        }
+    )
+)

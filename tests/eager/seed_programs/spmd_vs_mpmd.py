@@ -5,7 +5,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -16,6 +15,7 @@ def fill(model):
         if var.kind in ("parameters", "lora") and jnp.issubdtype(var.value.dtype, jnp.floating):
             n = int(np.prod(var.value.shape))
             var.value = jnp.asarray(np.sin(np.arange(n) * 0.37 + n * 0.01).reshape(var.value.shape) * 0.3)
+
 
 class Block(spx.Module):
     def __init__(self, d, rngs):
@@ -51,6 +51,8 @@ for name, mesh in {
     "mpmd": spx.create_mesh(axis_dims=(2, 1, -1, 1, 1, 1), mpmd_axis="pp"),
 }.items():
     with mesh:
-        loss, _ = spx.run(model, inputs=x, targets=y, mesh=mesh, mode="train", loss_fn=loss_fn, microbatches=2)
+        loss, _ = spx.run(
+            model, inputs=x, targets=y, mesh=mesh, mode="train", loss_fn=loss_fn, microbatches=2
+        )
     losses[name] = float(loss)
 print(json.dumps({"losses": losses, "is_mpmd": [False, True]}))

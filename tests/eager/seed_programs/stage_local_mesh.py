@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
-
 from spectrax.runtime.types import MpMdMesh
 
 devices = np.array(jax.devices()[:8]).reshape(2, 2, 2)
@@ -20,14 +19,18 @@ try:
     refused = False
 except ValueError:
     refused = True
-print(json.dumps({
-    "mpmd_dim": mm.mpmd_dim,
-    "mpmd_axis_name": mm.mpmd_axis_name,
-    "spmd_axis_names": list(mm.spmd_axis_names),
-    "submesh_axes": [list(s.axis_names) for s in subs],
-    "submesh_devices": [sorted(d.id for d in s.devices.flat) for s in subs],
-    "placed_on": sorted(d.id for d in x.devices()),
-    "shard_shape": list(x.addressable_shards[0].data.shape),
-    "pp_refused": refused,
-    "jax_mesh_shape": dict(mm.jax_mesh.shape),
-}))
+print(
+    json.dumps(
+        {
+            "mpmd_dim": mm.mpmd_dim,
+            "mpmd_axis_name": mm.mpmd_axis_name,
+            "spmd_axis_names": list(mm.spmd_axis_names),
+            "submesh_axes": [list(s.axis_names) for s in subs],
+            "submesh_devices": [sorted(d.id for d in s.devices.flat) for s in subs],
+            "placed_on": sorted(d.id for d in x.devices()),
+            "shard_shape": list(x.addressable_shards[0].data.shape),
+            "pp_refused": refused,
+            "jax_mesh_shape": dict(mm.jax_mesh.shape),
+        }
+    )
+)

@@ -4,7 +4,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-
 import spectrax as spx
 from spectrax import nn
 
@@ -38,13 +37,17 @@ doubled = params.map(lambda v: v * 2)
 spx.update(net, doubled)
 w_sum = float(net.lin.weight.value.sum())
 popped = spx.pop(net, "batch_stats")
-print(json.dumps({
-    "collections": collections,
-    "n_params": n_params,
-    "n_buffers": len(list(popped.items())),
-    "popped_collections": sorted(popped.collections()),
-    "w_sum_doubled": w_sum,
-    "bound_sum": float(other.lin.weight.value.sum()),
-    "triples": all(len(t) == 3 for t in state.items()),
-    "paths_are_pairs": all(len(p) == 2 for p in state.paths()),
-}))
+print(
+    json.dumps(
+        {
+            "collections": collections,
+            "n_params": n_params,
+            "n_buffers": len(list(popped.items())),
+            "popped_collections": sorted(popped.collections()),
+            "w_sum_doubled": w_sum,
+            "bound_sum": float(other.lin.weight.value.sum()),
+            "triples": all(len(t) == 3 for t in state.items()),
+            "paths_are_pairs": all(len(p) == 2 for p in state.paths()),
+        }
+    )
+)

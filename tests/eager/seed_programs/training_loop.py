@@ -5,7 +5,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 import spectrax as spx
 from spectrax import nn
 from spectrax.contrib import Optimizer
