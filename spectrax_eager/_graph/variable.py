@@ -73,7 +73,7 @@ class Variable(ArrayLike):
     """
 
     __slots__ = ("_value", "kind", "metadata")
-    default_kind: str = "variables"
+    default_kind: str = "buffers"  # as the seed library: a plain Variable is not trained
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

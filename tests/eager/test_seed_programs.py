@@ -5,11 +5,11 @@ import changed (`spectrax` -> `spectrax_eager`), and print what the seed library
 import contextlib
 import io
 import json
-import math
 import re
 from pathlib import Path
 
 import pytest
+from seed_compat import differences
 
 HERE = Path(__file__).resolve().parent / "seed_programs"
 IMPORT = re.compile(r"^(\s*)(from|import) spectrax\b", re.MULTILINE)
@@ -28,22 +28,6 @@ def run(name: str) -> dict:
     with contextlib.redirect_stdout(out):
         exec(compile(ours(path.read_text()), str(path), "exec"), {"__name__": "__main__"})  # noqa: S102
     return json.loads(out.getvalue().strip().splitlines()[-1])
-
-
-def differences(got, want, where="") -> list[str]:
-    """Where `got` differs from `want`: floats within rtol 1e-4 / atol 1e-5, the rest exactly."""
-    if isinstance(want, dict) and isinstance(got, dict):
-        if set(got) != set(want):
-            return [f"{where}: keys {sorted(got)} != {sorted(want)}"]
-        return [d for k in want for d in differences(got[k], want[k], f"{where}.{k}")]
-    if isinstance(want, list) and isinstance(got, list):
-        if len(got) != len(want):
-            return [f"{where}: length {len(got)} != {len(want)}"]
-        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{where}[{i}]")]
-    if isinstance(want, float) and isinstance(got, int | float) and not isinstance(got, bool):
-        ok = math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5) or (math.isnan(got) and math.isnan(want))
-        return [] if ok else [f"{where}: {got} != {want}"]
-    return [] if (type(got) is type(want) and got == want) else [f"{where}: {got!r} != {want!r}"]
 
 
 def test_the_import_change_and_the_comparison_can_fail():
