@@ -5,7 +5,8 @@ The schedule classes and the entry points (`sxjit`, `sxcall`, `sxgrad`,
 the stage marker `sxstage_iter` and the mesh type `MpmdMesh` (also built as
 `MpMdMesh(jax_mesh, mpmd_axis_name)`) come from `spectrax_mpmd`, imported on first use.
 `dualpipev_tasks` lists one rank's DualPipeV actions; `StagesArray` (in `types` too) holds
-one array per pipeline rank.
+one array per pipeline rank; `stage_region_specs(jaxpr)` lists the stage regions a traced
+function opened.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .._pipeline.entry_points import (
     sxvalue_and_grad_and_apply,
 )
 from .._pipeline.mpmd import mpmd
+from .._pipeline.regions import StageRegionSpec, stage_region_specs
 from .._pipeline.sxcall import sxcall
 
 #: The fused forward+backward cell of a schedule table (`FusedAction` here).
@@ -61,11 +63,13 @@ __all__ = [
     "InterleavedH1",
     "KimiK2",
     "Schedule",
+    "StageRegionSpec",
     "StagesArray",
     "Std1F1B",
     "ZeroBubbleH1",
     "abstract_stages_array",
     "dualpipev_tasks",
+    "stage_region_specs",
     "sxcall",
     "sxgrad",
     "sxjit",

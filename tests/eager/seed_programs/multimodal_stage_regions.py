@@ -1,6 +1,6 @@
 """A two-tower model whose towers are stage regions: a vision tower and a text tower, each split
 in two stages and scheduled on its own (the loss is the text tower's last step); the pipelined
-loss and gradients equal one device's."""
+loss and gradients equal one device's; the regions read back from the traced jaxpr."""
 
 import json
 
@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import spectrax as spx
+from spectrax.runtime.mpmd.markers import stage_region_specs
 
 
 def vision_tower(w, pixels):
@@ -41,11 +42,13 @@ mesh = spx.create_mesh(axis_dims=(4, 1, -1, 1, 1, 1), mpmd_axis="pp")
 pipelined = spx.sxjit(loss, mesh=mesh, schedule=spx.GPipe(2), batch_argnums=(1, 2, 3))
 with mesh:
     value, (grads,) = spx.sxvalue_and_grad(pipelined)(w, pixels, tokens, y)
+regions = stage_region_specs(jax.make_jaxpr(loss)(w, pixels, tokens, y).jaxpr)
 print(
     json.dumps(
         {
             "loss": float(value),
             "ref_loss": float(ref_loss),
+            "regions": sorted({spec.name for spec in regions}),
             "grads_close": {
                 k: bool(np.allclose(np.asarray(grads[k]), ref_grads[k], rtol=1e-4, atol=1e-6)) for k in w
             },
