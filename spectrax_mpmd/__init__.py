@@ -30,7 +30,7 @@ from ._facade.gather import gather
 from ._facade.generate.split import DecodeSplit, decode_split
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
-from ._mesh import MpMdMesh, MpmdMesh, create_mesh
+from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._planner.advise import Advice, Candidate, advise
 from ._planner.balance import Balance, balance, split_blocks
@@ -67,7 +67,6 @@ __all__ = [
     "unstage_blocks",
     "stage_sizes",
     "create_mesh",
-    "MpMdMesh",
     "MpmdMesh",
     "sxstage_iter",
     "sxstage_region",

@@ -22,6 +22,7 @@ import fnmatch
 from typing import Any, Callable
 
 from .._errors import SelectorError
+from .module import plan_of, require_module
 from .structure import VarInfo, thaw
 from .variable import Variable, _new_like
 
@@ -71,9 +72,8 @@ class Selector:
 
     def apply(self, module: Any) -> list[tuple[str, Variable]]:
         """`[(path, variable)]` of the module's variables this selector matches."""
-        from .walk import iter_variables  # walk imports this module
-
-        return list(iter_variables(module, self))
+        plan = plan_of(require_module(module, "Selector.apply"))
+        return [(i.path, v) for i, v, keep in zip(plan.infos, plan.vars, mask(plan, self)) if keep]
 
     def partition_state(self, module: Any, state: Any) -> tuple[Any, Any]:
         """`(matched, rest)`: `state` (of `module`) split by this selector."""

@@ -35,7 +35,7 @@ from .._pipeline.entry_points import (
     sxvalue_and_grad,
     sxvalue_and_grad_and_apply,
 )
-from .._pipeline.mpmd import mpmd
+from .._pipeline.mpmd import mpmd, mpmd_mesh_class
 from .._pipeline.regions import StageRegionSpec, stage_region_specs
 from .._pipeline.sxcall import sxcall
 
@@ -46,6 +46,8 @@ MPMD_NAMES = ("sxstage_iter", "MpmdMesh", "MpMdMesh")
 
 
 def __getattr__(name: str) -> Any:
+    if name == "MpMdMesh":
+        return mpmd_mesh_class()
     if name in MPMD_NAMES:
         return getattr(mpmd(), name)
     raise AttributeError(f"module 'spectrax_eager.runtime' has no attribute {name!r}")

@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat.stages_array import StagesArray, abstract_stages_array
-from .._pipeline.mpmd import mpmd
+from .._pipeline.mpmd import mpmd, mpmd_mesh_class
 
 _MPMD_NAMES = ("MpMdMesh", "MpmdMesh")
 
 
 def __getattr__(name: str) -> Any:
+    if name == "MpMdMesh":
+        return mpmd_mesh_class()
     if name in _MPMD_NAMES:
         return getattr(mpmd(), name)
     raise AttributeError(f"module 'spectrax_eager.runtime.types' has no attribute {name!r}")
