@@ -272,7 +272,59 @@ SPX = {
     "Variable": _variable("Variable"),
 }
 
-SHARDING = {"get_partition_spec": _specs, "get_named_sharding": _named, "create_mesh": _mesh}
+
+def _rules(lib):
+    with lib.sharding.logical_axis_rules([("embed", "fsdp"), ("mlp", "tp")]):
+        inside = {k: v for k, v in lib.sharding.current_axis_rules().items() if k in ("embed", "mlp")}
+    return [sorted(inside.items()), "embed" in lib.sharding.current_axis_rules()]
+
+
+def _mesh_queries(lib):
+    mesh = lib.spx.create_mesh((1, 2, -1, 1, 1, 1))
+    with mesh:
+        return [
+            lib.sharding.names_in_current_mesh("dp", "fsdp"),
+            lib.sharding.names_in_current_mesh("nope"),
+            lib.sharding.get_axes_size_in_mesh(("dp", "fsdp")),
+            lib.sharding.get_axes_size_in_mesh("fsdp"),
+        ]
+
+
+def _match_rules(lib):
+    from jax.sharding import PartitionSpec
+
+    tree = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones((4,))}}
+    specs = lib.sharding.match_partition_rules(
+        [("kernel", PartitionSpec("fsdp", None)), (".*", PartitionSpec())], tree
+    )
+    return jax.tree.map(str, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _hook(lib):
+    seen = []
+    m = _net(lib)
+    handle = lib.hooks.register_forward_hook(m.enc, lambda mod, args, kwargs, out: seen.append(_out(out)))
+    m(X[0])
+    handle.remove()
+    m(X[0])
+    return seen
+
+
+SHARDING = {
+    "get_partition_spec": _specs,
+    "get_named_sharding": _named,
+    "create_mesh": _mesh,
+    "current_axis_rules": _rules,
+    "logical_axis_rules": _rules,
+    "names_in_current_mesh": _mesh_queries,
+    "get_axes_size_in_mesh": _mesh_queries,
+    "match_partition_rules": _match_rules,
+}
+INSPECT = {
+    "count_parameters": lambda lib: int(lib.inspect.count_parameters(_net(lib))),
+    "count_bytes": lambda lib: int(lib.inspect.count_bytes(_net(lib))),
+}
+HOOKS = {"register_forward_hook": _hook}
 
 PROBES = {
     **{("spectrax.nn", k): v for k, v in NN.items()},
@@ -280,6 +332,9 @@ PROBES = {
     **{("spectrax.init", k): v for k, v in INIT.items()},
     **{("spectrax", k): v for k, v in SPX.items()},
     **{("spectrax.sharding", k): v for k, v in SHARDING.items()},
+    **{("spectrax.inspect", k): v for k, v in INSPECT.items()},
+    **{("spectrax.hooks", k): v for k, v in HOOKS.items()},
+    ("spectrax", "check_unintentional_sharing"): lambda lib: lib.spx.check_unintentional_sharing(_net(lib)),
 }
 
 
