@@ -35,7 +35,8 @@ from .._pipeline.entry_points import (
     sxvalue_and_grad,
     sxvalue_and_grad_and_apply,
 )
-from .._pipeline.mpmd import mpmd, mpmd_mesh_class
+from .._pipeline.mpmd import mpmd as _runtime_module  # `mpmd` here names the subpackage
+from .._pipeline.mpmd import mpmd_mesh_class
 from .._pipeline.regions import StageRegionSpec, stage_region_specs
 from .._pipeline.sxcall import sxcall
 
@@ -49,7 +50,7 @@ def __getattr__(name: str) -> Any:
     if name == "MpMdMesh":
         return mpmd_mesh_class()
     if name in MPMD_NAMES:
-        return getattr(mpmd(), name)
+        return getattr(_runtime_module(), name)
     raise AttributeError(f"module 'spectrax_eager.runtime' has no attribute {name!r}")
 
 
