@@ -101,7 +101,7 @@ def test_dualpipev_tasks_and_stage_region_specs():
 
     assert [s.name for s in stage_region_specs(jax.make_jaxpr(f)(jnp.ones(3)))] == ["vision", "text"]
     assert stage_region_specs(jax.make_jaxpr(jnp.sin)(1.0)) == []
-    import spectrax_eager.runtime as runtime
+    from spectrax_eager import runtime
     from spectrax_eager.runtime.mpmd.markers import stage_region_specs as at_the_seeds_path
 
     assert at_the_seeds_path is stage_region_specs and callable(runtime.sxstage_iter)  # the subpackage
