@@ -65,6 +65,8 @@ __all__ = [
     "InterleavedGPipe",
     "InterleavedH1",
     "KimiK2",
+    "MpMdMesh",
+    "MpmdMesh",
     "Schedule",
     "StageRegionSpec",
     "StagesArray",
@@ -76,8 +78,8 @@ __all__ = [
     "sxcall",
     "sxgrad",
     "sxjit",
+    "sxstage_iter",
     "sxstage_region",
     "sxvalue_and_grad",
     "sxvalue_and_grad_and_apply",
-    *MPMD_NAMES,
 ]
