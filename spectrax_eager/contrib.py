@@ -178,6 +178,11 @@ class MultiOptimizer(Module):
         """`MultiOptimizer(model, by_selector)`, spelled as a named constructor."""
         return cls(model, by_selector)
 
+    @property
+    def subs(self) -> list[Optimizer]:
+        """The per-selection `Optimizer`s, in the order the selectors were given."""
+        return list(self.optimizers)
+
     def update(self, model: Module | State, grads: State) -> tuple[State, MultiOptimizer] | None:
         """Apply each transformation to its own variables with the matching part of `grads`:
         in place on a model, or on a State of parameters returning `(new params, new optimizer)`

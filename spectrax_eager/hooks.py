@@ -19,7 +19,7 @@ def _module(module: Module, where: str) -> Module:
 
 
 def register_forward_hook(
-    module: Module, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+    module: Module, hook: Callable, *, prepend: bool = False, with_kwargs: bool | None = None
 ) -> RemovableHandle:
     """`module.register_forward_hook(hook, ...)`."""
     return add_hook(
@@ -28,7 +28,7 @@ def register_forward_hook(
 
 
 def register_forward_pre_hook(
-    module: Module, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+    module: Module, hook: Callable, *, prepend: bool = False, with_kwargs: bool | None = None
 ) -> RemovableHandle:
     """`module.register_forward_pre_hook(hook, ...)`."""
     return add_hook(

@@ -116,8 +116,10 @@ def get_partition_spec(
 
     * a tuple of names (or a prebuilt name such as `ColumnWise`): its spec under the
       rules and mesh in force (or given);
-    * an `spx.Module`: a `State` `{collection: {path: spec}}` of every variable, from
-      its `axes` metadata (`PartitionSpec()` without), resolved with its shape;
+    * an `spx.Module`: a dict `{collection: {dotted path: spec}}` of every variable (the
+      seed library's shape: `for col, entries in specs.items(): for path, spec in
+      entries.items()`), from its `axes` metadata (`PartitionSpec()` without), resolved
+      with its shape;
     * a `jax.Array`: the spec of its current sharding;
     * any other pytree (core params): `spectrax_core.sharding.param_specs`.
     """
@@ -125,11 +127,7 @@ def get_partition_spec(
     kw = {"rules": rules, "mode": mode, "mesh": mesh}
     if isinstance(x_or_axes, Module):
         plan = plan_of(x_or_axes)
-        specs = []
-        for var in plan.vars:
-            axes = _var_axes(var)
-            specs.append(PartitionSpec() if axes is None else resolve(axes, shape=var.shape, **kw))
-        return state_of(plan, values=specs)
+        return state_of(plan, values=_module_specs(plan, kw)).to_dict()
     if isinstance(x_or_axes, jax.Array):
         sharding = x_or_axes.sharding
         return sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
@@ -140,6 +138,15 @@ def get_partition_spec(
     return sc.sharding.param_specs(
         x_or_axes, current_rules() if rules is None else rules, current_mode() if mode is None else mode, mesh
     )
+
+
+def _module_specs(plan: Any, kw: dict) -> list[PartitionSpec]:
+    """The spec of each of a module plan's variables, in the plan's order."""
+    specs = []
+    for var in plan.vars:
+        axes = _var_axes(var)
+        specs.append(PartitionSpec() if axes is None else resolve(axes, shape=var.shape, **kw))
+    return specs
 
 
 def _is_spec(x: Any) -> bool:
@@ -195,7 +202,7 @@ def apply_logical_sharding(
     if isinstance(x, Module):
         if mesh is not None:
             plan = plan_of(x)
-            specs = get_partition_spec(x, rules=rules, mode=mode, mesh=mesh)._values
+            specs = _module_specs(plan, {"rules": rules, "mode": mode, "mesh": mesh})
             for var, spec in zip(plan.vars, specs):
                 if "axes" in var.metadata:
                     set_value(var, jax.device_put(var.value, NamedSharding(mesh, spec)))

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._comm import check_joined
 from .errors import MeshError
@@ -29,6 +29,14 @@ class MpmdMesh:
     mpmd_axis: str | None = None
     _submeshes: tuple[Mesh, ...] = field(default=(), repr=False)
     _entered: list = field(default_factory=list, repr=False)  # open `with mesh:` contexts
+
+    def __post_init__(self) -> None:
+        if self.mpmd_axis is not None and not self._submeshes:  # built as `MpmdMesh(jax_mesh, "pp")`
+            if self.mpmd_axis not in self.jax_mesh.axis_names:
+                raise MeshError(
+                    f"mesh: axis {self.mpmd_axis!r} not in the mesh axes {tuple(self.jax_mesh.axis_names)}."
+                )
+            object.__setattr__(self, "_submeshes", _slice_submeshes(self.jax_mesh, self.mpmd_axis))
 
     def __enter__(self) -> "MpmdMesh":
         """`with mesh:` is `with jax.set_mesh(mesh.jax_mesh):` (the whole mesh, MPMD axis included)."""
@@ -76,6 +84,38 @@ class MpmdMesh:
         """The pipeline rank holding `placed` (an array or a sharding); see `rank_holding`."""
         return rank_holding(self.device_rank, placed)
 
+    @property
+    def mpmd_axis_name(self) -> str | None:
+        """The pipeline axis' name (`mpmd_axis`)."""
+        return self.mpmd_axis
+
+    @property
+    def spmd_axis_names(self) -> tuple[str, ...]:
+        """The axis names other than the pipeline axis: what a rank's submesh has."""
+        return tuple(n for n in self.jax_mesh.axis_names if n != self.mpmd_axis)
+
+    @property
+    def mpmd_mesh(self) -> MpmdMesh:
+        """The mesh itself (it is its own MPMD view)."""
+        return self
+
+    def unstack(self) -> list[Mesh]:
+        """Every rank's submesh, in rank order."""
+        return [self.submesh(r) for r in range(self.mpmd_dim)]
+
+    def sub_sharding(self, rank: int, spec: PartitionSpec | Sequence | None = None) -> NamedSharding:
+        """A `NamedSharding` of `spec` (default: replicated) on rank `rank`'s submesh; the spec
+        may not name the pipeline axis (each submesh has none)."""
+        spec = PartitionSpec() if spec is None else spec
+        spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
+        named = {n for entry in spec for n in (entry if isinstance(entry, tuple) else (entry,))}
+        if self.mpmd_axis is not None and self.mpmd_axis in named:
+            raise MeshError(
+                f"sub_sharding: {spec} names the pipeline axis {self.mpmd_axis!r}, which a rank's "
+                f"submesh does not have; use the axes {self.spmd_axis_names}."
+            )
+        return NamedSharding(self.submesh(rank), spec)
+
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"
@@ -89,6 +129,17 @@ def rank_holding(device_rank: dict, placed) -> int | None:
     sharding = getattr(placed, "sharding", placed)
     ranks = {device_rank.get(d) for d in getattr(sharding, "device_set", ())}
     return ranks.pop() if len(ranks) == 1 else None
+
+
+class MpMdMesh(MpmdMesh):
+    """`MpmdMesh` built as `MpMdMesh(jax_mesh, mpmd_axis_name)`: a jax mesh and the name of
+    its pipeline axis. `mpmd_axis` is that name here (an index of it is
+    `jax_mesh.axis_names.index(mesh.mpmd_axis_name)`)."""
+
+    def __init__(self, jax_mesh: Mesh, mpmd_axis_name: str):
+        if not isinstance(jax_mesh, Mesh):
+            raise MeshError(f"MpMdMesh: expected a jax.sharding.Mesh, got {type(jax_mesh).__name__}.")
+        super().__init__(jax_mesh, mpmd_axis_name)
 
 
 def _slice_submeshes(mesh: Mesh, axis: str) -> tuple[Mesh, ...]:

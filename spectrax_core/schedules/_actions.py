@@ -96,6 +96,20 @@ class FusedAction:
     def kind(self) -> str:
         return "F&B"
 
+    @property
+    def fwd(self) -> Action:
+        """The forward part."""
+        return self.parts[0]
+
+    @property
+    def bwd(self) -> Action:
+        """The backward part."""
+        return self.parts[1]
+
+    def split(self) -> tuple[Action, Action]:
+        """`(forward, backward)`: the two actions the cell runs."""
+        return self.parts
+
     @classmethod
     def parse(cls, text: str) -> FusedAction:
         """The fused cell whose `repr` is `text`: `"0F3&7B1"`, its forward then its backward."""

@@ -93,6 +93,16 @@ class DualPipeV(core.DualPipeV):
         super().__init__(microbatches)
 
 
+def dualpipev_tasks(
+    mpmd_dim: int, mpmd_idx: int, n_mubatches: int, *, zero_bubble: bool = True
+) -> tuple[core.Action | core.FusedAction, ...]:
+    """The actions pipeline rank `mpmd_idx` of `mpmd_dim` runs under `DualPipeV(n_mubatches)`, in
+    order: `Action`s and fused forward+backward cells (`FusedAction`, `.fwd` / `.bwd`)."""
+    if not 0 <= mpmd_idx < mpmd_dim:
+        raise ValueError(f"dualpipev_tasks: mpmd_idx must be in [0, {mpmd_dim}), got {mpmd_idx}.")
+    return DualPipeV(n_mubatches, zero_bubble=zero_bubble).actions(mpmd_dim)[mpmd_idx]
+
+
 class KimiK2(core.KimiK2):
     __doc__ = core.KimiK2.__doc__
 
@@ -122,4 +132,5 @@ __all__ = [
     "KimiK2",
     "Std1F1B",
     "ZeroBubbleH1",
+    "dualpipev_tasks",
 ]

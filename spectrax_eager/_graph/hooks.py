@@ -9,6 +9,7 @@ without hooks has no such attribute, and its calls do no hook work.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any, Callable
 
@@ -63,12 +64,20 @@ class RemovableHandle:
         self.remove()
 
 
-def add_hook(module: Any, fn: Callable, *, pre: bool, with_kwargs: bool, prepend: bool) -> RemovableHandle:
-    """Register `fn` on `module` (a structural change: jitted callers retrace once)."""
+def add_hook(
+    module: Any, fn: Callable, *, pre: bool, with_kwargs: bool | None, prepend: bool
+) -> RemovableHandle:
+    """Register `fn` on `module` (a structural change: jitted callers retrace once).
+
+    `with_kwargs=None` takes it from `fn`'s signature: a hook requiring one more positional
+    argument than PyTorch's form (`(module, args, kwargs)` before, `(module, args, kwargs,
+    output)` after: the seed library's form) is given the keyword arguments."""
     if not callable(fn):
         raise TypeError(
             f"register_forward_{'pre_' if pre else ''}hook: expected a callable, received {fn!r}."
         )
+    if with_kwargs is None:
+        with_kwargs = _required_positional(fn) == (3 if pre else 4)
     hook = Hook(fn, pre, bool(with_kwargs))
     hooks = module.__dict__.get(HOOKS, ())
     module.__dict__[HOOKS] = (hook, *hooks) if prepend else (*hooks, hook)
@@ -103,3 +112,13 @@ def call_with_hooks(fn: Callable, module: Any, hooks: tuple[Hook, ...], args: tu
         if res is not None:
             out = res
     return out
+
+
+def _required_positional(fn: Callable) -> int | None:
+    """How many positional arguments `fn` requires (None when its signature cannot be read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)

@@ -92,10 +92,11 @@ class ModuleMethods:
         return _digest((plan.graphdef.specs, leaves))
 
     def register_forward_pre_hook(
-        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool | None = None
     ) -> RemovableHandle:
         """Call `hook(module, args)` before each forward; a non-None result replaces `args`
-        (with `with_kwargs`: `hook(module, args, kwargs)` returning None or `(args, kwargs)`).
+        (with `with_kwargs`: `hook(module, args, kwargs)` returning None or `(args, kwargs)`; by
+        default a hook requiring three positional arguments is called so).
 
         Hooks run in eager calls and are traced into `spx.jit` programs.
         Returns a handle whose `remove()` unregisters the hook.
@@ -103,10 +104,11 @@ class ModuleMethods:
         return add_hook(self, hook, pre=True, with_kwargs=with_kwargs, prepend=prepend)
 
     def register_forward_hook(
-        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool | None = None
     ) -> RemovableHandle:
         """Call `hook(module, args, output)` after each forward; a non-None result replaces
-        the output (with `with_kwargs`: `hook(module, args, kwargs, output)`).
+        the output (with `with_kwargs`: `hook(module, args, kwargs, output)`; by default a hook
+        requiring four positional arguments is called so, as the seed library's are).
 
         Hooks run in eager calls and are traced into `spx.jit` programs.
         Returns a handle whose `remove()` unregisters the hook.

@@ -22,6 +22,7 @@ import fnmatch
 from typing import Any, Callable
 
 from .._errors import SelectorError
+from .module import plan_of, require_module
 from .structure import VarInfo, thaw
 from .variable import Variable, _new_like
 
@@ -66,6 +67,27 @@ class Selector:
     def in_collection(self, *kinds: str) -> Selector:
         """Keep variables whose collection is one of `kinds`."""
         return _And(self, _Collection(kinds))
+
+    variables = in_collection  # the seed library's name
+
+    def apply(self, module: Any) -> list[tuple[str, Variable]]:
+        """`[(path, variable)]` of the module's variables this selector matches."""
+        plan = plan_of(require_module(module, "Selector.apply"))
+        return [(i.path, v) for i, v, keep in zip(plan.infos, plan.vars, mask(plan, self)) if keep]
+
+    def partition_state(self, module: Any, state: Any) -> tuple[Any, Any]:
+        """`(matched, rest)`: `state` (of `module`) split by this selector."""
+        keep = {(var.kind, path) for path, var in self.apply(module)}
+        picked = [(i.kind, i.path) in keep for i in state._infos]
+        parts = []
+        for want in (True, False):
+            infos = tuple(i for i, k in zip(state._infos, picked) if k is want)
+            parts.append(type(state)(infos, [v for v, k in zip(state._values, picked) if k is want]))
+        return parts[0], parts[1]
+
+    def not_instances_of(self, *module_types: type) -> Selector:
+        """Drop variables that live (at any depth) under an instance of one of `module_types`."""
+        return _And(self, _Not(_AtInstances(module_types)))
 
     def at_path(self, *globs: str) -> Selector:
         """Keep variables whose dotted path matches one of the fnmatch `globs`."""

@@ -17,6 +17,7 @@ from .._scope import ambient
 from .._scope.init_placement import placed
 from .._sharding.rules import Sharding, annotation_axes
 from . import structure
+from .arraylike import ArrayLike
 from .static import immutable
 
 
@@ -61,7 +62,7 @@ def register_variable_class(cls: type) -> None:
     jax.tree_util.register_pytree_node(cls, _flatten_variable, _unflatten_variable)
 
 
-class Variable:
+class Variable(ArrayLike):
     """A mutable cell holding an array (or pytree of arrays) plus its collection and metadata.
 
     Args:
@@ -72,7 +73,7 @@ class Variable:
     """
 
     __slots__ = ("_value", "kind", "metadata")
-    default_kind: str = "variables"
+    default_kind: str = "buffers"  # as the seed library: a plain Variable is not trained
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

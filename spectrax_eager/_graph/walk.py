@@ -105,9 +105,10 @@ def find(model: Module, select: Any = None) -> tuple[str, Module | Variable] | N
     return next(iter(found), None)
 
 
-def live_variables(model: Module, select: Any = True) -> list[Variable]:
-    """The Variable objects of `model` that `select` matches (shared ones once), in plan order."""
-    return [var for _, var in iter_variables(model, select)]
+def live_variables(model: Module, select: Any = True) -> list[tuple[str, Variable]]:
+    """`[(path, variable)]` of the variables of `model` that `select` matches (a shared one once,
+    under its first path), in plan order."""
+    return list(iter_variables(model, select))
 
 
 def pop(model: Module, select: Any) -> State:

@@ -30,3 +30,10 @@ def mpmd() -> ModuleType:
 def mpmd_name(name: str) -> Any:
     """`spectrax_mpmd`'s object for the `spx` name `name` (a name of `MPMD_NAMES` or `SpxMesh`)."""
     return getattr(mpmd(), ALIASES.get(name, name))
+
+
+def mpmd_mesh_class() -> type:
+    """`MpMdMesh`: the runtime's mesh built as `MpMdMesh(jax_mesh, mpmd_axis_name)`."""
+    from spectrax_mpmd._mesh import MpMdMesh
+
+    return MpMdMesh

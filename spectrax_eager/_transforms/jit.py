@@ -159,6 +159,11 @@ class Jitted:
             if isinstance(in_shardings, tuple | list):
                 self.in_shardings = (None, *in_shardings)
 
+    @property
+    def _spx_compile_cache(self) -> dict:
+        """The programs built so far, one per module-graph structure (the seed library's name)."""
+        return self._cache
+
     def _pull_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         n = len(args)
         nums = tuple(j for j in (i + n if i < 0 else i for i in self.static_argnums) if 0 <= j < n)

@@ -85,15 +85,27 @@ def scan(
     Modules in `init` are carried (writes allowed by `mutable` persist); modules
     in `xs` have stacked variables (leading axis = iteration) and each step sees
     one slice, read-only. Returns `(final_carry, stacked_ys)`.
+
+    The seed library's form, `ys = spx.scan(lambda module, x: y, module, xs)`, is
+    accepted too: when `init` is a module and the body returns anything but a
+    `(module, y)` pair, the module is carried as is and only the stacked `ys` are
+    returned.
     """
     where = f"spx.scan({fn_name(f)})"
     carry = _Carry(init, mutable)
     xsc = _Carry(xs, False)
+    module_form: list[bool] = []  # set while tracing the body: the seed's `fn(module, x) -> y`
 
     def body(c, x):
         c_tree, c_roots, c_vars, c_vals = carry.unpack(c)
         x_tree, x_roots, x_vars, x_vals = xsc.unpack(x)
-        new_c, y = f(c_tree, x_tree)
+        out = f(c_tree, x_tree)
+        pair = isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Module)
+        if isinstance(init, Module) and not pair:
+            module_form.append(True)
+            new_c, y = c_tree, out
+        else:
+            new_c, y = out
         changes(
             xsc.split.static, x_roots, x_vars, x_vals, xsc.ok, where + " (xs modules are read-only)", None
         )
@@ -104,7 +116,8 @@ def scan(
     final, ys = jax.lax.scan(
         body, carry.pure_in(), xsc.pure_in(), length=length, reverse=reverse, unroll=unroll
     )
-    return carry.finish(final), ys
+    final = carry.finish(final)
+    return ys if module_form else (final, ys)
 
 
 def remat_scan(

@@ -74,7 +74,8 @@ def _no_cache(where: str, decode: bool) -> None:
 class MultiheadAttention(CoreLayer):
     """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
     `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
-    average_attn_weights, is_causal)` returning `(output, weights or None)`.
+    average_attn_weights, is_causal)` returning `(output, weights or None)`; `attn(x)` (the query
+    alone, or the seed library's `mask=`) returns the output alone.
 
     Inputs are batch-first `(batch, length, features)` by default; pass
     `batch_first=False` for `(length, batch, features)`. Masks follow PyTorch:
@@ -136,11 +137,24 @@ class MultiheadAttention(CoreLayer):
         key: jax.Array | None = None,
         value: jax.Array | None = None,
         key_padding_mask: jax.Array | None = None,
-        need_weights: bool = True,
+        need_weights: bool | None = None,
         attn_mask: jax.Array | None = None,
         average_attn_weights: bool = True,
         is_causal: bool = False,
-    ) -> tuple[jax.Array, jax.Array | None]:
+        *,
+        mask: jax.Array | None = None,
+        rngs: Rngs | None = None,
+    ) -> jax.Array | tuple[jax.Array, jax.Array | None]:
+        """Attend `query` to `key` / `value` (both default to `query`: self-attention).
+
+        Called PyTorch's way, with `query, key, value` (or with `need_weights=`), it returns
+        `(output, weights or None)`; called with the query alone, or with only `key`, or with
+        `mask=` / `rngs=` (the seed library's form) it returns the output alone. `mask`
+        (boolean, True = may attend) broadcasts to `(batch, heads, L, S)` and combines with the
+        PyTorch masks; `rngs` gives this call's dropout key.
+        """
+        pair = need_weights is not None or (value is not None and mask is None and rngs is None)
+        need_weights = bool(need_weights) if need_weights is not None else pair
         key = query if key is None else key
         value = key if value is None else value
         if not self.batch_first:
@@ -151,11 +165,14 @@ class MultiheadAttention(CoreLayer):
             pad_allowed, pad_bias = _torch_mask(
                 key_padding_mask[:, None, None, :], target, "key_padding_mask"
             )
-            allowed = (
-                pad_allowed if allowed is None else allowed if pad_allowed is None else allowed & pad_allowed
-            )
+            allowed = _both(allowed, pad_allowed)
             bias = pad_bias if bias is None else bias if pad_bias is None else bias + pad_bias
-        rng = _dropout_key(self, "MultiheadAttention")
+        if mask is not None:
+            allowed = _both(allowed, jnp.broadcast_to(jnp.asarray(mask, bool), target))
+        if rngs is not None and self.training and self.dropout > 0.0:
+            rng = rngs.dropout()
+        else:
+            rng = _dropout_key(self, "MultiheadAttention")
         out = sc.apply(
             self.core_params(),
             query,
@@ -172,7 +189,12 @@ class MultiheadAttention(CoreLayer):
         y, weights = out if need_weights else (out, None)
         if not self.batch_first:
             y = jnp.swapaxes(y, 0, 1)
-        return y, weights
+        return (y, weights) if pair else y
+
+
+def _both(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
+    """The conjunction of two optional boolean masks."""
+    return b if a is None else a if b is None else a & b
 
 
 @also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")

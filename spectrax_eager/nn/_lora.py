@@ -98,6 +98,10 @@ class LoRALinear(CoreLayer):
         self.b = LoRAParam(params.b, axes=axes["b"])
         self.rank, self.alpha = params.rank, params.alpha
 
+    base_module = property(lambda self: self.base, doc="`base`, the wrapped Linear.")
+    lora_a = property(lambda self: self.a, doc="`a`, the `(d_in, rank)` factor.")
+    lora_b = property(lambda self: self.b, doc="`b`, the `(rank, d_out)` factor.")
+
     def lora_params(self) -> sc.nn.LoRA:
         """The core `LoRA` params holding the current values."""
         return sc.nn.LoRA(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data" / "seed_interface.tsv"
@@ -112,3 +113,19 @@ def status(module: str, name: str, kind: str, seed_sig: inspect.Signature | None
         return "differs", ["signature unreadable"]
     problems = incompatibilities(seed_sig, mine)
     return ("differs" if problems else "same"), problems
+
+
+def differences(got, want, where="") -> list[str]:
+    """Where `got` differs from `want`: floats within rtol 1e-4 / atol 1e-5, the rest exactly."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(got) != set(want):
+            return [f"{where}: keys {sorted(got)} != {sorted(want)}"]
+        return [d for k in want for d in differences(got[k], want[k], f"{where}.{k}")]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{where}: length {len(got)} != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{where}[{i}]")]
+    if isinstance(want, float) and isinstance(got, int | float) and not isinstance(got, bool):
+        ok = math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5) or (math.isnan(got) and math.isnan(want))
+        return [] if ok else [f"{where}: {got} != {want}"]
+    return [] if (type(got) is type(want) and got == want) else [f"{where}: {got!r} != {want!r}"]

@@ -84,6 +84,13 @@ def test_with_kwargs_and_context_manager():
     assert len(spx.hooks.hooks_of(net.b)) == 1
     np.testing.assert_allclose(net(X), 0.0)
     handle.remove()
+    calls = []  # the seed library's forms, (module, args, kwargs[, out]), known by their arity
+    with (
+        spx.hooks.register_forward_pre_hook(net.a, lambda m, a, k: calls.append(("pre", dict(k)))),
+        net.a.register_forward_hook(lambda m, a, k, o: calls.append(("post", dict(k))) or o * 2),
+    ):
+        np.testing.assert_allclose(net(X), formula(net, X, a_out=lambda v: v * 2), rtol=1e-6)
+    assert calls == [("pre", {}), ("post", {})]
     with pytest.raises(TypeError, match="callable"):
         net.a.register_forward_hook(3)
     net.a.register_forward_pre_hook(lambda m, a, k: "bad", with_kwargs=True)

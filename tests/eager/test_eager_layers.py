@@ -202,8 +202,14 @@ def test_multihead_attention_pytorch_masks_and_layouts():
     _close(y, _mha_ref(m, q, k, v, bias=np.asarray(float_mask).reshape(2, 2, 3, 4))[0])
     # causal self-attention, sequence-first layout
     seq_first = spx.nn.MultiheadAttention(6, 3, batch_first=False, rngs=spx.Rngs(1))
-    y, _ = seq_first(jnp.swapaxes(q, 0, 1), is_causal=True)
+    y = seq_first(jnp.swapaxes(q, 0, 1), is_causal=True)  # the query alone: the output alone
     _close(jnp.swapaxes(y, 0, 1), _mha_ref(seq_first, q, q, q, causal=True)[0])
+    y, w = seq_first(jnp.swapaxes(q, 0, 1), need_weights=True, is_causal=True)
+    _close(jnp.swapaxes(y, 0, 1), _mha_ref(seq_first, q, q, q, causal=True)[0])
+    # the seed library's mask= (True = may attend) also gives the output alone
+    self_attn = spx.nn.MultiheadAttention(6, 2, rngs=spx.Rngs(2))
+    keep = jnp.asarray(np.random.default_rng(2).random((3, 3)) > 0.4) | jnp.eye(3, dtype=bool)
+    _close(self_attn(q, mask=keep), _mha_ref(self_attn, q, q, q, allowed=np.asarray(keep))[0])
 
 
 def test_causal_self_attention_and_dropout_modes():

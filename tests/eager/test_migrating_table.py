@@ -1,12 +1,16 @@
 """The name-by-name tables of docs/migrating.md against the recorded seed interface
-(tests/eager/data/seed_interface.tsv): every recorded name has one row; a name stated "same"
-exists here with a signature accepting the seed's calls; "differs" exists; "absent" does not."""
+(tests/eager/data/seed_interface.tsv) and the seed library's recorded behaviour
+(tests/eager/data/seed_probes.json): every recorded name has one row; a name stated "same"
+exists here with a signature accepting the seed's calls and behaves as the probes recorded;
+"differs" exists; "absent" does not."""
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import seed_compat
+import seed_probes
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "migrating.md"
 SECTION = re.compile(r"^### `([\w.]+)`", re.M)
@@ -84,3 +88,30 @@ def test_each_section_states_its_counts():
         stated = (int(total), int(same), int(differ), int(absent))
         assert stated == (len(rows), rows.count("same"), rows.count("differs"), rows.count("absent")), module
     assert len(COUNTS.findall(text)) == len(seed_compat.OURS)
+
+
+PROBED = json.loads(seed_probes.DATA.read_text())
+
+
+def test_same_rows_behave_as_the_seed_library():
+    """Every row stated *same* is what the seed's name is (a class, a callable, a module, a value:
+    the same value; an exception: the same builtin errors) and, where a probe is written (layers'
+    output shapes, functions' values, transforms' results, States' shapes, iteration order), gives
+    the seed library's result (recorded by `seed_probes.py` in data/seed_probes.json)."""
+    lib = seed_probes.library("spectrax_eager")
+    same = [(m, n) for (m, n), status in TABLE.items() if status == "same"]
+    got = seed_probes.run_all(lib, same)
+    for key, result in got.items():  # an error class may also be a builtin error the seed's is not
+        errors, wanted = result["generic"].get("is"), PROBED[key]["generic"].get("is")
+        if errors is not None and wanted is not None and set(wanted) <= set(errors):
+            result["generic"]["is"] = wanted
+    wrong = {key: d for key in got if (d := seed_compat.differences(got[key], PROBED[key]))}
+    assert not wrong, wrong
+    probed = sum("probe" in got[k] for k in got)
+    assert probed >= 100, probed
+
+
+def test_the_probes_can_fail():
+    assert seed_probes.generic(ValueError) == {"kind": "class", "is": ["ValueError"]}
+    assert seed_probes.generic((1, "a")) == {"kind": "value", "value": [1, "a"]}
+    assert seed_compat.differences({"probe": [[2, 3], "float32"]}, {"probe": [[3, 2], "float32"]})
