@@ -1,6 +1,6 @@
 """The main job's pictures (`train_lm.py`): the loss curve and the step's timeline, with matplotlib.
 
-The timeline figure has two panels on one time axis. The upper one is the
+The timeline figure has two panels, each on its own time scale. The upper one is the
 pipeline as the schedule runs it on parallel devices: the schedule simulated
 (`spectrax_core.schedules.simulate`) with the cell times measured below, then
 each rank's optimizer update. The lower one is the measurement itself: one
@@ -54,25 +54,14 @@ def colour_kind(kind: str) -> str:
 
 
 def named_as_run(simulated: Timeline, measured: Timeline) -> list[list[Event]]:
-    """`simulated`'s events named by the kinds `measured` ran them as (the last stage's F is the
-    fused loss cell `FB`), without the cells that cost nothing (that stage's B, I, W)."""
-    ran_as = {
-        (e.cell.parts[0].stage, e.cell.parts[0].kind): e.kind
-        for row in measured.events
-        for e in row
-        if len(e.cell.parts) == 1
-    }
-    rows = []
-    for row in simulated.events:
-        kept = []
-        for e in row:
-            if e.end <= e.start:
-                continue
-            parts = e.cell.parts
-            kind = ran_as.get((parts[0].stage, parts[0].kind), e.kind) if len(parts) == 1 else e.kind
-            kept.append(Event(e.rank, e.cell, e.start, e.end, kind))
-        rows.append(kept)
-    return rows
+    """`simulated`'s events named as `measured` ran the same cells (the loss stage's forward is
+    the fused `FB` cell), without the cells that cost nothing (the loss stage's backward, run
+    inside `FB`)."""
+    ran_as = {e.cell: e.kind for row in measured.events for e in row}
+    return [
+        [Event(e.rank, e.cell, e.start, e.end, ran_as.get(e.cell, e.kind)) for e in row if e.end > e.start]
+        for row in simulated.events
+    ]
 
 
 def _draw(ax, rows, spans, n: int, x_max: float, show_stage: bool, stage_labels) -> None:
@@ -125,17 +114,17 @@ def plot_timeline(path: Path, run: str, simulated: Timeline, updated, measured: 
     kinds |= {"update"} if any(end > start for start, end in updated.spans) else set()
     order = [k for k in COLOURS if k in kinds]
     height = 2.3 + 2 * (0.6 + 0.45 * n)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, height), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, height))
     fig.subplots_adjust(left=0.05, right=0.99, top=1 - 0.75 / height, bottom=1.05 / height, hspace=0.45)
-    x_max = max(updated.makespan, measured.makespan) * 1.01e-3
-    _draw(top, simulated_rows, updated.spans, n, x_max, show_stage, measured.stage_labels)
+    _draw(
+        top, simulated_rows, updated.spans, n, updated.makespan * 1.01e-3, show_stage, measured.stage_labels
+    )
     top.set_title(
         f"simulated: the schedule on {n} parallel devices with the cell times measured below (sends "
         f"free), then each rank's optimizer update; {updated.makespan / 1e3:.2f} ms",
         fontsize=10,
     )
-    top.tick_params(labelbottom=True)
-    _draw(bottom, measured_rows, [], n, x_max, show_stage, measured.stage_labels)
+    _draw(bottom, measured_rows, [], n, measured.makespan * 1.01e-3, show_stage, measured.stage_labels)
     bottom.set_title(
         f"measured: one step run cell by cell, one cell at a time on the whole machine; "
         f"{measured.makespan / 1e3:.2f} ms (ranks never overlap: its idle time is not the bubble)",

@@ -341,8 +341,8 @@ def main(argv=None) -> dict:
             print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
     sizes = sum(x.size for x in jax.tree.leaves(lm))
     print(
-        f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary; batch {args.batch} x {args.seq} bytes "
-        f"of {len(data):,} bytes of text"
+        f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary; batches of {args.batch} x {args.seq} "
+        f"bytes from {len(data):,} bytes of text"
     )
 
     stream = batches(data, args.batch, args.seq)
@@ -380,7 +380,7 @@ def main(argv=None) -> dict:
     first_call = None if args.spmd else step.runner.update_step.timings()
     compiled = 1 if args.spmd else first_call["compiled"] + first_call["relocated"]
     first_s = time.perf_counter() - start
-    print(f"compiled {compiled} programs in {first_s:.1f} s", end="")
+    print(f"compiled {compiled} program{'s' * (compiled != 1)} in {first_s:.1f} s", end="")
     if first_call is not None:
         loaded = first_call["relocated"]
         print(f" ({first_call['compiled']} compiled, {loaded} loaded onto other ranks)", end="")
