@@ -6,15 +6,21 @@ rank) and trained with a pipeline schedule on the public-domain text in
 `examples/data/corpus.txt` (Alice in Wonderland and As You Like It, one token
 per byte). Without an accelerator the script runs on 8 fake CPU devices.
 
-It prints the schedule's grid and a progress bar, writes the loss curve, the
-per-rank timeline of one real step run cell by cell (Chrome trace JSON: open
-it in Perfetto) with the schedule's bubble simulated from those cell times,
-and, with matplotlib, PNG plots; at the end it continues a prompt greedily
-through the training step's own `generate` (pipelined: each rank keeps its own
-blocks and KV caches) and through the unsplit model, which must agree.
+It prints a short summary (the run's configuration, the compile, a progress
+bar, the loss and tokens/s, the schedule's bubble simulated from one measured
+step, the decode check) and writes the loss curve (`metrics.json`, with
+matplotlib `loss.png`) and the timeline of one real step run cell by cell
+(Chrome trace JSON: open it in Perfetto; `timeline.png` draws it under the
+pipeline simulated from those cell times). At the end it continues a prompt
+greedily through the training step's own `generate` (pipelined: each rank
+keeps its own blocks and KV caches) and through the unsplit model, which must
+agree. `--details` also prints the schedule's grid, where the first call's
+time went, the host cost of a step per rank and cell kind, and each rank's
+peak memory, predicted and measured.
 
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
+    python examples/train_lm.py --details             # grid, compile phases, host and memory tables
     python examples/train_lm.py --spmd                # the same model, one SPMD program
     python examples/train_lm.py --offload             # saved residuals in host memory between F and B
     python examples/train_lm.py --remat none,dots_saveable,true,none --offload 0.5   # per stage
@@ -31,7 +37,7 @@ stops without touching them, unless `--overwrite` says to delete them.
 Under the launcher every process trains its own ranks and returns the loss;
 process 0 reports and writes the metrics, and every process takes part in the
 pipelined sample (each issues its own ranks' cells); the cell-by-cell
-timeline and the host profile run only in a one-process job.
+timeline and the host and memory tables run only in a one-process job.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; affects the CPU backend only
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
 
+import _plots  # noqa: E402  (examples/_plots.py: the PNGs)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -81,6 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "call next to the pipeline's",
     )
     p.add_argument("--out", default="runs/train_lm", help="directory for metrics, trace and plots")
+    p.add_argument(
+        "--details",
+        action="store_true",
+        help="also print the schedule's grid, the first call's phases, the host cost of a step per rank "
+        "and cell kind, and each rank's peak memory (predicted and measured)",
+    )
     p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (orbax-checkpoint)")
     p.add_argument("--save-every", type=int, default=0, help="save every N steps (default: only at the end)")
     p.add_argument(
@@ -180,31 +193,33 @@ def progress(total: int):
         return None
 
 
-def plot(out: Path, losses: list[float], timeline) -> list[str]:
-    """PNG plots of the loss curve and the measured timeline, when matplotlib is installed."""
-    try:
-        import matplotlib
+def run_name(args, schedule) -> str:
+    """The run in a few words, for the plots' titles."""
+    if args.spmd:
+        return f"SPMD, {args.stages}-way data parallel, {args.microbatches} microbatches"
+    stages = f" x {schedule.virtual_stages} stages" if schedule.virtual_stages > 1 else ""
+    return f"{type(schedule).__name__}, {args.stages} ranks{stages}, {args.microbatches} microbatches"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(losses)
-    ax.set(xlabel="step", ylabel="loss (nats / byte)", title="training loss")
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=120)
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * timeline.n))
-    for rank, row in enumerate(timeline.events):
-        ax.broken_barh([(e.start / 1e3, (e.end - e.start) / 1e3) for e in row], (rank - 0.4, 0.8))
-        for e in row:
-            ax.text((e.start + e.end) / 2e3, rank, repr(e.cell), ha="center", va="center", fontsize=6)
-    ax.set(xlabel="ms", ylabel="rank", yticks=range(timeline.n), title="one measured step")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(out / "timeline.png", dpi=120)
-    plt.close("all")
-    return ["loss.png", "timeline.png"]
+
+def update_us(tx, params, devices) -> list[float]:
+    """Per rank, the least of 3 timed runs (µs) of `tx`'s update on that rank's own parameter
+    leaves (the leaves on `devices[rank]`), compiled once: the update each rank runs after its
+    cells."""
+    leaves = jax.tree.leaves(params)
+    times = []
+    for device in devices:
+        mine = [x for x in leaves if device in x.devices()]
+        grads = [x * 0.5 for x in mine]
+        state = tx.init(mine)
+        apply = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0]))
+        jax.block_until_ready(apply(grads, state, mine))
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(apply(grads, state, mine))
+            best = min(best, time.perf_counter() - t0)
+        times.append(best * 1e6)
+    return times
 
 
 def checkpoints(args):
@@ -269,6 +284,11 @@ def unsplit_first_call(args, params, tx) -> float:
     return time.perf_counter() - start
 
 
+def as_text(tokens) -> str:
+    """The first row of generated byte tokens as text."""
+    return bytes(np.asarray(tokens[0]).astype(np.uint8)).decode(errors="replace")
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if "JAX_COORDINATOR_ADDRESS" in os.environ:  # started by `python -m spectrax_mpmd.launch`
@@ -303,19 +323,27 @@ def main(argv=None) -> dict:
         mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices[: args.stages])  # data parallel
         params = lm
         step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches, tx=tx)
-        print(f"SPMD: {args.stages}-way data parallel, {args.microbatches} microbatches per step")
+        print(
+            f"SPMD: {args.stages}-way data parallel, {args.microbatches} microbatches per step (one program)"
+        )
     else:
         mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices[: args.stages])
         params = mp.stage_blocks(lm, n_stages)  # each rank holds only its own blocks
         memory = memory_settings(args)
         step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx, **memory)
+        per_rank = f" x {schedule.virtual_stages} stages" if schedule.virtual_stages > 1 else ""
         print(
-            f"MPMD: {args.stages} ranks x {schedule.virtual_stages} stages, blocks per stage "
-            f"{params.blocks.sizes}, {schedule!r}, {memory}"
+            f"MPMD pipeline: {args.stages} ranks{per_rank}, {type(schedule).__name__}, {args.microbatches} "
+            f"microbatches; blocks per stage {', '.join(map(str, params.blocks.sizes))}; remat {args.remat}; "
+            f"offload {args.offload or 'none'}"
         )
-        print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
+        if args.details:
+            print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
     sizes = sum(x.size for x in jax.tree.leaves(lm))
-    print(f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary, {len(data):,} bytes of text")
+    print(
+        f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary; batches of {args.batch} x {args.seq} "
+        f"bytes from {len(data):,} bytes of text"
+    )
 
     stream = batches(data, args.batch, args.seq)
     tokens, targets = next(stream)
@@ -352,15 +380,14 @@ def main(argv=None) -> dict:
     first_call = None if args.spmd else step.runner.update_step.timings()
     compiled = 1 if args.spmd else first_call["compiled"] + first_call["relocated"]
     first_s = time.perf_counter() - start
-    print(f"compiled {compiled} programs in {first_s:.1f} s", end="")
+    print(f"compiled {compiled} program{'s' * (compiled != 1)} in {first_s:.1f} s", end="")
     if first_call is not None:
-        phases = ", ".join(f"{k} {v:.2f}" for k, v in first_call["seconds"].items())
-        print(
-            f" ({first_call['compiled']} compiled, {first_call['relocated']} loaded onto other ranks; "
-            f"seconds: {phases})",
-            end="",
-        )
+        loaded = first_call["relocated"]
+        print(f" ({first_call['compiled']} compiled, {loaded} loaded onto other ranks)", end="")
     print()
+    if first_call is not None and args.details:
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in first_call["seconds"].items())
+        print(f"  first call's seconds: {phases}")
     unsplit_s = None
     if unsplit_params is not None and not args.spmd:
         unsplit_s = unsplit_first_call(args, unsplit_params, tx)
@@ -397,7 +424,7 @@ def main(argv=None) -> dict:
     tokens_per_s = (last - first) * args.batch * args.seq / wall
     print(
         f"trained steps {first}..{last - 1} in {wall:.1f} s ({tokens_per_s:,.0f} tokens/s); "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f} nats per byte"
     )
     if manager is not None:
         t0 = time.perf_counter()
@@ -409,7 +436,7 @@ def main(argv=None) -> dict:
         )
 
     files = ["metrics.json"]
-    timeline = host = peaks = None
+    timeline = simulated = updated = host = peaks = None
     if not args.spmd and one_process:  # measurements run the plan step by step, in one process
         timeline = step.runner.update_step.measure_timeline(params, state, None, tokens, targets)
         trace = out / "timeline.json"
@@ -418,21 +445,31 @@ def main(argv=None) -> dict:
         simulated = schedules.simulate(
             schedule, args.stages, measured_cost(timeline, schedule.num_stages(args.stages))
         )
-        print(
-            f"one step, run cell by cell (one cell at a time on the whole machine, so ranks never "
-            f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
-            f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it is "
-            f"not the pipeline bubble"
+        # the update waits for the global gradient norm (the clip), so every rank starts it together
+        updated = schedules.with_update(
+            simulated, update_us(tx, params, devices[: args.stages]), validation="sync"
         )
         print(
-            f"the schedule's bubble, simulated with these measured cell times (sends free): "
-            f"{simulated.bubble_fraction:.0%}, step {simulated.makespan / 1e3:.1f} ms"
+            f"pipeline bubble {simulated.bubble_fraction:.0%}, step {updated.makespan / 1e3:.1f} ms with the "
+            f"update (the schedule simulated with one step's measured cell times; timeline.png)"
         )
-        host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
-        print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
-        print(host.table())
-        peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
-    files += plot(out, losses, timeline) if timeline is not None else []
+        if args.details:
+            print(
+                f"that step, run cell by cell (one cell at a time on the whole machine, so ranks never "
+                f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
+                f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it "
+                f"is not the pipeline bubble"
+            )
+            print(
+                f"the schedule's bubble, simulated with these measured cell times (sends free): "
+                f"{simulated.bubble_fraction:.0%}, its cells {simulated.makespan / 1e3:.1f} ms, then the "
+                f"update (each rank's timed alone, after the gradient norm) "
+                f"{(updated.makespan - simulated.makespan) / 1e3:.1f} ms"
+            )
+            host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
+            print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
+            print(host.table())
+            peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
 
     prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
     gathered = mp.gather(params)  # every process takes part; process 0 samples
@@ -445,15 +482,20 @@ def main(argv=None) -> dict:
         return {"losses": losses}
     unsplit = mp.unstage_blocks(gathered)
     reference = greedy_decode(unsplit, prompt, args.sample_tokens)
-    print(
-        f"unsplit model:   {PROMPT}{bytes(np.asarray(reference[0]).astype(np.uint8)).decode(errors='replace')!r}"
-    )
+    if sample is None or args.details:
+        print(f"unsplit model:   {PROMPT}{as_text(reference)!r}")
     if sample is not None:
         same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
-        text = bytes(np.asarray(sample[0]).astype(np.uint8)).decode(errors="replace")
         print(
-            f"{'SPMD' if args.spmd else 'pipelined'} decode: {PROMPT}{text!r}  (identical to unsplit: {same})"
+            f"{'SPMD' if args.spmd else 'pipelined'} decode: {PROMPT}{as_text(sample)!r}  "
+            f"(identical to the unsplit model's: {same})"
         )
+    run = run_name(args, schedule)
+    batch = f"batch {args.batch} x {args.seq} bytes, steps {first}..{last - 1}"
+    if _plots.plot_loss(out / "loss.png", f"{run}, {batch}", first, losses):
+        files.append("loss.png")
+    if timeline is not None and _plots.plot_timeline(out / "timeline.png", run, simulated, updated, timeline):
+        files.append("timeline.png")
 
     metrics = {
         "mode": "spmd" if args.spmd else "mpmd",
@@ -470,6 +512,7 @@ def main(argv=None) -> dict:
         "host": None if host is None else host.as_dict(),
         "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
         "simulated_bubble": None if timeline is None else simulated.bubble_fraction,
+        "simulated_step_s": None if timeline is None else updated.makespan * 1e-6,
         "decode_identical": same,
         "peak_bytes": peaks,
         "checkpoint": ckpt if manager is not None else None,

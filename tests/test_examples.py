@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -47,13 +48,16 @@ def test_every_script_answers_help():
 def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
     """The main job (small) trains through 4 ranks, checks its decode, stops after 5 steps
     (saved at 3 and 5); resuming from step 3 stops without touching step 5 unless --overwrite
-    is given; with it a second run resumes from step 3 on 2 ranks and the loss curve goes on."""
+    is given; with it a second run resumes from step 3 on 2 ranks and the loss curve goes on.
+    The first run prints the detailed tables (--details), the second the short summary."""
     flags = "--steps 6 --batch 8 --seq 16 --d-model 32 --microbatches 4 --lr 1e-2"
     script = [sys.executable, str(ROOT / "examples" / "train_lm.py"), *flags.split()]
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
     resume = ["--stages", "2", "--schedule", "ZeroBubbleH1", "--resume", "3", "--sample-tokens", "2"]
     runs = {
-        "stopped": ["--stages", "4", "--stop-after", "5", "--save-every", "3", "--sample-tokens", "6"],
+        "stopped": [
+            *("--stages", "4", "--stop-after", "5", "--save-every", "3", "--sample-tokens", "6", "--details")
+        ],
         "kept": resume,
         "resumed": [*resume, "--overwrite"],
     }
@@ -77,7 +81,21 @@ def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
     cells = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["tid"] for e in cells} == {0, 1, 2, 3}
     assert all(e["dur"] >= 0 and e["name"][0].isdigit() for e in cells)
+    # the last rank's cells run its forward and backward as one: named FB, as the host table names them
+    assert {e["cat"] for e in cells if e["tid"] == 3} == {"FB"} and "3FB0" in {e["name"] for e in cells}
+    assert {e["cat"] for e in cells if e["tid"] < 3} == {"F", "B"}
     assert "compiling" in stdout["stopped"] and "pipelined decode" in stdout["stopped"]
+    assert "host cost of one step" in stdout["stopped"] and "3 FB " in stdout["stopped"]
+    assert stopped["host"] is not None and stopped["peak_bytes"] is not None
+    # the default output is the short summary: no tables, no raw dicts
+    short = stdout["resumed"]
+    assert "pipeline bubble" in short and "pipelined decode" in short and "tokens/s" in short
+    assert "host cost" not in short and "peak bytes" not in short and "{'" not in short
+    assert resumed["host"] is None and resumed["peak_bytes"] is None
+    assert 0 < resumed["simulated_bubble"] < 1 and resumed["simulated_step_s"] > 0
+    if importlib.util.find_spec("matplotlib") is not None:  # the `examples` extra
+        pngs = [tmp_path / name / png for name in metrics for png in ("loss.png", "timeline.png")]
+        assert all(png.stat().st_size > 0 for png in pngs)
     # cells run one at a time leave each of 4 ranks idle at least 3/4 of the time; the schedule's
     # simulated bubble over the same cell times is what the pipeline would idle
     assert "not the pipeline bubble" in stdout["stopped"]

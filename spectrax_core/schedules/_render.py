@@ -6,7 +6,6 @@ import json
 import math
 import os
 
-from ._actions import cell_label
 from ._timeline import Timeline
 
 IDLE = "."
@@ -16,7 +15,8 @@ CONTINUED = "-"
 def render_grid(timeline: Timeline, step: float | None = None, show_stage: bool | None = None) -> str:
     """One line per rank, one column per `step` cost units (default: the shortest cell).
 
-    A cell is labelled in its first column (`F3`, `B3`, `I3`, `W3`, `F3&B1`);
+    A cell is labelled in its first column by its kind as it ran (`Event.label`: `F3`, `B3`,
+    `I3`, `W3`, fused `F3&B1`, a measured loss cell `FB3`);
     the further columns of a longer cell show `-`, idle columns `.`. With
     `show_stage` (default: when a rank holds several stages, or the stages are
     named) labels carry the stage too: its number (`5F3`) or its name (`V1F3`
@@ -38,7 +38,6 @@ def render_grid(timeline: Timeline, step: float | None = None, show_stage: bool 
             len({a.stage for e in row for a in e.cell.parts}) > 1 for row in timeline.events
         )
     names = timeline.stage_labels
-    label = (lambda cell: cell_label(cell, names)) if show_stage else str
     columns = math.ceil(round(timeline.makespan / step, 9))
     labels = [[IDLE] * columns for _ in range(timeline.n)]
     for r, row in enumerate(timeline.events):
@@ -50,7 +49,7 @@ def render_grid(timeline: Timeline, step: float | None = None, show_stage: bool 
                     f"t={e.start} shares a column with the cell before it; pass a smaller step."
                 )
             for c in range(first, max(last, first + 1)):
-                labels[r][c] = label(e.cell) if c == first else CONTINUED
+                labels[r][c] = e.label(names, show_stage) if c == first else CONTINUED
     width = max([len(x) for row in labels for x in row], default=1)
     name = f"rank {timeline.n - 1}"
     lines = [
@@ -63,9 +62,10 @@ def render_grid(timeline: Timeline, step: float | None = None, show_stage: bool 
 def chrome_trace(timeline: Timeline, us_per_unit: float = 1000.0) -> dict:
     """The timeline as a Chrome-trace dict (open the saved JSON in Perfetto / chrome://tracing).
 
-    One thread per rank; one complete event (`"ph": "X"`) per cell, named by
-    stage, kind and microbatch (`2F5`, or `V1F5` when the stages are named), with the stage(s) and microbatch(es) in `args`. One cost
-    unit lasts `us_per_unit` microseconds on the trace's clock.
+    One thread per rank; one complete event (`"ph": "X"`) per cell, named by stage, kind as it
+    ran and microbatch (`Event.label`: `2F5`, a measured loss cell `3FB5`, or `V1F5` when the
+    stages are named), its kind as category, with the stage(s) and microbatch(es) in `args`. One
+    cost unit lasts `us_per_unit` microseconds on the trace's clock.
     """
     if not isinstance(timeline, Timeline):
         raise TypeError(
@@ -81,8 +81,8 @@ def chrome_trace(timeline: Timeline, us_per_unit: float = 1000.0) -> dict:
             parts = e.cell.parts
             events.append(
                 {
-                    "name": cell_label(e.cell, timeline.stage_labels),
-                    "cat": e.cell.kind,
+                    "name": e.label(timeline.stage_labels),
+                    "cat": e.kind,
                     "ph": "X",
                     "pid": 0,
                     "tid": e.rank,

@@ -83,12 +83,37 @@ class StageCost:
 
 @dataclass(frozen=True)
 class Event:
-    """One executed cell: `cell` ran on `rank` from `start` to `end`."""
+    """One executed cell: `cell` ran on `rank` from `start` to `end`.
+
+    `kind` names the cell as it ran: `cell.kind` (`F`, `B`, `I`, `W`, fused `F&B`) unless
+    given. A measured step names each cell as its plan ran it: the loss stage's forward runs
+    fused with its backward, as one `FB` cell (the name the host profile's table gives it).
+    """
 
     rank: int
     cell: Cell
     start: float
     end: float
+    kind: str = ""
+
+    def __post_init__(self):
+        if not self.kind:
+            object.__setattr__(self, "kind", self.cell.kind)
+
+    def label(self, stage_labels: tuple[str, ...] = (), show_stage: bool = True) -> str:
+        """The cell's name with its kind as it ran: `2F5` (stage 2, F, microbatch 5), `3FB5`,
+        `0F3&7B1`; with `stage_labels` the stage's name (`V1F5`); without `show_stage` no stage
+        (`FB5`, the grid's form)."""
+        parts = self.cell.parts
+        kinds = self.kind.split("&")
+        if len(kinds) != len(parts):
+            kinds = [a.kind for a in parts]
+
+        def one(a, kind):
+            stage = (stage_labels[a.stage] if stage_labels else str(a.stage)) if show_stage else ""
+            return f"{stage}{kind}{a.microbatch}"
+
+        return "&".join(one(a, kind) for a, kind in zip(parts, kinds))
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,10 @@ def action_spans(
     plan, placed_inputs: Sequence, clock: str = "wall"
 ) -> list[tuple[int, object, float, float]]:
     """Run once, each step alone (waiting for its results), and return per action
-    `(rank, action, start, end)` in seconds of `clock` from the first step: the cell and
-    the sends that follow it. Slower than `run`; for inspecting where a step's time goes."""
+    `(rank, action, start, end, kind)` in seconds of `clock` from the first step: the cell and
+    the sends that follow it; `kind` names the cell the plan ran (a `CellKind`, `FB` for the
+    loss stage's fused forward and backward, `&`-joined when fused). Slower than `run`; for
+    inspecting where a step's time goes."""
     plan.check_single_process("timeline")
     now = clock_named(clock, "timeline")
     owner = {k: j for j, (_, _, a, b) in enumerate(plan.action_steps) for k in range(a, b)}
@@ -74,16 +76,20 @@ def action_spans(
         return results
 
     replay(plan, placed_inputs, call=call, ready=True)
-    return [(*plan.action_steps[j][:2], *spans[j]) for j in sorted(spans)]
+    return [(*plan.action_steps[j][:2], *spans[j], plan.log[j][2]) for j in sorted(spans)]
 
 
 def measured_timeline(
-    spans: Sequence[tuple[int, object, float, float]], n: int, name: str, stage_labels: tuple[str, ...] = ()
+    spans: Sequence[tuple[int, object, float, float, str]],
+    n: int,
+    name: str,
+    stage_labels: tuple[str, ...] = (),
 ) -> Timeline:
-    """`(rank, action, start_s, end_s)` spans as a `spectrax_core.schedules.Timeline` in microseconds."""
+    """`(rank, action, start_s, end_s, kind)` spans (`action_spans`) as a
+    `spectrax_core.schedules.Timeline` in microseconds, each event named by the cell it ran."""
     rows: list[list[Event]] = [[] for _ in range(n)]
-    for rank, action, start, end in spans:
-        rows[rank].append(Event(rank, action, start * 1e6, end * 1e6))
+    for rank, action, start, end, kind in spans:
+        rows[rank].append(Event(rank, action, start * 1e6, end * 1e6, str(kind)))
     makespan = max((e.end for row in rows for e in row), default=0.0)
     busy = tuple(sum(e.end - e.start for e in row) for row in rows)
     idle = tuple(makespan - b for b in busy)

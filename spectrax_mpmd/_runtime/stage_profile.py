@@ -176,7 +176,7 @@ def _cost(compiled) -> dict:
 def _cell_seconds(plan, spans) -> dict:
     """`(stage, kind) -> seconds of each` single-part action among one round's spans."""
     times: dict = {}
-    for rank, action, start, end in spans:
+    for rank, action, start, end, _ in spans:
         parts = getattr(action, "parts", None)
         if parts is None or len(parts) != 1:
             continue

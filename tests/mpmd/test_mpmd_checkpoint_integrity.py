@@ -12,9 +12,15 @@ dtype, and does not depend on the array's sharding.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import logging
 import re
 import shutil
+import sys
+import types
+import warnings
 from pathlib import Path
 
 import jax
@@ -30,6 +36,7 @@ from spectrax_mpmd._checkpoint.digest import checksums
 
 pytest.importorskip("orbax.checkpoint")
 # when one read of a damaged file fails, orbax leaves its other reads unawaited; Python reports them
+# when they are collected, which `_unreadable` makes happen (quietly) in the test expecting the failure
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 STEP = 1
@@ -93,6 +100,74 @@ def _restore(directory: Path, lm, **kw):
     return mp.restore_checkpoint(directory, like=lm, opt_like=_opt_state(lm), **kw)
 
 
+class _Unretrieved(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" records (orbax's failed reads)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception was never retrieved" not in record.getMessage()
+
+
+def _from_orbax(code) -> bool:
+    return code is not None and "orbax" in code.co_filename
+
+
+def _raised_in_orbax(err) -> bool:
+    tb = getattr(err, "__traceback__", None)
+    while tb is not None and not _from_orbax(tb.tb_frame.f_code):
+        tb = tb.tb_next
+    return tb is not None
+
+
+def _finish_orbax_reads() -> None:
+    """Finish what a failed orbax restore leaves behind, quietly: its reads still waiting on
+    TensorStore (closed: their loop is closed and never resumes them, so they would live until
+    the interpreter exits and be reported then), its tasks (not reported as destroyed while
+    pending) and its failed futures (their exceptions retrieved)."""
+    gc.collect()
+    for obj in gc.get_objects():
+        if isinstance(obj, types.CoroutineType) and _from_orbax(obj.cr_code):
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001 - orbax turns the close into its read error
+                pass
+        elif isinstance(obj, asyncio.Future):
+            if isinstance(obj, asyncio.Task) and _from_orbax(getattr(obj.get_coro(), "cr_code", None)):
+                obj._log_destroy_pending = False
+            if obj.done() and not obj.cancelled() and _raised_in_orbax(obj.exception()):
+                pass  # retrieved (just now): asyncio logs no "exception was never retrieved"
+    gc.collect()
+
+
+def _unreadable(match: str, directory: Path, lm, **kw) -> str:
+    """The message of the `CheckpointError` restoring `directory` raises (it must match `match`).
+
+    A read orbax cannot finish leaves its other reads unawaited (`_finish_orbax_reads` ends
+    them here), else reported as tracebacks after the session's summary. Meanwhile asyncio's
+    "... exception was never retrieved", Python's "Exception ignored in: <coroutine ...>" and
+    "coroutine ... was never awaited" for orbax's reads are dropped; other reports pass on.
+    """
+    quiet, asyncio_log, hook = _Unretrieved(), logging.getLogger("asyncio"), sys.unraisablehook
+
+    def drop_orbax_reads(unraisable):
+        if not _from_orbax(getattr(unraisable.object, "cr_code", None)):
+            hook(unraisable)
+
+    asyncio_log.addFilter(quiet)
+    sys.unraisablehook = drop_orbax_reads
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "coroutine '_read_array", RuntimeWarning)
+            with pytest.raises(mp.CheckpointError, match=match) as err:
+                _restore(directory, lm, **kw)
+            text = str(err.value)
+            del err
+            _finish_orbax_reads()
+    finally:
+        sys.unraisablehook = hook
+        asyncio_log.removeFilter(quiet)
+    return text
+
+
 @pytest.mark.parametrize("at", [0.5, 0.3])
 def test_a_flipped_byte_in_any_data_file_is_caught_or_harmless(saved, tmp_path, at):
     directory, lm = saved
@@ -105,8 +180,7 @@ def test_a_flipped_byte_in_any_data_file_is_caught_or_harmless(saved, tmp_path, 
         try:
             changed = _changed(_restore(copy, lm, checksums=False), lm)  # what the flip did, unchecked
         except mp.CheckpointError:  # the flip broke the compressed stream itself: never read silently
-            with pytest.raises(mp.CheckpointError, match=rf"step {STEP} in .* cannot be read"):
-                _restore(copy, lm)
+            _unreadable(rf"step {STEP} in .* cannot be read", copy, lm)
             caught += 1
             continue
         if not changed:
@@ -136,9 +210,7 @@ def test_an_unreadable_data_file_names_the_step_and_array(saved, tmp_path, damag
     damage(_data_files(copy, item)[-1])  # the largest: it holds array chunks
     for checked in (True, False):
         unreadable = rf"step {STEP} in .* cannot be read \({item} array"
-        with pytest.raises(mp.CheckpointError, match=unreadable) as err:
-            _restore(copy, lm, checksums=checked)
-        text = str(err.value)
+        text = _unreadable(unreadable, copy, lm, checksums=checked)
         assert "holds [1]" in text and "TensorStore" not in text and len(text) < 600, text
 
 
