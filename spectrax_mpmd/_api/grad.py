@@ -193,7 +193,8 @@ class _StepFunction:
 
         Each action is one event on its rank (its cell plus the sends after it);
         `spectrax_core.schedules.chrome_trace(timeline, us_per_unit=1)` turns it
-        into a Chrome trace (one track per rank, slices named like `2F5`).
+        into a Chrome trace (one track per rank, slices named as they ran: `2F5`, the loss stage's
+        fused cell `3FB5`).
         `clock="cpu"` times with this process's CPU time instead of the wall clock
         (the cells run one at a time, so each event is what its cell computed,
         without the waits other processes' load adds).
