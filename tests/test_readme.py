@@ -37,3 +37,27 @@ def test_quick_start_installs_what_each_command_uses():
     command = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q'
     assert command in text
     assert 'pip install -q -e ".[test]" && python -m pytest -q' in (README.parent / ".ci" / "run").read_text()
+
+
+def _chooser():
+    import importlib.util
+
+    path = README.parent / "docs" / "schedule_chooser.py"
+    spec = importlib.util.spec_from_file_location("schedule_chooser", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_schedule_chooser_is_current_and_lists_every_shipped_schedule():
+    """The README's chooser is the one `docs/schedule_chooser.py` computes (rewrite it with
+    `--write`), one row per shipped schedule; 1F1B's bubble is the closed form (n-1)/(m+n-1)."""
+    from spectrax_core import schedules as S
+
+    chooser = _chooser()
+    assert chooser.current(README.read_text()) == chooser.table()
+    rows = {name: (bubble, memory) for name, _, bubble, memory, _ in chooser.rows()}
+    assert set(rows) == {cls.__name__ for cls in (*S.ALL_SCHEDULES, *S.MORE_SCHEDULES)}
+    n, m = chooser.RANKS, chooser.MICROBATCHES
+    assert abs(rows["Std1F1B"][0] - (n - 1) / (m + n - 1)) < 1e-12 and rows["Std1F1B"][1] == 1.0
+    assert rows["GPipe"][1] == m / n  # GPipe holds all m microbatches, 1F1B at most n
