@@ -60,6 +60,24 @@ class _Diff:
         vals = self.split.values
         return [v for v, d in zip(vals, self.diff) if d], [v for v, d in zip(vals, self.diff) if not d]
 
+    def function(self, fn: Callable, has_aux: bool, mutable: Any, where: str) -> Callable:
+        """`fn` as a function of the differentiated values and arrays, the rest held fixed:
+        `(diff_vals, diff_arrays) -> (out, (aux, variable updates))`."""
+        static, ok, array_nums = self.split.static, allowed(self.split.plan, mutable), tuple(self.diff_arrays)
+        _, rest_vals = self.values()
+
+        def pure(diff_vals, diff_arrays):
+            values = self.merge(diff_vals, rest_vals)
+            call_args, _, roots, new_vars = rebuild(static, values, self.split.leaves)
+            call_args = tuple(
+                diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
+            )
+            out = fn(*call_args)
+            out, aux = out if has_aux else (out, None)
+            return out, (aux, changes(static, roots, new_vars, values, ok, where, mutable))
+
+        return pure
+
     def merge(self, diff_vals: list, rest_vals: list) -> list:
         a, b = iter(diff_vals), iter(rest_vals)
         return [next(a) if d else next(b) for d in self.diff]
@@ -226,9 +244,7 @@ def jvp(
     if len(primals) != len(tangents):
         raise ValueError(f"{where}: {len(primals)} primals but {len(tangents)} tangents.")
     d = _Diff(primals, {}, tuple(range(len(primals))), wrt, where)
-    split, static = d.split, d.split.static
-    ok = allowed(split.plan, mutable)
-    array_nums = tuple(d.diff_arrays)
+    split, array_nums = d.split, tuple(d.diff_arrays)
     mod_t: dict[int, Any] = {}
     for k in d.roots:
         mod_t.update(_module_tangents(d, k, tangents[k], where))
@@ -238,20 +254,10 @@ def jvp(
     ]
     t_arrays = tuple(tangents[k] for k in array_nums)
 
-    def pure(diff_vals, diff_arrays, rest_vals, leaves):
-        values = d.merge(diff_vals, rest_vals)
-        call_args, _, roots, new_vars = rebuild(static, values, leaves)
-        call_args = tuple(
-            diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
-        )
-        out = fn(*call_args)
-        out, aux = out if has_aux else (out, None)
-        return out, (aux, changes(static, roots, new_vars, values, ok, where, mutable))
-
-    diff_vals, rest_vals = d.values()
+    diff_vals, _ = d.values()
     arrays = tuple(d.diff_arrays[k] for k in array_nums)
     out, t_out, (aux, updates) = jax.jvp(
-        lambda dv, da: pure(dv, da, rest_vals, split.leaves),
+        d.function(fn, has_aux, mutable, where),
         (diff_vals, arrays),
         (t_vals, t_arrays),
         has_aux=True,
@@ -281,24 +287,11 @@ def vjp(
         return lambda *p: vjp(fn, *p, wrt=wrt, has_aux=has_aux, mutable=mutable, reduce_axes=reduce_axes)
     where = f"spx.vjp({getattr(fn, '__name__', 'fn')})"
     d = _Diff(primals, {}, tuple(range(len(primals))), wrt, where)
-    split, static = d.split, d.split.static
-    ok = allowed(split.plan, mutable)
-    array_nums = tuple(d.diff_arrays)
-
-    def pure(diff_vals, diff_arrays, rest_vals, leaves):
-        values = d.merge(diff_vals, rest_vals)
-        call_args, _, roots, new_vars = rebuild(static, values, leaves)
-        call_args = tuple(
-            diff_arrays[array_nums.index(k)] if k in array_nums else a for k, a in enumerate(call_args)
-        )
-        out = fn(*call_args)
-        out, aux = out if has_aux else (out, None)
-        return out, (aux, changes(static, roots, new_vars, values, ok, where, mutable))
-
-    diff_vals, rest_vals = d.values()
+    split, array_nums = d.split, tuple(d.diff_arrays)
+    diff_vals, _ = d.values()
     arrays = tuple(d.diff_arrays[k] for k in array_nums)
     out, pull, (aux, updates) = jax.vjp(
-        lambda dv, da: pure(dv, da, rest_vals, split.leaves), diff_vals, arrays, has_aux=True
+        d.function(fn, has_aux, mutable, where), diff_vals, arrays, has_aux=True
     )
     if updates:
         split.write_back(updates)
