@@ -1,6 +1,11 @@
 """Test setup: eight fake CPU devices, configured before JAX is imported."""
 
+import contextlib
+import fcntl
 import os
+import tempfile
+
+import pytest
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 # LLVM codegen without optimization: compiles dominate the suite and take a third less time
@@ -13,3 +18,39 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+
+
+# Tests marked `timing` compare a prediction with a measured run: the suite's other workers pause
+# while one runs, so that it measures this process and not a neighbour's load. Every test holds a
+# shared lock on `.run` while it runs (setup, call and teardown); a timing test holds it alone.
+# `.gate` queues the waiters in order, so that a timing test is not starved by shared holders.
+def _lock_paths() -> tuple[str, str] | None:
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return None
+    base = os.path.join(tempfile.gettempdir(), f"spectrax-tests-{run_id}")
+    return base + ".gate", base + ".run"
+
+
+@contextlib.contextmanager
+def _machine_share(exclusive: bool):
+    paths = _lock_paths()
+    if paths is None:
+        yield
+        return
+    with open(paths[0], "a") as gate, open(paths[1], "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with _machine_share(exclusive=item.get_closest_marker("timing") is not None):
+        yield

@@ -43,6 +43,7 @@ def measured_slowest(splits, repeats: int = 3) -> list[float]:
     return [max(stages) for stages in best]
 
 
+@pytest.mark.timing
 def test_auto_lowers_the_slowest_stage_by_the_predicted_margin():
     balance = mp.balance(cut, mesh=MESH, schedule=SCHEDULE, n_blocks=len(WIDTHS), rounds=7)
     assert sum(balance.sizes) == len(WIDTHS) and min(balance.sizes) >= 1 and len(balance.sizes) == 4

@@ -27,6 +27,7 @@ def args():
     return residual_mlp_lm((512,) * 8, d=128, vocab=64, batch=32, length=32, scale=8)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "name, remat", (("Std1F1B", False), ("ZeroBubbleH1", True), ("InterleavedH1", False))
 )
