@@ -12,9 +12,10 @@ coloured by the kind they ran as (the names of the grid and the host table:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from spectrax_core.schedules import Event, Timeline
+from spectrax_core.schedules import Cost, Event, StageCost, Timeline, render_grid, simulate
 
 COLOURS = {
     "F": "#4c72b0",
@@ -62,6 +63,25 @@ def named_as_run(simulated: Timeline, measured: Timeline) -> list[list[Event]]:
         [Event(e.rank, e.cell, e.start, e.end, ran_as.get(e.cell, e.kind)) for e in row if e.end > e.start]
         for row in simulated.events
     ]
+
+
+def grid_as_run(schedule, n: int, measured: Timeline, unit: Cost = Cost()) -> str:
+    """The schedule's text grid at `unit` costs, each cell named as `measured` ran it, as in the
+    timeline's pictures and the host table: a stage whose forward ran as the fused loss cell `FB`
+    shows `FB` (costing F + B), and a cell that never ran (the loss stage's B, I and W, a first
+    stage's I with nothing to return) is left out."""
+    ran = {
+        (a.stage, kind)
+        for row in measured.events
+        for e in row
+        for a, kind in zip(e.cell.parts, e.kind.split("&"))
+    }
+    stages = range(schedule.num_stages(n))
+    forward = tuple(unit.F + unit.B if (s, "FB") in ran else unit.F for s in stages)
+    rest = (tuple(getattr(unit, k) if (s, k) in ran else 0.0 for s in stages) for k in "BIW")
+    timeline = simulate(schedule, n, StageCost(forward, *rest, comm=unit.comm))
+    rows = tuple(tuple(row) for row in named_as_run(timeline, measured))
+    return render_grid(dataclasses.replace(timeline, events=rows))
 
 
 def _draw(ax, rows, spans, n: int, x_max: float, show_stage: bool, stage_labels) -> None:

@@ -337,8 +337,6 @@ def main(argv=None) -> dict:
             f"microbatches; blocks per stage {', '.join(map(str, params.blocks.sizes))}; remat {args.remat}; "
             f"offload {args.offload or 'none'}"
         )
-        if args.details:
-            print(schedules.render_grid(schedules.simulate(schedule, args.stages)))
     sizes = sum(x.size for x in jax.tree.leaves(lm))
     print(
         f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary; batches of {args.batch} x {args.seq} "
@@ -454,6 +452,8 @@ def main(argv=None) -> dict:
             f"update (the schedule simulated with one step's measured cell times; timeline.png)"
         )
         if args.details:
+            print("the schedule's cells as a step runs them (unit costs: F 1, B 2, the loss stage's FB 3):")
+            print(_plots.grid_as_run(schedule, args.stages, timeline))
             print(
                 f"that step, run cell by cell (one cell at a time on the whole machine, so ranks never "
                 f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
@@ -507,6 +507,7 @@ def main(argv=None) -> dict:
         "wall_s": wall,
         "tokens_per_s": tokens_per_s,
         "programs": compiled,
+        "first_call_s": first_s,
         "first_call": first_call,
         "unsplit_first_call_s": unsplit_s,
         "host": None if host is None else host.as_dict(),
