@@ -56,7 +56,7 @@ def sxvalue_and_grad_and_apply(
     (as `jax.jit(donate_argnums=...)`): keep only what it returns.
     With `has_aux=True` the first result is `(loss, aux)`, aux stacked over
     microbatches. It is `sxjit` of the train step one would write by hand
-    around `sxvalue_and_grad` (see `docs/mpmd.md`).
+    around `sxvalue_and_grad` (see `docs/training.md`).
 
     `max_grad_norm` clips the gradients to that global norm (as
     `optax.clip_by_global_norm` before `tx`) and `skip_nonfinite=True` drops a

@@ -303,7 +303,7 @@ def sxvalue_and_grad(
     batch-computed value elsewhere is refused. `microbatch_weight_fn=w` (`w`
     with `fn`'s signature, returning a scalar from each microbatch's slice of
     the batch arguments) makes the loss `sum(w_i * loss_i) / sum(w_i)`
-    instead, gradients alike (see `docs/mpmd.md`, "Which losses are exact").
+    instead, gradients alike (see `docs/reference.md`, "Which losses are exact").
     `remat=True` recomputes each stage's forward in its backward instead of
     keeping residuals; a `jax.checkpoint_policies` name (`"dots_saveable"`)
     keeps what that policy saves; a sequence (one per model stage) or mapping

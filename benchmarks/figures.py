@@ -1,0 +1,352 @@
+"""Every measured figure quoted in README.md and docs/ comes from one recorded measurement.
+
+A quoted figure is marked in the Markdown, invisibly once rendered:
+
+    <!-- fig train_lm round({tokens_per_s}, -2) ,.0f -->11,900<!-- /fig -->
+
+`train_lm` names a record (`docs/measurements/train_lm.json`), the expression between the record and
+the last word reads the record's figures (`{key}`, with `+ - * / // %`, numbers and `round`, `min`,
+`max`, `abs`), and the last word is the Python format spec the text uses (`,.0f` gives `11,900`;
+`.0%` a percentage). Subcommands:
+
+    python benchmarks/figures.py record NAME [--no-run]   run a benchmark, condense its JSON into
+                                                          docs/measurements/NAME.json
+    python benchmarks/figures.py write                    rewrite every marked figure, and
+                                                          docs/measurements.md, from the records
+    python benchmarks/figures.py check                    list every marked figure that disagrees
+
+A record keeps every number of the benchmark's JSON under a flat key (`rows.Std1F1B.median_ms`),
+with the date, the machine (CPU, cores, load average, JAX version) and the command that produced
+it. `tests/test_figures.py` fails when a marked figure and its record disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import json
+import operator
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "docs" / "measurements"
+PAGE = ROOT / "docs" / "measurements.md"
+MARKER = re.compile(r"<!-- fig (?P<record>[\w-]+) (?P<expr>.+?) (?P<spec>\S+) -->(?P<value>.*?)<!-- /fig -->")
+ROW_NAMES = ("name", "label", "contender", "side", "config", "schedule", "layout", "section", "kind")
+
+
+@dataclass(frozen=True)
+class Source:
+    """How a record is produced: the command (run from the repository root) and the JSON it writes."""
+
+    command: str
+    result: str
+    what: str
+    fresh: str = ""  # a folder the command must find absent (removed first): a checkpoint directory
+
+
+PY = "python"
+SOURCES = {
+    "train_lm": Source(
+        f"{PY} examples/train_lm.py --out runs/figures/train_lm",
+        "runs/figures/train_lm/metrics.json",
+        "the main job, as the README runs it",
+    ),
+    "train_lm_checkpoint": Source(
+        f"{PY} examples/train_lm.py --checkpoint-dir runs/figures/ckpt --save-every 50 "
+        "--out runs/figures/train_lm_checkpoint",
+        "runs/figures/train_lm_checkpoint/metrics.json",
+        "the main job saving a checkpoint every 50 steps",
+        fresh="runs/figures/ckpt",
+    ),
+    "train_lm_resume": Source(
+        f"{PY} examples/train_lm.py --checkpoint-dir runs/figures/ckpt --resume 100 --overwrite --stages 2 "
+        "--out runs/figures/train_lm_resume",
+        "runs/figures/train_lm_resume/metrics.json",
+        "the main job resumed from train_lm_checkpoint's step 100 on 2 ranks",
+    ),
+    "train_lm_details": Source(
+        f"{PY} examples/train_lm.py --details --steps 30 --out runs/figures/train_lm_details",
+        "runs/figures/train_lm_details/metrics.json",
+        "the main job's --details tables (30 steps)",
+    ),
+    "test_suite": Source(
+        f"{PY} -m pytest -q --junitxml runs/figures/test_suite.xml",
+        "runs/figures/test_suite.xml",
+        "the whole test suite, as CI runs it",
+    ),
+    **{
+        name: Source(f"{PY} benchmarks/{name}.py {args}".strip(), f"benchmarks/results/{name}.json", what)
+        for name, args, what in [
+            ("run", "--rounds 3", "spx.run against the hand-written step; pipelined against unsplit decode"),
+            ("optimizer", "--rounds 3 --calls 5", "optimizer updates on pipelined gradients"),
+            ("generate", "--rounds 3", "pipelined generation: issue cost, utilisation, tokens/s"),
+            ("loss_weights", "--rounds 3 --calls 5", "the cost of an exact padded token mean"),
+            ("compile_cache", "--processes 3", "first calls with the persistent compilation cache"),
+            ("offload", "--rounds 3 --calls 3", "offload and recompute: peaks and step times"),
+            ("stack_decode", "--rounds 3", "per-token decode of a BlockStack against its blocks"),
+            ("dispatch", "--rounds 3 --calls 300", "eager spx.jit against raw jax.jit"),
+            ("planner", "--runs 3", "the planner's predicted against measured peaks and busy time"),
+            ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
+            ("first_call", "--configs lm", "where the main job's first call goes"),
+            ("train_step", "--rounds 3", "the one-plan update step against two calls"),
+            ("mpmd_overhead", "--rounds 3 --sections schedules --sizes small,large", "MPMD steps against one-device references, per schedule"),
+        ]
+    },
+}
+
+
+def flatten(value, prefix: str = "") -> dict:
+    """Every number (and bool) of a JSON value under a dotted key; a list of records is keyed by each
+    record's name field where it has one (`rows.Std1F1B.median_ms`), else by position."""
+    if isinstance(value, bool | int | float):
+        return {prefix: value}
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = [(_row_name(row, k, value), row) for k, row in enumerate(value)]
+    else:
+        return {}
+    out = {}
+    for key, child in items:
+        out.update(flatten(child, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _row_name(row, index: int, rows: list) -> str:
+    """The first name field that tells `row` apart from every other row of `rows`, else its index."""
+    if isinstance(row, dict):
+        for field in ROW_NAMES:
+            names = [str(r.get(field)) if isinstance(r, dict) else None for r in rows]
+            if field in row and names.count(str(row[field])) == 1:
+                return str(row[field]).replace(" ", "_")
+    return str(index)
+
+
+def junit(path: Path) -> dict:
+    """A pytest JUnit XML report's counts and seconds (`tests`, `failures`, `errors`, `skipped`,
+    `time`), summed over its test suites."""
+    import xml.etree.ElementTree as ET
+
+    suites = ET.parse(path).getroot().iter("testsuite")
+    keys = ("tests", "failures", "errors", "skipped", "time")
+    totals = dict.fromkeys(keys, 0.0)
+    for suite in suites:
+        for key in keys:
+            totals[key] += float(suite.get(key, 0))
+    return totals
+
+
+def machine() -> str:
+    """The CPU model, core count, load average and library versions, in one line."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if "model name" in ln]
+        model = names[0] if names else model
+    import jax
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{model}, {os.cpu_count()} cores (load average {load} when recorded), "
+        f"Python {platform.python_version()}, jax {jax.__version__}"
+    )
+
+
+def record(name: str, run: bool = True) -> dict:
+    """Run `name`'s command (unless `run` is false: its JSON was written already), then write the
+    condensed record to docs/measurements/NAME.json and return it."""
+    source = SOURCES[name]
+    result = ROOT / source.result
+    took, load = None, os.getloadavg()[0]  # the load before the run: other jobs, not this one
+    if run:
+        from _timing import once  # benchmarks/ is on the path when this script runs
+
+        if source.fresh:
+            shutil.rmtree(ROOT / source.fresh, ignore_errors=True)
+        argv = [sys.executable if word == PY else word for word in shlex.split(source.command)]
+        took, _ = once(lambda: subprocess.run(argv, cwd=ROOT, check=True), wait=None)
+    stamp = datetime.datetime.fromtimestamp(result.stat().st_mtime, datetime.UTC)
+    figures = flatten(junit(result) if result.suffix == ".xml" else json.loads(result.read_text()))
+    if took is not None:
+        figures["load_average_1m"] = load
+        figures["command_wall_s"] = took
+    data = {
+        "name": name,
+        "what": source.what,
+        "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "command": source.command,
+        "figures": dict(sorted(figures.items())),
+    }
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def load_records(folder: Path = RECORDS) -> dict:
+    """Every record in `folder`, by name."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CALLS = {"round": round, "min": min, "max": max, "abs": abs}
+
+
+def evaluate(expr: str, figures: dict) -> float:
+    """The value of a marker's expression: `{key}` reads `figures`; arithmetic and `_CALLS` only."""
+    names = {}
+
+    def name_for(match):
+        key = match.group(1)
+        if key not in figures:
+            raise KeyError(f"no figure {key!r} in the record (marker expression {expr!r})")
+        names[f"_k{len(names)}"] = figures[key]
+        return f"_k{len(names) - 1}"
+
+    return _eval(ast.parse(re.sub(r"\{([^}]+)\}", name_for, expr), mode="eval").body, names, expr)
+
+
+def _eval(node, names: dict, expr: str):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_eval(node.left, names, expr), _eval(node.right, names, expr))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval(node.operand, names, expr)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
+        return _CALLS[node.func.id](*(_eval(a, names, expr) for a in node.args))
+    raise ValueError(f"marker expression {expr!r}: only {{key}}, numbers, + - * / // % and {sorted(_CALLS)}")
+
+
+def render(match: re.Match, records: dict) -> str:
+    """The text a marker should hold, from its record."""
+    name = match["record"]
+    if name not in records:
+        raise KeyError(f"no record {name!r} in docs/measurements (run `figures.py record {name}`)")
+    return format(evaluate(match["expr"], records[name]["figures"]), match["spec"])
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The Markdown files whose figures are marked: README.md and docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def problems(text: str, records: dict) -> list[str]:
+    """One line per marker of `text` whose value differs from its record, or that cannot be read."""
+    out = []
+    for match in MARKER.finditer(text):
+        try:
+            want = render(match, records)
+        except (KeyError, ValueError) as err:
+            out.append(f"{match[0]!r}: {err}")
+            continue
+        if match["value"] != want:
+            out.append(f"{match[0]!r}: the record gives {want!r}")
+    return out
+
+
+def rewrite(text: str, records: dict) -> str:
+    """`text` with every marked figure replaced by its record's value (a marker its records cannot
+    render is left as it is: `problems` names it)."""
+
+    def one(match: re.Match) -> str:
+        try:
+            value = render(match, records)
+        except (KeyError, ValueError):
+            return match[0]
+        return match[0].replace(f"-->{match['value']}<!--", f"-->{value}<!--")
+
+    return MARKER.sub(one, text)
+
+
+def uses(root: Path = ROOT) -> dict:
+    """(record, expression, spec) → the pages that quote it."""
+    out = {}
+    for page in pages(root):
+        for match in MARKER.finditer(page.read_text()):
+            out.setdefault((match["record"], match["expr"], match["spec"]), set()).add(page.name)
+    return out
+
+
+def measurements_page(records: dict, quoted: dict) -> str:
+    """docs/measurements.md: every record's date, machine and command, each figure the docs quote
+    (with the pages quoting it), then every figure the record holds."""
+    lines = [
+        "# Measurements",
+        "",
+        "Every measured figure quoted in the README and these pages comes from one of the records",
+        "below (`docs/measurements/*.json`), written by `python benchmarks/figures.py record NAME`,",
+        "which runs the command shown and keeps every number of its JSON. `python benchmarks/figures.py",
+        "write` rewrites the quoted figures and this page from the records; a test fails when a quoted",
+        "figure and its record disagree. Figures measured on a shared machine vary with its load (the",
+        "load average is in each record's machine line): compare a run of yours with the record's",
+        "command on your machine, not with these numbers.",
+        "",
+        "This page is generated; do not edit it by hand.",
+    ]
+    for name, data in records.items():
+        lines += ["", f"## {name}: {data['what']}", "", f"- date: {data['date']}"]
+        lines += [f"- machine: {data['machine']}", f"- command: `{data['command']}`", ""]
+        mine = sorted((expr, spec, pages) for (rec, expr, spec), pages in quoted.items() if rec == name)
+        if mine:
+            lines += ["| quoted figure | value | quoted in |", "|---|---|---|"]
+            for expr, spec, where in mine:
+                try:
+                    value = format(evaluate(expr, data["figures"]), spec)
+                except (KeyError, ValueError) as err:
+                    value = f"missing: {err}"
+                lines.append(f"| `{expr}` | {value} | {', '.join(sorted(where))} |")
+            lines.append("")
+        figures = data["figures"]
+        lines += [f"<details><summary>all {len(figures)} figures of this record</summary>", ""]
+        lines += ["| key | value |", "|---|---|"]
+        lines += [f"| `{key}` | {value:.6g} |" for key, value in figures.items()]
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    rec = sub.add_parser("record", help="run benchmarks and record their JSON")
+    rec.add_argument("names", nargs="+", choices=sorted(SOURCES))
+    rec.add_argument("--no-run", action="store_true", help="record the JSON the command wrote already")
+    sub.add_parser("write", help="rewrite the marked figures and docs/measurements.md")
+    sub.add_parser("check", help="list marked figures that disagree with their records")
+    args = parser.parse_args(argv)
+    if args.action == "record":
+        for name in args.names:
+            record(name, run=not args.no_run)
+        return 0
+    records = load_records()
+    if args.action == "write":
+        for page in pages():
+            if page != PAGE:
+                page.write_text(rewrite(page.read_text(), records))
+        PAGE.write_text(measurements_page(records, uses()))
+    found = [f"{page.name}: {line}" for page in pages() for line in problems(page.read_text(), records)]
+    print("\n".join(found) or "every marked figure agrees with its record")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

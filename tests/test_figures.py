@@ -1,0 +1,104 @@
+"""Every measured figure quoted in README.md and docs/ is marked and equals its record
+(`docs/measurements/*.json`, written by `benchmarks/figures.py record`); `figures.py write` refreshes
+them together, so a number edited by hand, or a record re-measured without rewriting the text,
+fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _figures():
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "benchmarks" / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+figures = _figures()
+RECORDS = figures.load_records()
+PAGES = figures.pages()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_marked_figure_equals_its_record(page):
+    assert figures.problems(page.read_text(), RECORDS) == []
+
+
+def test_the_main_jobs_figures_are_marked():
+    """The README quotes the main job's run and the suite's duration from their records."""
+    used = {record for record, _, _ in figures.uses()}
+    assert {"train_lm", "test_suite"} <= used
+    assert used <= set(RECORDS)
+
+
+def test_a_number_edited_by_hand_fails_and_write_restores_it():
+    text = (ROOT / "README.md").read_text()
+    marker = next(figures.MARKER.finditer(text))
+    edited = text.replace(marker[0], marker[0].replace(f"-->{marker['value']}<", f"-->{marker['value']}1<"))
+    assert len(figures.problems(edited, RECORDS)) == 1
+    assert figures.rewrite(edited, RECORDS) == text
+
+
+def test_a_record_measured_again_without_rewriting_the_text_fails():
+    measured = RECORDS["train_lm"]["figures"]
+    text = "<!-- fig train_lm round({tokens_per_s}, -2) ,.0f -->0<!-- /fig -->"
+    rewritten = figures.rewrite(text, RECORDS)
+    again = {**RECORDS, "train_lm": {**RECORDS["train_lm"]}}
+    again["train_lm"]["figures"] = {**measured, "tokens_per_s": measured["tokens_per_s"] * 2}
+    assert figures.problems(rewritten, RECORDS) == [] and len(figures.problems(rewritten, again)) == 1
+
+
+@pytest.mark.parametrize(
+    "marker, error",
+    [
+        ("<!-- fig train_lm {no_such_key} .1f -->1.0<!-- /fig -->", "no figure 'no_such_key'"),
+        ("<!-- fig no_such_record {wall_s} .1f -->1.0<!-- /fig -->", "no record 'no_such_record'"),
+        ("<!-- fig train_lm __import__('os') .1f -->1.0<!-- /fig -->", "only {key}"),
+    ],
+)
+def test_a_marker_naming_what_no_record_holds_fails(marker, error):
+    (found,) = figures.problems(marker, RECORDS)
+    assert error in found
+
+
+def test_expressions_and_formats_as_the_text_writes_them():
+    data = {"x": 11873.2, "t": 972.0, "r": 0.338}
+    assert format(figures.evaluate("round({x}, -2)", data), ",.0f") == "11,900"
+    assert figures.evaluate("{t} // 60", data) == 16 and figures.evaluate("{t} % 60", data) == 12
+    assert format(figures.evaluate("{r}", data), ".0%") == "34%"
+
+
+def test_records_say_when_where_and_how():
+    for name, data in RECORDS.items():
+        assert name in figures.SOURCES, f"{name}: no command in figures.SOURCES produces it"
+        assert data["date"] and data["machine"] and data["command"] and data["figures"], name
+
+
+def test_the_measurements_page_is_current():
+    """docs/measurements.md is what `figures.py write` generates from the records."""
+    page = (ROOT / "docs" / "measurements.md").read_text()
+    assert page == figures.measurements_page(RECORDS, figures.uses())
+    for name, data in RECORDS.items():
+        assert f"## {name}: " in page and data["command"] in page
+
+
+def test_flatten_names_rows_by_their_name_field():
+    rows = {"rows": [{"name": "a", "ms": 1.0}, {"name": "b", "ms": 2.0}], "xs": [3, 4], "note": "text"}
+    assert figures.flatten(rows) == {"rows.a.ms": 1.0, "rows.b.ms": 2.0, "xs.0": 3, "xs.1": 4}
+
+
+UNITS = re.compile(r"\d[\d,.]*\s?(?:ms|µs|s|min|minutes|tokens/s|MiB|GiB|MB|GB)\b")
+
+
+def test_the_readme_quotes_no_unmarked_measured_figure():
+    """Outside code blocks and markers the README states no time, rate or size."""
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(), flags=re.S)
+    text = figures.MARKER.sub("", text)
+    assert UNITS.findall(text) == []
