@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "measurements"
 PAGE = ROOT / "docs" / "measurements.md"
 MARKER = re.compile(r"<!-- fig (?P<record>[\w-]+) (?P<expr>.+?) (?P<spec>\S+) -->(?P<value>.*?)<!-- /fig -->")
-ROW_NAMES = ("name", "label", "contender", "side", "config", "schedule", "layout", "section", "kind")
+ROW_NAMES = ("name", "label", "contender", "side", "config", "size", "schedule", "choice", "layout", "section", "kind")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,11 @@ SOURCES = {
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
-            ("mpmd_overhead", "--rounds 3 --sections schedules --sizes small,large", "MPMD steps against one-device references, per schedule"),
+            (
+                "mpmd_overhead",
+                "--rounds 3 --sections schedules --sizes small,large",
+                "MPMD steps against one-device references, per schedule",
+            ),
         ]
     },
 }
@@ -113,7 +117,7 @@ def flatten(value, prefix: str = "") -> dict:
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
-        items = [(_row_name(row, k, value), row) for k, row in enumerate(value)]
+        items = list(zip(_row_names(value), value))
     else:
         return {}
     out = {}
@@ -122,14 +126,18 @@ def flatten(value, prefix: str = "") -> dict:
     return out
 
 
-def _row_name(row, index: int, rows: list) -> str:
-    """The first name field that tells `row` apart from every other row of `rows`, else its index."""
-    if isinstance(row, dict):
-        for field in ROW_NAMES:
-            names = [str(r.get(field)) if isinstance(r, dict) else None for r in rows]
-            if field in row and names.count(str(row[field])) == 1:
-                return str(row[field]).replace(" ", "_")
-    return str(index)
+def _row_names(rows: list) -> list[str]:
+    """One key per row: the fewest name fields (`schedule`; else `size` and `schedule`: `large.GPipe`)
+    whose values tell every row apart, the same fields for every row; else the rows' positions."""
+    if rows and all(isinstance(r, dict) for r in rows):
+        present = [f for f in ROW_NAMES if all(f in r for r in rows)]
+        for count in range(1, len(present) + 1):
+            for start in range(len(present) - count + 1):
+                fields = present[start : start + count]
+                names = [".".join(str(r[f]) for f in fields).replace(" ", "_") for r in rows]
+                if len(set(names)) == len(names):
+                    return names
+    return [str(k) for k in range(len(rows))]
 
 
 def junit(path: Path) -> dict:

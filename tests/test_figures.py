@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _figures():
     spec = importlib.util.spec_from_file_location("figures", ROOT / "benchmarks" / "figures.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
     spec.loader.exec_module(module)
     return module
 
@@ -26,7 +28,7 @@ RECORDS = figures.load_records()
 PAGES = figures.pages()
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_marked_figure_equals_its_record(page):
     assert figures.problems(page.read_text(), RECORDS) == []
 
@@ -92,6 +94,9 @@ def test_the_measurements_page_is_current():
 def test_flatten_names_rows_by_their_name_field():
     rows = {"rows": [{"name": "a", "ms": 1.0}, {"name": "b", "ms": 2.0}], "xs": [3, 4], "note": "text"}
     assert figures.flatten(rows) == {"rows.a.ms": 1.0, "rows.b.ms": 2.0, "xs.0": 3, "xs.1": 4}
+    sizes = [{"size": z, "schedule": s, "ms": 1.0} for z in ("small", "large") for s in ("GPipe", "Std1F1B")]
+    keys = {"small.GPipe.ms", "small.Std1F1B.ms", "large.GPipe.ms", "large.Std1F1B.ms"}
+    assert set(figures.flatten(sizes)) == keys
 
 
 UNITS = re.compile(r"\d[\d,.]*\s?(?:ms|µs|s|min|minutes|tokens/s|MiB|GiB|MB|GB)\b")
