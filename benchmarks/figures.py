@@ -41,7 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "measurements"
 PAGE = ROOT / "docs" / "measurements.md"
 MARKER = re.compile(r"<!-- fig (?P<record>[\w-]+) (?P<expr>.+?) (?P<spec>\S+) -->(?P<value>.*?)<!-- /fig -->")
-ROW_NAMES = ("name", "label", "contender", "side", "config", "size", "schedule", "choice", "layout", "section", "kind")
+ROW_NAMES = (
+    *("name", "label", "contender", "side", "config", "size"),
+    *("schedule", "choice", "remat", "layout", "section", "kind"),
+)
 
 
 @dataclass(frozen=True)
