@@ -43,7 +43,7 @@ PAGE = ROOT / "docs" / "measurements.md"
 MARKER = re.compile(r"<!-- fig (?P<record>[\w-]+) (?P<expr>.+?) (?P<spec>\S+) -->(?P<value>.*?)<!-- /fig -->")
 ROW_NAMES = (
     *("name", "label", "contender", "side", "config", "size"),
-    *("schedule", "choice", "remat", "layout", "section", "kind"),
+    *("schedule", "choice", "remat", "donate", "layout", "section", "kind"),
 )
 
 
@@ -131,15 +131,15 @@ def flatten(value, prefix: str = "") -> dict:
 
 def _row_names(rows: list) -> list[str]:
     """One key per row: the fewest name fields (`schedule`; else `size` and `schedule`: `large.GPipe`)
-    whose values tell every row apart, the same fields for every row; else the rows' positions."""
+    whose values tell every row apart, the same fields for every row; for rows of several kinds
+    (sections with fields of their own) every name field each row has; else the rows' positions."""
     if rows and all(isinstance(r, dict) for r in rows):
         present = [f for f in ROW_NAMES if all(f in r for r in rows)]
-        for count in range(1, len(present) + 1):
-            for start in range(len(present) - count + 1):
-                fields = present[start : start + count]
-                names = [".".join(str(r[f]) for f in fields).replace(" ", "_") for r in rows]
-                if len(set(names)) == len(names):
-                    return names
+        spans = [(i, i + k) for k in range(1, len(present) + 1) for i in range(len(present) - k + 1)]
+        for fields in [*(present[i:j] for i, j in spans), ROW_NAMES]:
+            names = [".".join(str(r[f]) for f in fields if f in r).replace(" ", "_") for r in rows]
+            if all(names) and len(set(names)) == len(names):
+                return names
     return [str(k) for k in range(len(rows))]
 
 

@@ -97,6 +97,10 @@ def test_flatten_names_rows_by_their_name_field():
     sizes = [{"size": z, "schedule": s, "ms": 1.0} for z in ("small", "large") for s in ("GPipe", "Std1F1B")]
     keys = {"small.GPipe.ms", "small.Std1F1B.ms", "large.GPipe.ms", "large.Std1F1B.ms"}
     assert set(figures.flatten(sizes)) == keys
+    mixed = [{"section": "step", "schedule": s, "ms": 1.0} for s in ("GPipe", "Std1F1B")]
+    mixed.append({"section": "memory", "donate": True, "b": 2})
+    named = {"GPipe.step.ms", "Std1F1B.step.ms", "True.memory.b", "True.memory.donate"}
+    assert set(figures.flatten(mixed)) == named
 
 
 UNITS = re.compile(r"\d[\d,.]*\s?(?:ms|µs|s|min|minutes|tokens/s|MiB|GiB|MB|GB)\b")
