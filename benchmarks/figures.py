@@ -339,13 +339,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record", help="run benchmarks and record their JSON")
-    rec.add_argument("names", nargs="+", choices=sorted(SOURCES))
+    rec.add_argument("names", nargs="*", help=f"records (default: every one): {', '.join(SOURCES)}")
     rec.add_argument("--no-run", action="store_true", help="record the JSON the command wrote already")
     sub.add_parser("write", help="rewrite the marked figures and docs/measurements.md")
     sub.add_parser("check", help="list marked figures that disagree with their records")
     args = parser.parse_args(argv)
     if args.action == "record":
-        for name in args.names:
+        if unknown := sorted(set(args.names) - set(SOURCES)):
+            parser.error(f"no record named {unknown}; the records are {', '.join(SOURCES)}")
+        for name in args.names or SOURCES:  # in order: train_lm_resume reads train_lm_checkpoint's
             record(name, run=not args.no_run)
         return 0
     records = load_records()
