@@ -24,7 +24,10 @@ class Candidate:
     included: `update_s` of it comes after the schedule's last cell), `bubble` the schedule's
     idle fraction, `peak_bytes[r]` rank r's predicted peak (per device, the optimizer's state
     included), `fits` within the budget. `memory`, when not None, is the per-stage recompute and
-    offload the candidate needs to fit (the step is built with them) and what they cost."""
+    offload the candidate needs to fit (the step is built with them) and what they cost.
+    `limit` says what sets the predicted time (`spectrax_mpmd._planner.predict.LIMITS`: the
+    schedule's critical path, the issuing thread, or ranks sharing compute); `schedule_s` is
+    the simulated step alone (each rank on a device of its own), which breaks ties."""
 
     schedule: S.Schedule
     microbatches: int
@@ -35,10 +38,28 @@ class Candidate:
     fits: bool
     update_s: float = 0.0
     memory: MemoryChoice | None = None
+    limit: str = "schedule"
+    schedule_s: float = 0.0
 
     @property
     def name(self) -> str:
         return type(self.schedule).__name__
+
+    @property
+    def label(self) -> str:
+        """The schedule's name with what tells its variants apart: ZeroBubbleH2's transfer latency,
+        a V schedule's activation limit."""
+        extra = [
+            f"{short} {getattr(self.schedule, attr)}"
+            for attr, short in (("latency", "lat"), ("activation_limit", "act"))
+            if getattr(self.schedule, attr, None) is not None
+        ]
+        return " ".join([self.name, *extra])
+
+    def brief(self) -> str:
+        """`Std1F1B m=8 v=1` and, when it offloads or recomputes, what (`off 0-2 rc 3`)."""
+        mem = "" if self.memory is None else f" with {self.memory.label()}"
+        return f"{self.label} m={self.microbatches} v={self.virtual_stages}{mem}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +107,12 @@ class Advice:
     the least peak, listed as not fitting).
     `skipped` lists the configurations that could not be profiled, with the reason.
     `optimizer` says how the optimizer's state and update were counted; `seconds` is
-    how long the advice took and `profiles` how many steps it profiled.
+    how long the advice took, `profiles` how many steps it profiled and `cached` how many of
+    those profiles it read from the disk cache (`spectrax_mpmd._planner.cache`). `backend` holds
+    the measured costs beyond the cells (`spectrax_mpmd._planner.backend.BackendCost`);
+    `measured` the candidates run to confirm the pick, each with its median step seconds,
+    fastest first; `confidence` how the pick was made (`spectrax_mpmd._planner.confirm`).
+    `print(advice)` is a short summary, `advice.table()` one line per candidate.
     """
 
     candidates: tuple[Candidate, ...]
@@ -96,7 +122,11 @@ class Advice:
     optimizer: str = ""
     seconds: float = 0.0
     profiles: int = 0
+    cached: int = 0
     source: Source | None = field(default=None, repr=False, compare=False)
+    backend: object = field(default=None, repr=False, compare=False)
+    measured: tuple = ()
+    confidence: str = ""
 
     @property
     def binding_rank(self) -> int:
@@ -107,12 +137,25 @@ class Advice:
         """The same candidates ranked for another budget (bytes per device; None: no limit)."""
         check_budget(memory_budget)
         rows = [replace(c, fits=fits(c.peak_bytes, memory_budget)) for c in self.candidates]
-        return replace(ranked(rows, memory_budget, self.skipped), **self._about())
+        advice = replace(ranked(rows, memory_budget, self.skipped), **self._about())
+        return replace(advice, confidence=predicted_confidence(advice))
 
     def _about(self) -> dict:
         return dict(
-            optimizer=self.optimizer, seconds=self.seconds, profiles=self.profiles, source=self.source
+            optimizer=self.optimizer,
+            seconds=self.seconds,
+            profiles=self.profiles,
+            cached=self.cached,
+            source=self.source,
+            backend=self.backend,
         )
+
+    @property
+    def default(self) -> Candidate | None:
+        """Plain Std1F1B (no offload, no recompute) at its fastest predicted microbatch count: what
+        one runs without advice, and what the pick is never predicted slower than when it fits."""
+        plain = [c for c in self.candidates if c.name == "Std1F1B" and c.memory is None]
+        return min(plain, key=lambda c: c.step_s, default=None)
 
     @property
     def fitting(self) -> tuple[Candidate, ...]:
@@ -183,29 +226,68 @@ class Advice:
             raise MpmdError("Advice: this advice does not know its function; make it with mp.advise.")
         return self.source
 
+    def __str__(self) -> str:
+        """The pick, why, the runner-up and the default with its cost."""
+        budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget / 2**20:.2f} MiB"
+        if not self.fitting:
+            return f"nothing fits ({budget}): {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}"
+        pick, lines = self.best, []
+        peak = max(pick.peak_bytes) / 2**20
+        lines.append(f"pick: {pick.brief()}: {_cost(pick)}, peak {peak:.2f} MiB ({budget})")
+        why = f"bubble {pick.bubble:.1%}, time set by the {pick.limit}"
+        if pick.memory is not None:
+            why += f"; fitting costs {pick.memory.describe()}"
+        lines.append(f"why: {why}")
+        runner = next((c for c in self.fitting if c is not pick), None)
+        if runner is not None:
+            lines.append(f"runner-up: {runner.brief()}: {_cost(runner)} ({runner.step_s / pick.step_s:.2f}x)")
+        default = self.default
+        if default is not None and default is not pick:
+            fit = "fits" if default.fits else f"does not fit ({max(default.peak_bytes) / 2**20:.2f} MiB)"
+            lines.append(f"default: {default.brief()}: {_cost(default)}, {fit}")
+        if self.confidence:
+            lines.append(f"confidence: {self.confidence}")
+        if self.seconds:
+            lines.append(self._took())
+        return "\n".join(lines)
+
+    def _took(self) -> str:
+        cached = f", {self.cached} from the disk cache" if self.cached else ""
+        return f"advised in {self.seconds:.1f} s ({self.profiles} profiled steps{cached})"
+
     def table(self) -> str:
+        """One line per candidate (at most 120 characters): predicted ms per step, the update's
+        part, bubble, what sets the time, fit, the largest peak and its rank, the largest host
+        peak, the measured ms when it was run, and what it offloads or recomputes."""
         budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
         lines = [f"memory budget per device: {budget}"]
         if self.optimizer:
-            lines.append(f"optimizer: {self.optimizer}")
+            lines.append(f"optimizer: {self.optimizer}"[:120])
         lines.append(
-            f"{'schedule':24} {'m':>3} {'v':>2} {'step ms':>9} {'update':>7} {'bubble':>7} {'fits':>5}  "
-            "peak MiB per rank"
+            f"{'schedule':22} {'m':>3} {'v':>2} {'pred ms':>8} {'upd ms':>6} {'bubble':>6} "
+            f"{'time set by':>14} {'fits':>4} {'peak MiB':>8} {'rank':>4} {'host MiB':>8} "
+            f"{'meas ms':>8}  memory"
         )
+        measured = {id(c): t for c, t in self.measured}
         for c in self.candidates:
-            peaks = " ".join(f"{p / 2**20:.3f}" for p in c.peak_bytes)
-            lines.append(
-                f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
-                f"{c.update_s * 1e3:>7.3f} {c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
+            host = 0.0 if c.memory is None else max(c.memory.host_peak_bytes) / 2**20
+            meas = f"{measured[id(c)] * 1e3:.2f}" if id(c) in measured else "-"
+            peak = max(c.peak_bytes)
+            line = (
+                f"{c.label[:22]:22} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>8.2f} "
+                f"{c.update_s * 1e3:>6.2f} {c.bubble:>6.1%} {c.limit:>14} {'yes' if c.fits else 'no':>4} "
+                f"{peak / 2**20:>8.2f} {c.peak_bytes.index(peak):>4} {host:>8.2f} {meas:>8}  "
+                f"{'-' if c.memory is None else c.memory.label()}"
             )
-            if c.memory is not None:
-                lines.append(f"{'':24} with {c.memory.describe()}")
+            lines.append(line if len(line) <= 120 else line[:119] + "~")
         if not self.fitting:
             lines.append(f"no configuration fits: {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}")
         for s in self.skipped:
             lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
+        if self.confidence:
+            lines.append(f"confidence: {self.confidence}")
         if self.seconds:
-            lines.append(f"advised in {self.seconds:.1f} s ({self.profiles} profiled steps)")
+            lines.append(self._took())
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -214,6 +296,7 @@ class Advice:
             "optimizer": self.optimizer,
             "seconds": self.seconds,
             "profiles": self.profiles,
+            "cached": self.cached,
             "candidates": [
                 {
                     "schedule": c.name,
@@ -225,10 +308,15 @@ class Advice:
                     "peak_bytes": list(c.peak_bytes),
                     "fits": c.fits,
                     "memory": None if c.memory is None else c.memory.as_dict(),
+                    "label": c.label,
+                    "limit": c.limit,
                 }
                 for c in self.candidates
             ],
             "binding_rank": self.binding_rank,
+            "measured": [{"label": c.brief(), "step_s": t} for c, t in self.measured],
+            "confidence": self.confidence,
+            "backend": None if self.backend is None else self.backend.as_dict(),
             "skipped": [
                 {
                     "schedule": s.name,
@@ -239,6 +327,25 @@ class Advice:
                 for s in self.skipped
             ],
         }
+
+
+MODEL_ERROR = 0.25  # the time model's relative error, as the timing test holds it
+
+
+def predicted_confidence(advice: Advice) -> str:
+    """How far the pick's prediction is ahead of the next fitting candidate's."""
+    if not advice.fitting:
+        return "nothing fits the budget"
+    if len(advice.fitting) < 2:
+        return "predicted: the only candidate that fits"
+    first, second = advice.fitting[:2]
+    gap = second.step_s / first.step_s - 1
+    beyond = "beyond" if gap > MODEL_ERROR else "within"
+    return f"predicted {gap:.0%} faster than the runner-up, {beyond} the model's {MODEL_ERROR:.0%} error"
+
+
+def _cost(c: Candidate) -> str:
+    return f"predicted {c.step_s * 1e3:.2f} ms/step"
 
 
 def check_budget(memory_budget) -> None:
@@ -256,5 +363,5 @@ def fits(peaks: tuple[int, ...], memory_budget) -> bool:
 
 
 def ranked(rows: list[Candidate], memory_budget, skipped: tuple[Skipped, ...] = ()) -> Advice:
-    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
+    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s, c.schedule_s))
     return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)), tuple(skipped))
