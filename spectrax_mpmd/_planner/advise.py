@@ -29,7 +29,7 @@ from .cache import ProfileCache, default_directory
 from .confirm import confirmed
 from .memory import fitted
 from .predict import Predicted, predictor
-from .profiler import Profiled, Profiler, holding_schedule
+from .profiler import Profiled, Profiler
 
 ALL = (*S.ALL_SCHEDULES, S.ZeroBubbleH2, S.ZBV, S.VHalf, S.VMin, S.DualPipe)  # every schedule shipped
 DUALPIPE = (
@@ -165,7 +165,7 @@ def advise(
     second candidate with, per stage, offload and recompute chosen to fit at the
     least predicted cost (`Candidate.memory`: the choice, its host copies' count and
     seconds at the copy costs measured once, the recomputed forwards' seconds, host
-    peaks); its layout is profiled once more with `remat=True`, for bytes only.
+    peaks); its layout is profiled once more with `remat=True`.
     Predicted times are the simulation bounded below by the measured issuing thread and
     ranks-at-once (`spectrax_mpmd._planner.predict`). With `confirm` (default 3), the
     up to `confirm` fastest fitting candidates predicted within the time model's error
@@ -265,23 +265,20 @@ def _inputs(schedule, timing: Profiled, holding: Profiled, comm: float, validati
 def _rows(schedule, n: int, inputs: Inputs, budget, backend, profiler: Profiler | None) -> list[Candidate]:
     """`schedule`'s candidate; when it does not fit and a `profiler` is given (per-stage offload and
     recompute may be chosen), next to it the candidate with those chosen to fit, when the
-    profiles with and without `remat` can be made. Recompute is costed from the cells of the
-    profile keeping residuals (a recomputed forward at its forward's time), so the `remat`
-    profile only sizes the buffers and is not timed."""
+    profiles with and without `remat` can be made."""
     predict = predictor(schedule, n, inputs.update_s, inputs.validation, backend)
     row = _candidate(schedule, predict(inputs.memory, inputs.cost), budget)
     if profiler is None or row.fits or schedule.num_stages(n) != schedule.num_model_stages(n):
         return [row]
-    keep = profiler.pair(schedule)[0]
-    recomputing = profiler.profile(holding_schedule(schedule), False, True)
-    holding = {False: profiler.pair(schedule)[1], True: recomputing}
-    if any(isinstance(p, MpmdError) for p in (keep, *holding.values())):
+    pairs = {r: profiler.pair(schedule, key) for r, key in ((False, None), (True, True))}
+    if any(isinstance(p, MpmdError) for pair in pairs.values() for p in pair):
         return [row]
+    timing = {r: t.stages for r, (t, _) in pairs.items()}
     sized = {
         r: replace(h.stages, memory=replace(h.stages.memory, optimizer=inputs.memory.optimizer))
-        for r, h in holding.items()
+        for r, (_, h) in pairs.items()
     }
-    choice, memory, cost = fitted(schedule, n, keep.stages, sized, predict, budget, backend)
+    choice, memory, cost = fitted(schedule, n, timing, sized, predict, budget, backend)
     return [row, _candidate(schedule, predict(memory, cost, choice.copies), budget, choice)]
 
 

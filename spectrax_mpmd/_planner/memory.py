@@ -9,7 +9,9 @@ plan builder follows) from device to host bytes, and costs each offloaded value'
 copies at the measured fixed cost and bandwidth (`spectrax_mpmd._planner.backend`):
 once to the host after the cell that makes it, and once back before each cell
 that reads it. A recomputing stage's backward runs its forward again, at the
-forward's measured time.
+forward's measured time (`MemoryChoice.recompute_s`); the step is predicted from
+the measured cells of a step that recomputes (its forward saves less, its backward
+runs the forward again), so what recompute nets on this backend is what counts.
 """
 
 from __future__ import annotations
@@ -80,26 +82,23 @@ def copy_seconds(profile: StageProfile, s: int, offload: Offload, backend: Backe
 
 
 def chosen_cost(
-    keep: StageProfile,
+    timing: Mapping,
     profiles: Mapping,
     remat: Sequence,
     offload: Sequence[Offload],
     backend: BackendCost,
     comm: float = 0.0,
 ) -> StageCost:
-    """The `StageCost` of the same choice from the cells of `keep`, a timed profile of the step
-    that recomputes nothing: a recomputing stage's backward (B, or I, which recomputes and
-    stashes for W) runs its forward again, at the forward's measured time; each stage's cells
-    add the host copies of the values `profiles[remat[s]]` saves (`copy_seconds`), as if they
-    did not overlap."""
-    cost = keep.stage_cost(comm=comm)
+    """The `StageCost` of the same choice: each stage's cells as measured in `timing[remat[s]]`, a
+    timed profile of the step with that `remat` (a recomputing backward runs its forward again;
+    its forward saves less), plus the host copies of the values `profiles[remat[s]]` saves
+    (`copy_seconds`), as if they did not overlap."""
     rows: dict = {"F": [], "B": [], "I": [], "W": []}
+    costs = {r: t.stage_cost(comm=comm) for r, t in timing.items()}
     for s, (r, o) in enumerate(zip(remat, offload)):
-        again = cost.F[s] if r and cost.B[s] else 0.0
         extra = copy_seconds(profiles[r], s, o, backend)
         for kind in rows:
-            redo = again if kind in "BI" else 0.0
-            rows[kind].append(getattr(cost, kind)[s] + redo + extra[kind][0])
+            rows[kind].append(getattr(costs[r], kind)[s] + extra[kind][0])
     return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
 
 
@@ -108,7 +107,7 @@ class MemoryChoice:
     """What a stage keeps for its backward, chosen to fit a budget: per model stage `remat` and
     `offload` (as `sxvalue_and_grad` takes them), each rank's predicted peak host bytes, the
     predicted seconds per step its host copies (`copies` of them, at the measured `backend`
-    costs) and its recomputed forwards add to the cells."""
+    costs) add to the cells, and the measured seconds of the forwards it recomputes."""
 
     remat: tuple
     offload: tuple
@@ -224,13 +223,11 @@ def least_peak_levels(schedule, n: int, peaks_of: Callable) -> tuple[int, ...]:
     return levels_of([b[1] for b in best])
 
 
-def fitted(
-    schedule, n: int, keep: StageProfile, holding: Mapping, step: Callable, budget: float, backend
-):
+def fitted(schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, budget: float, backend):
     """The cheapest per-stage choice (`choose_levels`) under which `schedule` fits `budget`, or, when
     that finds none, the choice with the least peak on every rank (`least_peak_levels`), which
-    fits if any does: `(MemoryChoice, memory, cost)`. `keep` is the timed profile of the step
-    recomputing nothing, `holding[remat]` the profiles whose buffers size the schedule;
+    fits if any does: `(MemoryChoice, memory, cost)`. `timing[remat]` and `holding[remat]` are
+    the profiles whose cells time the schedule and whose buffers size it;
     `step(memory, cost, copies)` predicts a step (`spectrax_mpmd._planner.predict.Predicted`)."""
     stages, m = schedule.num_model_stages(n), schedule.microbatches
     kinds = "FIW" if schedule.splits_backward else "FB"
@@ -244,7 +241,7 @@ def fitted(
         copies = [copy_seconds(holding[r], s, o, backend) for s, (r, o) in enumerate(zip(remat, offload))]
         count = m * sum(c[k][1] for c in copies for k in kinds)
         transfer = m * sum(c[k][0] for c in copies for k in kinds)
-        return remat, offload, memory, chosen_cost(keep, holding, remat, offload, backend), count, transfer
+        return remat, offload, memory, chosen_cost(timing, holding, remat, offload, backend), count, transfer
 
     def evaluate(levels):
         *_, memory, cost, count, _ = chosen(levels)
@@ -256,7 +253,7 @@ def fitted(
         levels = least_peak_levels(schedule, n, lambda levels: evaluate(levels)[0])
     remat, offload, memory, cost, count, transfer = chosen(levels)
     timeline = step(memory, cost, count).timeline
-    forward = keep.stage_cost().F
+    forward = timing[False].stage_cost().F
     recompute = m * sum(forward[s] for s, r in enumerate(remat) if r and s < stages - 1)
     choice = MemoryChoice(remat, offload, timeline.peak_host_bytes, transfer, recompute, count, backend)
     return choice, memory, cost
