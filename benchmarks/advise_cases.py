@@ -182,17 +182,30 @@ def _contenders(advice, top: int) -> list:
 
 
 def _run(advice, candidates: list, rounds: int) -> dict:
-    """Per candidate: median and min step ms over interleaved rounds, and measured device peak."""
+    """Per candidate: median and min step seconds over interleaved rounds of a training loop (each
+    call takes the parameters and state the last one returned, donated, as in training), and the
+    measured device peak of the step."""
     calls, peaks = {}, {}
     for k, c in enumerate(candidates):
-        step = advice.step(TX, candidate=c, donate=False)
+        step = advice.step(TX, candidate=c)
         params, *batch = advice.arguments(c)
-        args = (params, TX.init(params), *batch)
-        jax.block_until_ready(step(*args))
-        peaks[k] = max(step.measure_peak_bytes(*args))
-        calls[k] = (lambda s, a: lambda: s(*a))(step, args)
+        params = jax.tree.map(jnp.copy, params)
+        state = [params, TX.init(params)]
+        peaks[k] = max(step.measure_peak_bytes(*state, *batch))  # copies what it donates
+        calls[k] = _looped(step, state, batch)
+        calls[k]()  # compile
     wall, _ = interleaved(calls, rounds)
     return {k: (statistics.median(w), min(w), peaks[k]) for k, w in wall.items()}
+
+
+def _looped(step, state: list, batch: list):
+    """A call of `step` on `state` (params, optimizer state) that keeps what it returns."""
+
+    def call():
+        loss, state[0], state[1] = step(*state, *batch)
+        return loss, state[0], state[1]
+
+    return call
 
 
 def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -> dict:
