@@ -15,6 +15,7 @@ from spectrax_core import schedules as S
 
 from .._api import sxvalue_and_grad_and_apply
 from ..errors import MpmdError
+from . import report
 from .memory import MemoryChoice
 
 
@@ -167,12 +168,12 @@ class Advice:
         if not self.fitting:
             raise MpmdError(
                 f"advise: no configuration fits the budget of {self.memory_budget} bytes per device; "
-                f"{self._smallest(lambda b: f'{b} bytes')} Or pass candidate= to build one that does "
+                f"{self.least_budget(lambda b: f'{b} bytes')} Or pass candidate= to build one that does "
                 "not fit."
             )
         return self.fitting[0]
 
-    def _smallest(self, size: Callable[[int], str]) -> str:
+    def least_budget(self, size: Callable[[int], str]) -> str:
         """What the least budget is and where it binds, over every candidate (`size` formats bytes)."""
         s = self.smallest_peak
         per_rank = ", ".join(size(p) for p in s.peak_bytes)
@@ -227,106 +228,15 @@ class Advice:
         return self.source
 
     def __str__(self) -> str:
-        """The pick, why, the runner-up and the default with its cost."""
-        budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget / 2**20:.2f} MiB"
-        if not self.fitting:
-            return f"nothing fits ({budget}): {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}"
-        pick, lines = self.best, []
-        peak = max(pick.peak_bytes) / 2**20
-        lines.append(f"pick: {pick.brief()}: {_cost(pick)}, peak {peak:.2f} MiB ({budget})")
-        why = f"bubble {pick.bubble:.1%}, time set by the {pick.limit}"
-        if pick.memory is not None:
-            why += f"; fitting costs {pick.memory.describe()}"
-        lines.append(f"why: {why}")
-        runner = next((c for c in self.fitting if c is not pick), None)
-        if runner is not None:
-            lines.append(f"runner-up: {runner.brief()}: {_cost(runner)} ({runner.step_s / pick.step_s:.2f}x)")
-        default = self.default
-        if default is not None and default is not pick:
-            fit = "fits" if default.fits else f"does not fit ({max(default.peak_bytes) / 2**20:.2f} MiB)"
-            lines.append(f"default: {default.brief()}: {_cost(default)}, {fit}")
-        if self.confidence:
-            lines.append(f"confidence: {self.confidence}")
-        if self.seconds:
-            lines.append(self._took())
-        return "\n".join(lines)
-
-    def _took(self) -> str:
-        cached = f", {self.cached} from the disk cache" if self.cached else ""
-        return f"advised in {self.seconds:.1f} s ({self.profiles} profiled steps{cached})"
+        """The pick, why, the runner-up and the default with its cost (`report.summary`)."""
+        return report.summary(self)
 
     def table(self) -> str:
-        """One line per candidate (at most 120 characters): predicted ms per step, the update's
-        part, bubble, what sets the time, fit, the largest peak and its rank, the largest host
-        peak, the measured ms when it was run, and what it offloads or recomputes."""
-        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
-        lines = [f"memory budget per device: {budget}"]
-        if self.optimizer:
-            lines.append(f"optimizer: {self.optimizer}"[:120])
-        lines.append(
-            f"{'schedule':22} {'m':>3} {'v':>2} {'pred ms':>8} {'upd ms':>6} {'bubble':>6} "
-            f"{'time set by':>14} {'fits':>4} {'peak MiB':>8} {'rank':>4} {'host MiB':>8} "
-            f"{'meas ms':>8}  memory"
-        )
-        measured = {id(c): t for c, t in self.measured}
-        for c in self.candidates:
-            host = 0.0 if c.memory is None else max(c.memory.host_peak_bytes) / 2**20
-            meas = f"{measured[id(c)] * 1e3:.2f}" if id(c) in measured else "-"
-            peak = max(c.peak_bytes)
-            line = (
-                f"{c.label[:22]:22} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>8.2f} "
-                f"{c.update_s * 1e3:>6.2f} {c.bubble:>6.1%} {c.limit:>14} {'yes' if c.fits else 'no':>4} "
-                f"{peak / 2**20:>8.2f} {c.peak_bytes.index(peak):>4} {host:>8.2f} {meas:>8}  "
-                f"{'-' if c.memory is None else c.memory.label()}"
-            )
-            lines.append(line if len(line) <= 120 else line[:119] + "~")
-        if not self.fitting:
-            lines.append(f"no configuration fits: {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}")
-        for s in self.skipped:
-            lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
-        if self.confidence:
-            lines.append(f"confidence: {self.confidence}")
-        if self.seconds:
-            lines.append(self._took())
-        return "\n".join(lines)
+        """One line per candidate within 120 characters (`report.table`)."""
+        return report.table(self)
 
     def as_dict(self) -> dict:
-        return {
-            "memory_budget": self.memory_budget,
-            "optimizer": self.optimizer,
-            "seconds": self.seconds,
-            "profiles": self.profiles,
-            "cached": self.cached,
-            "candidates": [
-                {
-                    "schedule": c.name,
-                    "microbatches": c.microbatches,
-                    "virtual_stages": c.virtual_stages,
-                    "step_s": c.step_s,
-                    "update_s": c.update_s,
-                    "bubble": c.bubble,
-                    "peak_bytes": list(c.peak_bytes),
-                    "fits": c.fits,
-                    "memory": None if c.memory is None else c.memory.as_dict(),
-                    "label": c.label,
-                    "limit": c.limit,
-                }
-                for c in self.candidates
-            ],
-            "binding_rank": self.binding_rank,
-            "measured": [{"label": c.brief(), "step_s": t} for c, t in self.measured],
-            "confidence": self.confidence,
-            "backend": None if self.backend is None else self.backend.as_dict(),
-            "skipped": [
-                {
-                    "schedule": s.name,
-                    "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages,
-                    "reason": s.reason,
-                }
-                for s in self.skipped
-            ],
-        }
+        return report.as_dict(self)
 
 
 MODEL_ERROR = 0.25  # the time model's relative error, as the timing test holds it
@@ -342,10 +252,6 @@ def predicted_confidence(advice: Advice) -> str:
     gap = second.step_s / first.step_s - 1
     beyond = "beyond" if gap > MODEL_ERROR else "within"
     return f"predicted {gap:.0%} faster than the runner-up, {beyond} the model's {MODEL_ERROR:.0%} error"
-
-
-def _cost(c: Candidate) -> str:
-    return f"predicted {c.step_s * 1e3:.2f} ms/step"
 
 
 def check_budget(memory_budget) -> None:
