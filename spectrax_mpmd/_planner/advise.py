@@ -203,12 +203,12 @@ def advise(
     )
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
     guarded = max_grad_norm is not None or skip_nonfinite
-    rows, skipped, errors = [], [], []
+    rows, skipped, errors, unsupported = [], [], [], []
     flat: dict = {}  # m -> what a split-backward, one-stage-per-rank profile measured (for the search)
     for schedule in candidates:
         m, v = schedule.microbatches, schedule.virtual_stages
         if isinstance(schedule, S.DualPipe):
-            skipped.append(Skipped(schedule, m, v, DUALPIPE))
+            unsupported.append(Skipped(schedule, m, v, DUALPIPE))
             continue
         timing, holding = profiler.pair(schedule)
         failed = next((p for p in (timing, holding) if isinstance(p, MpmdError)), None)
@@ -230,7 +230,7 @@ def advise(
         rows += [_searched(n, m, measured, memory_budget, backend) for m, measured in sorted(flat.items())]
     source = Source(fn, args, mesh, dict(step_kwargs), tx, update)
     advice = replace(
-        ranked(rows, memory_budget, tuple(skipped)),
+        ranked(rows, memory_budget, (*skipped, *unsupported)),
         optimizer=_optimizer_note(tx, optimizer_states),
         profiles=profiler.count,
         cached=profiler.cached,
