@@ -100,7 +100,7 @@ def byte_lm(blocks: int = 4, d: int = 64, length: int = 64, batch: int = 32):
     return build
 
 
-def two_tower(blocks: int = 8, d: int = 96, batch: int = 64):
+def two_tower(blocks: int = 8, d: int = 64, batch: int = 512):
     """Two MLP towers (inputs of 128 and 48 features) of `blocks // 2` blocks each, computed one
     block at a time, joined by a contrastive loss over the batch."""
     keys = iter(jax.random.split(jax.random.key(1), 2 * blocks + 6))
@@ -214,6 +214,17 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
     kwargs = dict(mesh=MESH, tx=TX, memory_budget=budget, microbatches=tuple(args.microbatches))
     seconds, _ = once(lambda: made.append(mp.advise(build, profile_cache=cache, **kwargs)), wait=None)
     (advice,) = made
+    if not advice.fitting:  # the parameters and optimizer state alone exceed it
+        least = max(advice.smallest_peak.peak_bytes)
+        return {
+            "model": name,
+            "budget_fraction": fraction,
+            "budget": budget,
+            "advise_s": seconds,
+            "fits": False,
+            "least_budget": least,
+            "rows": [],
+        }
     candidates = _contenders(advice, args.top)
     measured = _run(advice, candidates, args.rounds)
     default = candidates.index(advice.default)
@@ -255,6 +266,12 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
 
 
 def show(result: dict) -> None:
+    if not result["rows"]:
+        print(
+            f"\n{result['model']}, budget {result['budget_fraction']:.0%}: nothing fits; the least budget "
+            f"is {result['least_budget'] / 2**20:.2f} MiB (advise {result['advise_s']:.1f} s)"
+        )
+        return
     print(
         f"\n{result['model']}, budget {result['budget_fraction']:.0%} of plain Std1F1B's peak "
         f"({result['budget'] / 2**20:.2f} MiB): advise {result['advise_s']:.1f} s "
@@ -293,8 +310,8 @@ def main(argv=None) -> None:
                 result["advise_cold_s"] = first.seconds
                 show(result)
                 results.append(result)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"cases": results}, indent=1))
+                OUT.parent.mkdir(parents=True, exist_ok=True)
+                OUT.write_text(json.dumps({"cases": results}, indent=1))  # after each case
     print(f"\nwrote {OUT}")
 
 
