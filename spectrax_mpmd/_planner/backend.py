@@ -42,6 +42,9 @@ class CopyFit:
     def seconds(self, nbytes: int) -> float:
         return self.fixed_s + nbytes / self.bandwidth
 
+    def as_dict(self) -> dict:
+        return {"fixed_s": self.fixed_s, "bandwidth": self.bandwidth, "sizes": list(self.sizes)}
+
 
 @dataclass(frozen=True)
 class BackendCost:
@@ -57,10 +60,9 @@ class BackendCost:
     ranks: int
 
     def as_dict(self) -> dict:
-        fit = lambda f: {"fixed_s": f.fixed_s, "bandwidth": f.bandwidth, "sizes": list(f.sizes)}  # noqa: E731
         return {
-            "out": fit(self.out),
-            "back": fit(self.back),
+            "out": self.out.as_dict(),
+            "back": self.back.as_dict(),
             "copy_issue_s": self.copy_issue_s,
             "call_issue_s": self.call_issue_s,
             "parallelism": self.parallelism,

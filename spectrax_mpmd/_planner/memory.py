@@ -60,8 +60,12 @@ def chosen_memory(
 def moved_values(profile: StageProfile, s: int, offload: Offload) -> tuple[list[int], list[int]]:
     """Device bytes of each residual and each stash value of stage `s` that `offload` moves."""
     res, stash = profile.saved_values[s]
-    pick = lambda values, share: [values[k][1] for k in offloaded([g for g, _ in values], share)]  # noqa: E731
-    return pick(res, offload.residuals), pick(stash, offload.stash)
+    return _picked(res, offload.residuals), _picked(stash, offload.stash)
+
+
+def _picked(values, share: float) -> list[int]:
+    """Device bytes of the values (`(selection bytes, device bytes)` each) a share moves."""
+    return [values[k][1] for k in offloaded([g for g, _ in values], share)]
 
 
 def copy_seconds(profile: StageProfile, s: int, offload: Offload, backend: BackendCost) -> dict[str, tuple]:
@@ -70,14 +74,14 @@ def copy_seconds(profile: StageProfile, s: int, offload: Offload, backend: Backe
     residuals out after F and back before B (or before I and again before W), the stash out
     after I and back before W."""
     res, stash = moved_values(profile, s, offload)
-    out = lambda values: sum(backend.out.seconds(b) for b in values)  # noqa: E731
-    back = lambda values: sum(backend.back.seconds(b) for b in values)  # noqa: E731
+    out_res, out_stash = (sum(map(backend.out.seconds, v)) for v in (res, stash))
+    back_res, back_stash = (sum(map(backend.back.seconds, v)) for v in (res, stash))
     r, k = len(res), len(stash)
     return {
-        "F": (out(res), r),
-        "B": (back(res), r),
-        "I": (back(res) + out(stash), r + k),
-        "W": (back(res) + back(stash), r + k),
+        "F": (out_res, r),
+        "B": (back_res, r),
+        "I": (back_res + out_stash, r + k),
+        "W": (back_res + back_stash, r + k),
     }
 
 
