@@ -33,7 +33,8 @@ from spectrax_core import apply  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM  # noqa: E402
-from spectrax_mpmd._planner.memory import chosen_memory, host_bandwidth  # noqa: E402
+from spectrax_mpmd._planner.backend import copy_fits  # noqa: E402
+from spectrax_mpmd._planner.memory import chosen_memory  # noqa: E402
 from spectrax_mpmd._trace.policy import stage_offload, stage_remat  # noqa: E402
 
 OUT = pathlib.Path(__file__).parent / "results" / "offload.json"
@@ -77,8 +78,13 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     mesh = mp.create_mesh((N, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:N])
     call_args = problem()
-    bandwidth = host_bandwidth(jax.devices()[0])
-    print(f"device -> host bandwidth: {bandwidth / 1e9:.2f} GB/s")
+    out, back, issue = copy_fits(jax.devices()[0], (1 << 12, 1 << 16, 1 << 20, 1 << 22))
+    bandwidth = out.bandwidth
+    print(
+        f"device -> host copy: {out.fixed_s * 1e6:.0f} us + bytes at {out.bandwidth / 1e9:.2f} GB/s; back: "
+        f"{back.fixed_s * 1e6:.0f} us + {back.bandwidth / 1e9:.2f} GB/s; "
+        f"issuing thread {issue * 1e6:.0f} us a copy"
+    )
     rows, steps = [], {}
     for schedule in (S.Std1F1B(microbatches=M), S.ZeroBubbleH1(microbatches=M)):
         stages = schedule.num_model_stages(N)

@@ -2,16 +2,19 @@
 
 Profiles the byte-level transformer LM that `examples/train_lm.py` trains (same
 model, smaller by default), cut into stages for `--ranks` pipeline ranks, and
-prints the advisor's table: every valid (schedule, microbatches, virtual
-stages) with its predicted step time, bubble and peak bytes per rank, under two
-memory budgets per device. Costs come from the compiled cells and a short
-timed run; peak bytes follow the runtime's issue order. Without an accelerator
-the script runs on 8 fake CPU devices.
+asks for the fastest step under a memory budget per device: by default half of
+plain Std1F1B's peak, which plain Std1F1B does not meet, so the advisor ranks
+schedules, microbatch counts, virtual stages and per-stage offload and
+recompute on one predicted time. It prints the advice (the pick, why, the
+runner-up, the default and its cost) and its table, then builds and runs the
+pick, the next fitting candidates and plain Std1F1B, and prints predicted
+against measured time per candidate (each relative to plain Std1F1B, as shared
+CPU cores scale every absolute time alike) and each one's measured peak.
+Without an accelerator the script runs on 8 fake CPU devices.
 
-    python examples/advise.py                          # 4 ranks, budgets chosen from the table
-    python examples/advise.py --layers 8 --virtual-stages 1 2   # interleaved and DualPipeV too
-    python examples/advise.py --budgets-mib 0.8 1.5 --microbatches 4 8
-    python examples/advise.py --d-model 256 --layers 16 --seq 256 --optimizer-states 2
+    python examples/advise.py                          # 4 ranks, budget half of Std1F1B's peak
+    python examples/advise.py --budget-fraction 0.7 --top 4
+    python examples/advise.py --layers 8 --virtual-stages 1 2 --microbatches 4 8
 
 The optimizer is AdamW (its state on each parameter's rank, its update timed) unless
 `--optimizer-states k` asks for the estimate of k copies of each rank's parameters.
@@ -30,6 +33,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -49,35 +53,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--virtual-stages", type=int, nargs="+", default=[1], help="stages per rank to try (e.g. 1 2)"
     )
-    p.add_argument("--schedules", nargs="+", default=[c.__name__ for c in schedules.ALL_SCHEDULES])
+    p.add_argument("--schedules", nargs="+", default=None, help="schedule names (default: every one shipped)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step")
     p.add_argument("--seq", type=int, default=32, help="tokens per sequence")
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument(
         "--layers", type=int, default=4, help="transformer blocks (at least ranks x virtual stages)"
     )
-    p.add_argument("--remat", action="store_true", help="recompute forwards in the backward")
+    p.add_argument(
+        "--budget-fraction", type=float, default=0.5, help="budget per device, of plain Std1F1B's peak"
+    )
+    p.add_argument("--top", type=int, default=3, help="fitting candidates run besides the pick")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per candidate (interleaved)")
     p.add_argument(
         "--optimizer-states",
         type=float,
         default=None,
         help="estimate the optimizer state as this many copies of the parameters (default: AdamW's own)",
     )
-    p.add_argument(
-        "--budgets-mib",
-        type=float,
-        nargs=2,
-        default=None,
-        help="two memory budgets per device in MiB (default: the smallest peak any configuration needs, and "
-        "the median configuration's)",
-    )
-    p.add_argument("--json", default=None, help="write both tables as JSON here")
+    p.add_argument("--json", default=None, help="write the advice and the measurements as JSON here")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    unknown = [s for s in args.schedules if not hasattr(schedules, s)]
+    unknown = [s for s in args.schedules or () if not hasattr(schedules, s)]
     if unknown:
         raise SystemExit(
             f"unknown --schedules {unknown}; choose from {[c.__name__ for c in schedules.ALL_SCHEDULES]}"
@@ -111,41 +111,59 @@ def main(argv=None) -> dict:
         f"{args.ranks} ranks ...",
         flush=True,
     )
-    start = time.perf_counter()
-    advice = mp.advise(
-        cut,
+    tx = optax.adamw(1e-3)
+    kwargs = dict(
         mesh=mesh,
-        schedules=[getattr(schedules, s) for s in args.schedules],
         microbatches=args.microbatches,
         virtual_stages=args.virtual_stages,
-        tx=optax.adamw(1e-3) if args.optimizer_states is None else None,
+        tx=tx if args.optimizer_states is None else None,
         optimizer_states=args.optimizer_states,
-        remat=args.remat,
     )
-    print(
-        f"profiled and simulated {len(advice.candidates)} configurations in {time.perf_counter() - start:.1f} s "
-        f"({advice.profiles} profiled steps)"
-    )
-    if args.budgets_mib is not None:
-        budgets = [int(b * MIB) for b in args.budgets_mib]
-    else:
-        peaks = sorted(max(c.peak_bytes) for c in advice.candidates)
-        budgets = [peaks[0], peaks[len(peaks) // 2]]
-    report = {}
-    for budget in budgets:
-        ranked = advice.under(budget)
-        print()
-        print(ranked.table())
-        best = ranked.fitting[0] if ranked.fitting else None
-        if best is not None:
-            print(
-                f"-> {best.name}(microbatches={best.microbatches}), v={best.virtual_stages}: "
-                f"{best.step_s * 1e3:.2f} ms per step predicted, peak {max(best.peak_bytes) / MIB:.3f} MiB"
-            )
-        report[str(budget)] = ranked.as_dict()
+    if args.schedules:
+        kwargs["schedules"] = [getattr(schedules, s) for s in args.schedules]
+    plain = mp.advise(cut, confirm=0, **kwargs)
+    budget = int(args.budget_fraction * max(plain.default.peak_bytes))
+    advice = mp.advise(cut, memory_budget=budget, **kwargs)
+    print(f"\n{advice}\n\n{advice.table()}\n")
+    measured = measure(advice, tx, args.top, args.rounds)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    return report
+        Path(args.json).write_text(json.dumps({"advice": advice.as_dict(), "measured": measured}, indent=1))
+    return measured
+
+
+def measure(advice, tx, top: int, rounds: int) -> list[dict]:
+    """Build and run the pick, the next `top` fitting candidates and plain Std1F1B (median wall time
+    over interleaved rounds, and each one's measured device peak); print predicted against measured,
+    each relative to plain Std1F1B."""
+    chosen = [advice.best, *[c for c in advice.fitting if c is not advice.best][:top]]
+    chosen += [advice.default] if advice.default not in chosen else []
+    runs = []
+    for c in chosen:
+        step = advice.step(tx, candidate=c)  # donating, as in training: each call feeds the next
+        params, *batch = advice.arguments(c)
+        params = jax.tree.map(jnp.copy, params)
+        state = [params, tx.init(params)]
+        peak = max(step.measure_peak_bytes(*state, *batch))  # copies what it donates
+        _, *state = step(*state, *batch)
+        runs.append((step, state, batch, peak))
+    times: list[list[float]] = [[] for _ in chosen]
+    for _ in range(rounds):
+        for k, (step, state, batch, _) in enumerate(runs):
+            start = time.perf_counter()
+            _, state[0], state[1] = jax.block_until_ready(step(*state, *batch))
+            times[k].append(time.perf_counter() - start)
+    medians = [float(np.median(t)) for t in times]
+    base_pred, base_meas = advice.default.step_s, medians[chosen.index(advice.default)]
+    print(f"{'candidate':40} {'pred ms':>8} {'ratio':>6} {'meas ms':>8} {'ratio':>6} {'peak MiB':>8} fits")
+    rows = []
+    for c, t, (*_, peak) in zip(chosen, medians, runs):
+        fit = "yes" if peak <= advice.memory_budget else "no"
+        print(
+            f"{c.brief()[:40]:40} {c.step_s * 1e3:>8.2f} {c.step_s / base_pred:>6.2f} {t * 1e3:>8.2f} "
+            f"{t / base_meas:>6.2f} {peak / MIB:>8.2f} {fit}"
+        )
+        rows.append({"candidate": c.brief(), "predicted_s": c.step_s, "measured_s": t, "peak_bytes": peak})
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,7 +11,14 @@ from spectrax_core.schedules import Schedule, Timeline
 
 from .._compile.compiler import Compiler
 from .._plan import PlanArgs, build_forward_plan
-from .._runtime import HostProfile, Output, action_spans, measure_peak_bytes, measured_timeline
+from .._runtime import (
+    HostProfile,
+    Output,
+    action_spans,
+    measure_peak_bytes,
+    measure_peak_bytes_by_kind,
+    measured_timeline,
+)
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
@@ -103,6 +110,13 @@ class _JitFunction:
         entry, leaves = cached_entry(self, args)
         entry.plan.check_single_process(f"{self.name}.measure_peak_bytes")
         return measure_peak_bytes(entry.plan, fresh_inputs(entry, self.placer, leaves)())
+
+    def measure_peak_bytes_by_kind(self, *args) -> dict[str, tuple[int, ...]]:
+        """`measure_peak_bytes` per memory kind: `{"device": per rank, "host": per rank}` (offloaded
+        residuals and stashes are host bytes), as on `sxvalue_and_grad` steps."""
+        entry, leaves = cached_entry(self, args)
+        entry.plan.check_single_process(f"{self.name}.measure_peak_bytes_by_kind")
+        return measure_peak_bytes_by_kind(entry.plan, fresh_inputs(entry, self.placer, leaves)())
 
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""

@@ -15,6 +15,7 @@ from spectrax_core import schedules as S
 
 from .._api import sxvalue_and_grad_and_apply
 from ..errors import MpmdError
+from . import report
 from .memory import MemoryChoice
 
 
@@ -24,7 +25,10 @@ class Candidate:
     included: `update_s` of it comes after the schedule's last cell), `bubble` the schedule's
     idle fraction, `peak_bytes[r]` rank r's predicted peak (per device, the optimizer's state
     included), `fits` within the budget. `memory`, when not None, is the per-stage recompute and
-    offload the candidate needs to fit (the step is built with them) and what they cost."""
+    offload the candidate needs to fit (the step is built with them) and what they cost.
+    `limit` says what sets the predicted time (`spectrax_mpmd._planner.predict.LIMITS`: the
+    schedule's critical path, the issuing thread, or ranks sharing compute); `schedule_s` is
+    the simulated step alone (each rank on a device of its own), which breaks ties."""
 
     schedule: S.Schedule
     microbatches: int
@@ -35,10 +39,28 @@ class Candidate:
     fits: bool
     update_s: float = 0.0
     memory: MemoryChoice | None = None
+    limit: str = "schedule"
+    schedule_s: float = 0.0
 
     @property
     def name(self) -> str:
         return type(self.schedule).__name__
+
+    @property
+    def label(self) -> str:
+        """The schedule's name with what tells its variants apart: ZeroBubbleH2's transfer latency,
+        a V schedule's activation limit."""
+        extra = [
+            f"{short} {getattr(self.schedule, attr)}"
+            for attr, short in (("latency", "lat"), ("activation_limit", "act"))
+            if getattr(self.schedule, attr, None) is not None
+        ]
+        return " ".join([self.name, *extra])
+
+    def brief(self) -> str:
+        """`Std1F1B m=8 v=1` and, when it offloads or recomputes, what (`off 0-2 rc 3`)."""
+        mem = "" if self.memory is None else f" with {self.memory.label()}"
+        return f"{self.label} m={self.microbatches} v={self.virtual_stages}{mem}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +108,12 @@ class Advice:
     the least peak, listed as not fitting).
     `skipped` lists the configurations that could not be profiled, with the reason.
     `optimizer` says how the optimizer's state and update were counted; `seconds` is
-    how long the advice took and `profiles` how many steps it profiled.
+    how long the advice took, `profiles` how many steps it profiled and `cached` how many of
+    those profiles it read from the disk cache (`spectrax_mpmd._planner.cache`). `backend` holds
+    the measured costs beyond the cells (`spectrax_mpmd._planner.backend.BackendCost`);
+    `measured` the candidates run to confirm the pick, each with its median step seconds,
+    fastest first; `confidence` how the pick was made (`spectrax_mpmd._planner.confirm`).
+    `print(advice)` is a short summary, `advice.table()` one line per candidate.
     """
 
     candidates: tuple[Candidate, ...]
@@ -96,7 +123,11 @@ class Advice:
     optimizer: str = ""
     seconds: float = 0.0
     profiles: int = 0
+    cached: int = 0
     source: Source | None = field(default=None, repr=False, compare=False)
+    backend: object = field(default=None, repr=False, compare=False)
+    measured: tuple = ()
+    confidence: str = ""
 
     @property
     def binding_rank(self) -> int:
@@ -107,12 +138,25 @@ class Advice:
         """The same candidates ranked for another budget (bytes per device; None: no limit)."""
         check_budget(memory_budget)
         rows = [replace(c, fits=fits(c.peak_bytes, memory_budget)) for c in self.candidates]
-        return replace(ranked(rows, memory_budget, self.skipped), **self._about())
+        advice = replace(ranked(rows, memory_budget, self.skipped), **self._about())
+        return replace(advice, confidence=predicted_confidence(advice))
 
     def _about(self) -> dict:
         return dict(
-            optimizer=self.optimizer, seconds=self.seconds, profiles=self.profiles, source=self.source
+            optimizer=self.optimizer,
+            seconds=self.seconds,
+            profiles=self.profiles,
+            cached=self.cached,
+            source=self.source,
+            backend=self.backend,
         )
+
+    @property
+    def default(self) -> Candidate | None:
+        """Plain Std1F1B (no offload, no recompute) at its fastest predicted microbatch count: what
+        one runs without advice, and what the pick is never predicted slower than when it fits."""
+        plain = [c for c in self.candidates if c.name == "Std1F1B" and c.memory is None]
+        return min(plain, key=lambda c: c.step_s, default=None)
 
     @property
     def fitting(self) -> tuple[Candidate, ...]:
@@ -124,12 +168,12 @@ class Advice:
         if not self.fitting:
             raise MpmdError(
                 f"advise: no configuration fits the budget of {self.memory_budget} bytes per device; "
-                f"{self._smallest(lambda b: f'{b} bytes')} Or pass candidate= to build one that does "
+                f"{self.least_budget(lambda b: f'{b} bytes')} Or pass candidate= to build one that does "
                 "not fit."
             )
         return self.fitting[0]
 
-    def _smallest(self, size: Callable[[int], str]) -> str:
+    def least_budget(self, size: Callable[[int], str]) -> str:
         """What the least budget is and where it binds, over every candidate (`size` formats bytes)."""
         s = self.smallest_peak
         per_rank = ", ".join(size(p) for p in s.peak_bytes)
@@ -183,62 +227,31 @@ class Advice:
             raise MpmdError("Advice: this advice does not know its function; make it with mp.advise.")
         return self.source
 
+    def __str__(self) -> str:
+        """The pick, why, the runner-up and the default with its cost (`report.summary`)."""
+        return report.summary(self)
+
     def table(self) -> str:
-        budget = "none" if self.memory_budget is None else f"{self.memory_budget / 2**20:.2f} MiB"
-        lines = [f"memory budget per device: {budget}"]
-        if self.optimizer:
-            lines.append(f"optimizer: {self.optimizer}")
-        lines.append(
-            f"{'schedule':24} {'m':>3} {'v':>2} {'step ms':>9} {'update':>7} {'bubble':>7} {'fits':>5}  "
-            "peak MiB per rank"
-        )
-        for c in self.candidates:
-            peaks = " ".join(f"{p / 2**20:.3f}" for p in c.peak_bytes)
-            lines.append(
-                f"{c.name:24} {c.microbatches:>3} {c.virtual_stages:>2} {c.step_s * 1e3:>9.3f} "
-                f"{c.update_s * 1e3:>7.3f} {c.bubble:>7.1%} {'yes' if c.fits else 'no':>5}  {peaks}"
-            )
-            if c.memory is not None:
-                lines.append(f"{'':24} with {c.memory.describe()}")
-        if not self.fitting:
-            lines.append(f"no configuration fits: {self._smallest(lambda b: f'{b / 2**20:.3f} MiB')}")
-        for s in self.skipped:
-            lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
-        if self.seconds:
-            lines.append(f"advised in {self.seconds:.1f} s ({self.profiles} profiled steps)")
-        return "\n".join(lines)
+        """One line per candidate within 120 characters (`report.table`)."""
+        return report.table(self)
 
     def as_dict(self) -> dict:
-        return {
-            "memory_budget": self.memory_budget,
-            "optimizer": self.optimizer,
-            "seconds": self.seconds,
-            "profiles": self.profiles,
-            "candidates": [
-                {
-                    "schedule": c.name,
-                    "microbatches": c.microbatches,
-                    "virtual_stages": c.virtual_stages,
-                    "step_s": c.step_s,
-                    "update_s": c.update_s,
-                    "bubble": c.bubble,
-                    "peak_bytes": list(c.peak_bytes),
-                    "fits": c.fits,
-                    "memory": None if c.memory is None else c.memory.as_dict(),
-                }
-                for c in self.candidates
-            ],
-            "binding_rank": self.binding_rank,
-            "skipped": [
-                {
-                    "schedule": s.name,
-                    "microbatches": s.microbatches,
-                    "virtual_stages": s.virtual_stages,
-                    "reason": s.reason,
-                }
-                for s in self.skipped
-            ],
-        }
+        return report.as_dict(self)
+
+
+MODEL_ERROR = 0.25  # the time model's relative error, as the timing test holds it
+
+
+def predicted_confidence(advice: Advice) -> str:
+    """How far the pick's prediction is ahead of the next fitting candidate's."""
+    if not advice.fitting:
+        return "nothing fits the budget"
+    if len(advice.fitting) < 2:
+        return "predicted: the only candidate that fits"
+    first, second = advice.fitting[:2]
+    gap = second.step_s / first.step_s - 1
+    beyond = "beyond" if gap > MODEL_ERROR else "within"
+    return f"predicted {gap:.0%} faster than the runner-up, {beyond} the model's {MODEL_ERROR:.0%} error"
 
 
 def check_budget(memory_budget) -> None:
@@ -256,5 +269,5 @@ def fits(peaks: tuple[int, ...], memory_budget) -> bool:
 
 
 def ranked(rows: list[Candidate], memory_budget, skipped: tuple[Skipped, ...] = ()) -> Advice:
-    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s))
+    rows = sorted(rows, key=lambda c: (not c.fits, c.step_s, c.schedule_s))
     return Advice(tuple(rows), memory_budget, min(rows, key=lambda c: max(c.peak_bytes)), tuple(skipped))

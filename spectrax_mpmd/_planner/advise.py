@@ -10,6 +10,7 @@ which is exact.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,16 +25,27 @@ from .._api.validation import VALIDATIONS
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError, StageSplitError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
+from .cache import ProfileCache, default_directory
+from .confirm import confirmed
 from .memory import fitted
-from .optimizer import with_sync_copy
+from .predict import Predicted, predictor
 from .profiler import Profiled, Profiler
 
-ALL = S.ALL_SCHEDULES
+ALL = (*S.ALL_SCHEDULES, S.ZeroBubbleH2, S.ZBV, S.VHalf, S.VMin, S.DualPipe)  # every schedule shipped
+DUALPIPE = (
+    "its two directions make a graph of stages, whose peak bytes the simulator does not model (a "
+    "chain only); build it with sxvalue_and_grad and measure it (measure_peak_bytes, measure_timeline)"
+)
 
 
-def _check_arguments(memory_budget, rounds, tx, optimizer_states, validation) -> None:
+def _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm) -> None:
     """Raise, before anything is profiled, on an argument no configuration could use."""
     check_budget(memory_budget)
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise MpmdError(
+            f"advise: confirm must be an int >= 0 (how many close candidates to run and measure), "
+            f"received {confirm!r}. Pass 0 to trust the prediction alone."
+        )
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise MpmdError(
             f"advise: rounds must be a positive int (each profile runs the step that many times, cell by "
@@ -57,9 +69,7 @@ def _candidates(schedules, microbatches, virtual_stages, n: int) -> list:
         for m in microbatches:
             for v in virtual_stages:
                 try:
-                    if cls is S.DualPipe:  # n model stages run twice: not the cut of an n x v profile
-                        made = []
-                    elif cls.layout == "v":
+                    if cls.layout == "v":
                         made = [cls(microbatches=m)] if v == 2 else []
                     elif cls.layout == "loop":
                         made = [cls(microbatches=m, virtual_stages=v)] if v >= 2 else []
@@ -122,6 +132,8 @@ def advise(
     max_grad_norm: float | None = None,
     skip_nonfinite: bool = False,
     validation: str = "sync",
+    confirm: int = 3,
+    profile_cache: bool | str | os.PathLike = True,
     **step_kwargs,
 ) -> Advice:
     """Simulate every valid `(schedule, microbatches, virtual stages)` with profiled costs and
@@ -151,9 +163,18 @@ def advise(
     `sxvalue_and_grad` (e.g. `remat=True`). Under `memory_budget`, unless
     `step_kwargs` fix `remat` or `offload`, a configuration that does not fit gets a
     second candidate with, per stage, offload and recompute chosen to fit at the
-    least predicted cost (`Candidate.memory`: the choice, the host copies' seconds
-    at the host bandwidth measured once, the recomputed forwards' seconds, host
-    peaks); its layout is profiled once more with `remat=True` for that.
+    least predicted cost (`Candidate.memory`: the choice, its host copies' count and
+    seconds at the copy costs measured once, the recomputed forwards' seconds, host
+    peaks); its layout is profiled once more with `remat=True`.
+    Predicted times are the simulation bounded below by the measured issuing thread and
+    ranks-at-once (`spectrax_mpmd._planner.predict`). With `confirm` (default 3), the
+    up to `confirm` fastest fitting candidates predicted within the time model's error
+    of each other are built and run, and the fastest measured is picked
+    (`Advice.measured`, `Advice.confidence`; `spectrax_mpmd._planner.confirm`); 0 or 1
+    trusts the prediction. Every schedule shipped is a candidate by default. Profiles are
+    kept on disk keyed by the program (`spectrax_mpmd._planner.cache`): `profile_cache`
+    True (default) uses `$SPECTRAX_MPMD_PROFILE_CACHE` or `~/.cache/spectrax_mpmd/profiles`,
+    a path that directory, False none; `Advice.cached` counts the profiles read back.
     `advice.step(tx)` builds the chosen step, with these three settings. A
     configuration that cannot be profiled on these arguments (a microbatch count
     that does not divide the batch) is skipped and listed, with the reason, in
@@ -162,42 +183,62 @@ def advise(
     started = time.perf_counter()
     mesh = check_mesh("advise", mesh)
     n = mesh.mpmd_dim
-    _check_arguments(memory_budget, rounds, tx, optimizer_states, validation)
+    _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm)
     _check_guard(max_grad_norm, skip_nonfinite)
     update = {"max_grad_norm": max_grad_norm, "skip_nonfinite": skip_nonfinite, "validation": validation}
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
+    cache = None if profile_cache is False else ProfileCache(
+        default_directory() if profile_cache is True else profile_cache
+    )
     profiler = Profiler(
-        fn, args, mesh, step_kwargs, rounds=rounds, optimizer=optimizer, optimizer_states=optimizer_states
+        fn,
+        args,
+        mesh,
+        step_kwargs,
+        rounds=rounds,
+        optimizer=optimizer,
+        optimizer_states=optimizer_states,
+        cache=cache,
     )
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
-    rows, skipped, errors = [], [], []
+    guarded = max_grad_norm is not None or skip_nonfinite
+    rows, skipped, errors, unsupported = [], [], [], []
     flat: dict = {}  # m -> what a split-backward, one-stage-per-rank profile measured (for the search)
     for schedule in candidates:
         m, v = schedule.microbatches, schedule.virtual_stages
+        if isinstance(schedule, S.DualPipe):
+            unsupported.append(Skipped(schedule, m, v, DUALPIPE))
+            continue
         timing, holding = profiler.pair(schedule)
         failed = next((p for p in (timing, holding) if isinstance(p, MpmdError)), None)
         if failed is not None:
             skipped.append(Skipped(schedule, m, v, str(failed)))
             errors.append(failed)
             continue
-        guarded = max_grad_norm is not None or skip_nonfinite
+        backend = profiler.backend(holding.stages)
         inputs = _inputs(schedule, timing, holding, comm, holding.update.validation(validation, guarded))
         if v == 1 and schedule.splits_backward:
             flat.setdefault(m, inputs)
-        rows += _rows(schedule, n, inputs, memory_budget, profiler if choose_memory else None)
+        rows += _rows(schedule, n, inputs, memory_budget, backend, profiler if choose_memory else None)
+    if not rows and not errors:
+        names = [c.__name__ for c in schedules]
+        raise MpmdError(f"advise: no schedule among {names} can be advised: {DUALPIPE}.")
     if not rows:
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
     if search:
-        rows += [_searched(n, m, measured, memory_budget) for m, measured in sorted(flat.items())]
+        rows += [_searched(n, m, measured, memory_budget, backend) for m, measured in sorted(flat.items())]
     source = Source(fn, args, mesh, dict(step_kwargs), tx, update)
-    return replace(
-        ranked(rows, memory_budget, tuple(skipped)),
+    advice = replace(
+        ranked(rows, memory_budget, (*skipped, *unsupported)),
         optimizer=_optimizer_note(tx, optimizer_states),
-        seconds=time.perf_counter() - started,
         profiles=profiler.count,
+        cached=profiler.cached,
         source=source,
+        backend=backend,
     )
+    advice = confirmed(advice, confirm, profiler.rounds)
+    return replace(advice, seconds=time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -218,62 +259,48 @@ def _inputs(schedule, timing: Profiled, holding: Profiled, comm: float, validati
     memory = replace(holding.stages.memory, optimizer=holding.update.state)
     if not schedule.splits_backward:
         memory = replace(memory, stash=(0,) * memory.stages)
-    update = holding.update
-    return Inputs(timing.stages.stage_cost(comm=comm), memory, update.seconds, validation)
+    return Inputs(timing.stages.stage_cost(comm=comm), memory, holding.update.seconds, validation)
 
 
-def _rows(schedule, n: int, inputs: Inputs, budget, profiler: Profiler | None) -> list[Candidate]:
+def _rows(schedule, n: int, inputs: Inputs, budget, backend, profiler: Profiler | None) -> list[Candidate]:
     """`schedule`'s candidate; when it does not fit and a `profiler` is given (per-stage offload and
     recompute may be chosen), next to it the candidate with those chosen to fit, when the
     profiles with and without `remat` can be made."""
-    predict = _predictor(schedule, n, inputs.update_s, inputs.validation)
+    predict = predictor(schedule, n, inputs.update_s, inputs.validation, backend)
     row = _candidate(schedule, predict(inputs.memory, inputs.cost), budget)
-    if profiler is None or row.fits:
+    if profiler is None or row.fits or schedule.num_stages(n) != schedule.num_model_stages(n):
         return [row]
-    bandwidth = profiler.bandwidth()  # measured once, when a candidate needs host copies to fit
     pairs = {r: profiler.pair(schedule, key) for r, key in ((False, None), (True, True))}
     if any(isinstance(p, MpmdError) for pair in pairs.values() for p in pair):
         return [row]
     timing = {r: t.stages for r, (t, _) in pairs.items()}
-    holding = {
+    sized = {
         r: replace(h.stages, memory=replace(h.stages.memory, optimizer=inputs.memory.optimizer))
         for r, (_, h) in pairs.items()
     }
-    choice, memory, cost = fitted(schedule, n, timing, holding, predict, budget, bandwidth)
-    return [row, _candidate(schedule, predict(memory, cost), budget, choice)]
+    choice, memory, cost = fitted(schedule, n, timing, sized, predict, budget, backend)
+    return [row, _candidate(schedule, predict(memory, cost, choice.copies), budget, choice)]
 
 
-def _candidate(schedule, predicted, budget, choice=None) -> Candidate:
-    """The row of `schedule` from `predicted = (peaks, seconds, timeline)` (`_predictor`); with the
-    per-stage recompute and offload `choice` it needs to fit, when one was made."""
-    peaks, seconds, timeline = predicted
+def _candidate(schedule, predicted: Predicted, budget, choice=None) -> Candidate:
+    """The row of `schedule` from its prediction; with the per-stage recompute and offload
+    `choice` it needs to fit, when one was made."""
     return Candidate(
         schedule,
         schedule.microbatches,
         schedule.virtual_stages,
-        seconds,
-        timeline.bubble_fraction,
-        peaks,
-        fits(peaks, budget),
-        seconds - timeline.makespan,
+        predicted.seconds,
+        predicted.timeline.bubble_fraction,
+        predicted.peaks,
+        fits(predicted.peaks, budget),
+        predicted.update_s,
         choice,
+        predicted.limit,
+        predicted.schedule_s,
     )
 
 
-def _predictor(schedule, n: int, update_s, validation: str):
-    """`predict(memory, cost) -> (peak bytes per rank, predicted seconds with the update, timeline)`:
-    the update runs as `validation` says (`spectrax_core.schedules.with_update`); gated, a rank
-    holds its reduced gradients until the verdict (`with_sync_copy`)."""
-
-    def predict(memory, cost):
-        timeline = S.simulate(schedule, n, cost, memory=memory)
-        updated = S.with_update(timeline, update_s, validation=validation)
-        return with_sync_copy(timeline.peak_bytes, memory, validation != "none"), updated.makespan, timeline
-
-    return predict
-
-
-def _searched(n: int, m: int, inputs: Inputs, budget) -> Candidate:
+def _searched(n: int, m: int, inputs: Inputs, budget, backend) -> Candidate:
     """A table searched (`spectrax_core.schedules.search`) from the measured costs and bytes of a
     one-stage-per-rank cut, as a candidate; when none fits the budget, the table with the
     smallest peak the search found (a candidate that does not fit). The row is the searched
@@ -285,7 +312,7 @@ def _searched(n: int, m: int, inputs: Inputs, budget) -> Candidate:
         found = err.smallest
     if not isinstance(found, S.SearchedSchedule):
         found = S.SearchedSchedule(tuple(map(tuple, found.actions(n))))
-    predict = _predictor(found, n, inputs.update_s, inputs.validation)
+    predict = predictor(found, n, inputs.update_s, inputs.validation, backend)
     return _candidate(found, predict(inputs.memory, inputs.cost), budget)
 
 

@@ -5,38 +5,34 @@ What a stage keeps for its backward depends on its own setting only: its
 residuals (or, recomputing, its kept inputs) and its stash are those of a step
 profiled with the same `remat` value, whatever the other stages do. Offload
 moves the values `spectrax_mpmd._trace.policy.offloaded` picks (the rule the
-plan builder follows) from device to host bytes, and costs their copies at the
-measured host bandwidth: each offloaded value once to the host after the cell
-that makes it, and once back before each cell that reads it.
+plan builder follows) from device to host bytes, and costs each offloaded value's
+copies at the measured fixed cost and bandwidth (`spectrax_mpmd._planner.backend`):
+once to the host after the cell that makes it, and once back before each cell
+that reads it. A recomputing stage's backward runs its forward again, at the
+forward's measured time (`MemoryChoice.recompute_s`); the step is predicted from
+the measured cells of a step that recomputes (its forward saves less, its backward
+runs the forward again), so what recompute nets on this backend is what counts.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-
-import jax
-import jax.numpy as jnp
 
 from spectrax_core.schedules import StageCost, StageMemory
 
 from .._runtime import StageProfile
-from .._trace.policy import HOST, NO_OFFLOAD, Offload, offloaded
+from .._trace.policy import NO_OFFLOAD, Offload, offloaded
+from .backend import BackendCost
 
 _STAGE_FIELDS = ("inputs", "kept_inputs", "residuals", "grads", "stash")
 
 
-def _moved(values: Sequence[tuple[int, int]], share: float) -> int:
-    """Device bytes of the values (`(selection bytes, device bytes)` each) a share moves."""
-    return sum(values[k][1] for k in offloaded([g for g, _ in values], share))
-
-
 def host_bytes(profile: StageProfile, s: int, offload: Offload) -> tuple[int, int]:
     """`(residual bytes, stash bytes)` of one microbatch that `offload` moves to host on stage `s`."""
-    res, stash = profile.saved_values[s]
-    return _moved(res, offload.residuals), _moved(stash, offload.stash)
+    res, stash = moved_values(profile, s, offload)
+    return sum(res), sum(stash)
 
 
 def chosen_memory(
@@ -61,55 +57,87 @@ def chosen_memory(
     return memory if optimizer is None else replace(memory, optimizer=optimizer)
 
 
-def copy_seconds(profile: StageProfile, s: int, offload: Offload, bandwidth: float) -> dict[str, float]:
-    """Per cell kind, the seconds of stage `s`'s host copies for one microbatch: residuals out after
-    F and back before B (or before I and again before W), the stash out after I and back before W."""
-    res, stash = (b / bandwidth for b in host_bytes(profile, s, offload))
-    return {"F": res, "B": res, "I": res + stash, "W": res + stash}
+def moved_values(profile: StageProfile, s: int, offload: Offload) -> tuple[list[int], list[int]]:
+    """Device bytes of each residual and each stash value of stage `s` that `offload` moves."""
+    res, stash = profile.saved_values[s]
+    return _picked(res, offload.residuals), _picked(stash, offload.stash)
+
+
+def _picked(values, share: float) -> list[int]:
+    """Device bytes of the values (`(selection bytes, device bytes)` each) a share moves."""
+    return [values[k][1] for k in offloaded([g for g, _ in values], share)]
+
+
+def copy_seconds(profile: StageProfile, s: int, offload: Offload, backend: BackendCost) -> dict[str, tuple]:
+    """Per cell kind, `(seconds, copies)` of stage `s`'s host copies for one microbatch, each value
+    one copy at the measured fixed cost plus its bytes over the bandwidth of its direction:
+    residuals out after F and back before B (or before I and again before W), the stash out
+    after I and back before W."""
+    res, stash = moved_values(profile, s, offload)
+    out_res, out_stash = (sum(map(backend.out.seconds, v)) for v in (res, stash))
+    back_res, back_stash = (sum(map(backend.back.seconds, v)) for v in (res, stash))
+    r, k = len(res), len(stash)
+    return {
+        "F": (out_res, r),
+        "B": (back_res, r),
+        "I": (back_res + out_stash, r + k),
+        "W": (back_res + back_stash, r + k),
+    }
 
 
 def chosen_cost(
-    profiles: Mapping, remat: Sequence, offload: Sequence[Offload], bandwidth: float, comm: float = 0.0
+    timing: Mapping,
+    profiles: Mapping,
+    remat: Sequence,
+    offload: Sequence[Offload],
+    backend: BackendCost,
+    comm: float = 0.0,
 ) -> StageCost:
-    """The `StageCost` of the same choice: each stage's cell times from the profile of its `remat`
-    value, plus its host copies at `bandwidth` bytes/s (`copy_seconds`), as if they did not overlap."""
+    """The `StageCost` of the same choice: each stage's cells as measured in `timing[remat[s]]`, a
+    timed profile of the step with that `remat` (a recomputing backward runs its forward again;
+    its forward saves less), plus the host copies of the values `profiles[remat[s]]` saves
+    (`copy_seconds`), as if they did not overlap."""
     rows: dict = {"F": [], "B": [], "I": [], "W": []}
-    for s, (value, o) in enumerate(zip(remat, offload)):
-        profile = profiles[value]
-        cost = profile.stage_cost(comm=comm)
-        extra = copy_seconds(profile, s, o, bandwidth)
+    costs = {r: t.stage_cost(comm=comm) for r, t in timing.items()}
+    for s, (r, o) in enumerate(zip(remat, offload)):
+        extra = copy_seconds(profiles[r], s, o, backend)
         for kind in rows:
-            rows[kind].append(getattr(cost, kind)[s] + extra[kind])
+            rows[kind].append(getattr(costs[r], kind)[s] + extra[kind][0])
     return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
 
 
 @dataclass(frozen=True)
 class MemoryChoice:
     """What a stage keeps for its backward, chosen to fit a budget: per model stage `remat` and
-    `offload` (as `sxvalue_and_grad` takes them), each rank's predicted peak host bytes, and
-    the predicted seconds per step the host copies (at `bandwidth` bytes/s, measured) and the
-    recomputed forwards add to the cells."""
+    `offload` (as `sxvalue_and_grad` takes them), each rank's predicted peak host bytes, the
+    predicted seconds per step its host copies (`copies` of them, at the measured `backend`
+    costs) add to the cells, and the measured seconds of the forwards it recomputes."""
 
     remat: tuple
     offload: tuple
     host_peak_bytes: tuple[int, ...]
     transfer_s: float
     recompute_s: float
-    bandwidth: float
+    copies: int
+    backend: BackendCost
+
+    @property
+    def bandwidth(self) -> float:
+        """The fitted device -> host bandwidth, bytes per second."""
+        return self.backend.out.bandwidth
+
+    def label(self) -> str:
+        """Short: the stages offloading (`off`) and recomputing (`rc`), e.g. `off 0-2 rc 3`."""
+        off = [s for s, o in enumerate(self.offload) if o.residuals or o.stash]
+        rc = [s for s, r in enumerate(self.remat) if r]
+        parts = [f"{name} {_spans(stages)}" for name, stages in (("off", off), ("rc", rc)) if stages]
+        return " ".join(parts) or "keep"
 
     def describe(self) -> str:
-        stages = []
-        for s, (r, o) in enumerate(zip(self.remat, self.offload)):
-            parts = (["recompute"] if r else []) + [
-                f"offload {kind} {share:.0%}"
-                for kind, share in (("residuals", o.residuals), ("stash", o.stash))
-                if share
-            ]
-            stages.append(f"{s}: {', '.join(parts) or 'keep'}")
-        host = " ".join(f"{b / 2**20:.3f}" for b in self.host_peak_bytes)
+        host = " ".join(f"{b / 2**20:.2f}" for b in self.host_peak_bytes)
         return (
-            f"per stage {'; '.join(stages)}; host copies {self.transfer_s * 1e3:.3f} ms/step at "
-            f"{self.bandwidth / 1e9:.2f} GB/s, recompute {self.recompute_s * 1e3:.3f} ms/step; host peak MiB per rank {host}"
+            f"{self.label()}: {self.copies} host copies {self.transfer_s * 1e3:.2f} ms, recompute "
+            f"{self.recompute_s * 1e3:.2f} ms per step; host peak MiB {host}"
         )
 
     def as_dict(self) -> dict:
@@ -119,8 +147,20 @@ class MemoryChoice:
             "host_peak_bytes": list(self.host_peak_bytes),
             "transfer_s": self.transfer_s,
             "recompute_s": self.recompute_s,
-            "bandwidth": self.bandwidth,
+            "copies": self.copies,
+            "backend": self.backend.as_dict(),
         }
+
+
+def _spans(stages: list[int]) -> str:
+    """`[0, 1, 2, 5]` as `0-2,5`."""
+    runs: list[list[int]] = []
+    for s in stages:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 LEVELS = (  # per stage, in the order a budget reaches for them: keep, offload, recompute
@@ -187,31 +227,14 @@ def least_peak_levels(schedule, n: int, peaks_of: Callable) -> tuple[int, ...]:
     return levels_of([b[1] for b in best])
 
 
-def host_bandwidth(device=None, nbytes: int = 1 << 22, rounds: int = 3) -> float:
-    """Measured bytes per second of one device -> host (`pinned_host`) copy of `nbytes` (the best of
-    `rounds`), on `device` (default the first)."""
-    device = device if device is not None else jax.devices()[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    x = jax.device_put(jnp.zeros((nbytes // 4,), jnp.float32), sharding).block_until_ready()
-    host = sharding.with_memory_kind(HOST)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        jax.device_put(x, host).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / best
-
-
-def fitted(
-    schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, budget: float, bandwidth: float
-):
+def fitted(schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, budget: float, backend):
     """The cheapest per-stage choice (`choose_levels`) under which `schedule` fits `budget`, or, when
     that finds none, the choice with the least peak on every rank (`least_peak_levels`), which
     fits if any does: `(MemoryChoice, memory, cost)`. `timing[remat]` and `holding[remat]` are
     the profiles whose cells time the schedule and whose buffers size it;
-    `step(memory, cost) -> (peak bytes per rank, predicted seconds, timeline)` predicts a step."""
-    stages = schedule.num_model_stages(n)
-    m = schedule.microbatches
+    `step(memory, cost, copies)` predicts a step (`spectrax_mpmd._planner.predict.Predicted`)."""
+    stages, m = schedule.num_model_stages(n), schedule.microbatches
+    kinds = "FIW" if schedule.splits_backward else "FB"
 
     def chosen(levels):
         remat = tuple(LEVELS[k][0] for k in levels)
@@ -219,28 +242,22 @@ def fitted(
         memory = chosen_memory(holding, remat, offload)
         if not schedule.splits_backward:
             memory = replace(memory, stash=(0,) * stages, host_stash=(0,) * stages)
-        return remat, offload, memory, chosen_cost(timing, remat, offload, bandwidth)
+        copies = [copy_seconds(holding[r], s, o, backend) for s, (r, o) in enumerate(zip(remat, offload))]
+        count = m * sum(c[k][1] for c in copies for k in kinds)
+        transfer = m * sum(c[k][0] for c in copies for k in kinds)
+        return remat, offload, memory, chosen_cost(timing, holding, remat, offload, backend), count, transfer
 
     def evaluate(levels):
-        *_, memory, cost = chosen(levels)
-        peaks, seconds, _ = step(memory, cost)
-        return peaks, seconds
+        *_, memory, cost, count, _ = chosen(levels)
+        predicted = step(memory, cost, count)
+        return predicted.peaks, predicted.seconds
 
     levels = choose_levels(stages, evaluate, budget)
     if levels is None:
         levels = least_peak_levels(schedule, n, lambda levels: evaluate(levels)[0])
-    remat, offload, memory, cost = chosen(levels)
-    *_, timeline = step(memory, cost)
-    kinds = "FIW" if schedule.splits_backward else "FB"
-    transfer = sum(
-        m * sum(copy_seconds(timing[r], s, o, bandwidth)[k] for k in kinds)
-        for s, (r, o) in enumerate(zip(remat, offload))
-    )
-    keep = timing[False].stage_cost()
-    recompute = sum(
-        m * sum(getattr(timing[True].stage_cost(), k)[s] - getattr(keep, k)[s] for k in kinds)
-        for s, r in enumerate(remat)
-        if r
-    )
-    choice = MemoryChoice(remat, offload, timeline.peak_host_bytes, transfer, recompute, bandwidth)
+    remat, offload, memory, cost, count, transfer = chosen(levels)
+    timeline = step(memory, cost, count).timeline
+    forward = timing[False].stage_cost().F
+    recompute = m * sum(forward[s] for s, r in enumerate(remat) if r and s < stages - 1)
+    choice = MemoryChoice(remat, offload, timeline.peak_host_bytes, transfer, recompute, count, backend)
     return choice, memory, cost

@@ -12,8 +12,8 @@ interleaved cut's (`holding_schedule`, `timing_schedule`).
 A `Profiler` makes and keeps them: each profile is the step's `profile_stages`
 (`StageProfile`) and the optimizer's per-rank state bytes and update seconds
 (`UpdateCost`). Its steps share one `Compiler` (a program two of them have in
-common compiles once), the update is timed once per stage count, and the host
-bandwidth measured once, when asked.
+common compiles once), the update is timed once per stage count, and the
+backend's costs (`spectrax_mpmd._planner.backend`) measured once, when asked.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
-from .memory import host_bandwidth
+from .backend import BackendCost, measure_backend
+from .cache import ProfileCache, profile_key, program_digest, update_digest
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
 
 
@@ -100,13 +101,15 @@ class Profiler:
         rounds: int,
         optimizer=None,
         optimizer_states: float | None = None,
+        cache: ProfileCache | None = None,
     ):
         self.fn, self.args, self.mesh, self.step_kwargs = fn, args, mesh, step_kwargs
         self.rounds, self.optimizer, self.optimizer_states = rounds, optimizer, optimizer_states
         self.compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
         self._profiles: dict = {}
         self._update_times: dict = {}  # stage count -> the whole tree's update seconds
-        self._bandwidth: float | None = None
+        self._backend: BackendCost | None = None
+        self.cache, self.cached = cache, 0  # profiles read from the disk cache
 
     @property
     def count(self) -> int:
@@ -130,16 +133,42 @@ class Profiler:
         timing, holding = timing_schedule(schedule), holding_schedule(schedule)
         return self.profile(timing, True, remat), self.profile(holding, repr(holding) == repr(timing), remat)
 
-    def bandwidth(self) -> float:
-        """The host bandwidth of rank 0's first device (bytes per second), measured once."""
-        if self._bandwidth is None:
-            self._bandwidth = host_bandwidth(self.mesh.submesh(0).devices.flat[0])
-        return self._bandwidth
+    def backend(self, profile: StageProfile | None = None) -> BackendCost:
+        """What the backend charges beyond the cells (`measure_backend`: copies fitted over sizes
+        that include the values `profile` saves, the issuing thread, ranks computing at once),
+        measured once, on each rank's first device."""
+        if self._backend is None:
+            saved = () if profile is None else profile.saved_values
+            sizes = sorted({b for stage in saved for kind in stage for _, b in kind})
+            devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
+            self._backend = measure_backend(devices, sizes[:2] + sizes[-4:])  # the least and the most
+        return self._backend
 
     def _made(self, schedule, timed: bool, remat) -> Profiled | MpmdError:
+        """The profile from the disk cache when it holds this program's, else measured (and
+        stored there)."""
         n = self.mesh.mpmd_dim
         loss, loss_args = self.fn(schedule.num_model_stages(n)) if not self.args else (self.fn, self.args)
         kwargs = self.step_kwargs if remat is None else {**self.step_kwargs, "remat": remat}
+        key = self._key(loss, loss_args, schedule, kwargs, timed)
+        stored = None if self.cache is None else self.cache.get(key)
+        if stored is not None:
+            self.cached += 1
+            return stored
+        made = self._measured(schedule, timed, loss, loss_args, kwargs)
+        if self.cache is not None and not isinstance(made, MpmdError):
+            self.cache.put(key, made)
+        return made
+
+    def _key(self, loss, loss_args, schedule, kwargs: dict, timed: bool) -> str | None:
+        if self.cache is None:
+            return None
+        program = program_digest(loss, *loss_args)
+        update = update_digest(self.optimizer, self.optimizer_states, loss_args[0])
+        settings = (repr(schedule), tuple(sorted(kwargs.items())), self.rounds if timed else 0)
+        return profile_key(program, update, settings, self.mesh)
+
+    def _measured(self, schedule, timed: bool, loss, loss_args, kwargs: dict) -> Profiled | MpmdError:
         step = step_function(loss, mesh=self.mesh, schedule=schedule, compiler=self.compiler, **kwargs)
         try:
             measured = step.profile_stages(*loss_args, rounds=self.rounds if timed else 0)

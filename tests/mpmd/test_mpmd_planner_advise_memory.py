@@ -36,7 +36,7 @@ def test_a_configuration_that_fits_is_found_with_its_choice_and_cost(advised):
     assert any(o for o in best.memory.offload) or any(best.memory.remat)
     assert best.memory.transfer_s > 0 or best.memory.recompute_s > 0
     assert best.memory.bandwidth > 0 and len(best.memory.remat) == 4
-    assert "with per stage 0:" in advice.table() and advice.as_dict()["candidates"][0]["memory"] is not None
+    assert best.memory.label() in advice.table() and advice.as_dict()["candidates"][0]["memory"] is not None
     plain_rows = [c for c in advice.candidates if c.memory is None]
     assert {c.name for c in plain_rows} == {cls.__name__ for cls in SCHEDULES} and not any(
         c.fits for c in plain_rows

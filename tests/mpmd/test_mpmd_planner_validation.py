@@ -71,12 +71,12 @@ def test_a_post_validated_update_is_timed_by_the_post_model(posted):
     assert not update.crosses_ranks  # adamw reads its own leaves; the guard needs the global norm
     post = S.with_update(timeline, update.seconds, validation="post")
     sync = S.with_update(timeline, update.seconds, validation="sync")
-    assert candidate.step_s == post.makespan
+    assert candidate.schedule_s == post.makespan and candidate.step_s >= candidate.schedule_s
     assert candidate.update_s == post.makespan - timeline.makespan
     assert candidate.bubble == timeline.bubble_fraction
     # each rank updates right after its own last cell, not after the verdict: shorter than "sync"
     assert post.makespan < sync.makespan
-    assert candidate.step_s < sync.makespan
+    assert candidate.schedule_s < sync.makespan
 
 
 def test_each_validation_is_modelled_on_the_same_profiles(posted):
@@ -85,11 +85,11 @@ def test_each_validation_is_modelled_on_the_same_profiles(posted):
     rows = {}
     for name in ("sync", "post", "none"):
         inputs = ADVISE._inputs(SCHEDULE, timing, holding, COMM, name)
-        (rows[name],) = ADVISE._rows(SCHEDULE, 4, inputs, None, None)
+        (rows[name],) = ADVISE._rows(SCHEDULE, 4, inputs, None, profiler.backend(holding.stages), None)
     timeline, update = simulated(profiler)
     for name, row in rows.items():
-        assert row.step_s == S.with_update(timeline, update.seconds, validation=name).makespan
-    assert rows["none"].step_s <= rows["post"].step_s < rows["sync"].step_s
+        assert row.schedule_s == S.with_update(timeline, update.seconds, validation=name).makespan
+    assert rows["none"].schedule_s <= rows["post"].schedule_s < rows["sync"].schedule_s
     # a gated update holds the reduced gradients until the verdict, whichever the validation
     assert rows["post"].peak_bytes == rows["sync"].peak_bytes
     assert all(p <= q for p, q in zip(rows["none"].peak_bytes, rows["post"].peak_bytes))

@@ -1,0 +1,141 @@
+"""What the backend at hand charges a step beyond its cells, measured once per advice.
+
+* A host copy (device -> `pinned_host` and back) costs a fixed time plus its bytes
+  over a bandwidth, per memory kind it goes to: both are fitted (least squares) to
+  copies of a range of sizes that includes the sizes the plan moves, made with the
+  runtime's own transfer (`spectrax_mpmd._comm.transfer`), so a step making many
+  KiB-sized copies pays their fixed cost and not only their bytes.
+* The issuing thread's CPU time per copy and per compiled call: one thread issues
+  every rank's cells and copies, so a step is never shorter than its issuing.
+* How many ranks compute at once (`parallelism`): the same program run on every
+  rank's device together against one alone. Separate accelerators give the rank
+  count; fake CPU devices share the host's cores and give fewer, and then a step is
+  never shorter than its cells' total work over that.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._comm import transfer
+from .._trace.policy import HOST
+
+PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)  # bytes: a KiB-sized copy, a middling one, a MiB
+
+
+@dataclass(frozen=True)
+class CopyFit:
+    """Seconds of one copy of `b` bytes: `fixed_s + b / bandwidth`, fitted over `sizes`."""
+
+    fixed_s: float
+    bandwidth: float
+    sizes: tuple[int, ...]
+
+    def seconds(self, nbytes: int) -> float:
+        return self.fixed_s + nbytes / self.bandwidth
+
+    def as_dict(self) -> dict:
+        return {"fixed_s": self.fixed_s, "bandwidth": self.bandwidth, "sizes": list(self.sizes)}
+
+
+@dataclass(frozen=True)
+class BackendCost:
+    """The measured costs `advise` adds to a step's cells (see the module docstring): copies to
+    host (`out`) and back (`back`), the issuing thread's seconds per copy and per call, and how
+    many of the `ranks` compute at once."""
+
+    out: CopyFit
+    back: CopyFit
+    copy_issue_s: float
+    call_issue_s: float
+    parallelism: float
+    ranks: int
+
+    def as_dict(self) -> dict:
+        return {
+            "out": self.out.as_dict(),
+            "back": self.back.as_dict(),
+            "copy_issue_s": self.copy_issue_s,
+            "call_issue_s": self.call_issue_s,
+            "parallelism": self.parallelism,
+            "ranks": self.ranks,
+        }
+
+
+def fit_line(sizes: Sequence[int], seconds: Sequence[float]) -> CopyFit:
+    """Least-squares `seconds = fixed + bytes / bandwidth`, with the fixed part at least 0 and the
+    bandwidth finite (a slope at or below 0, as noise can make it, is taken as the largest size's
+    own rate)."""
+    x, y = np.asarray(sizes, float), np.asarray(seconds, float)
+    slope, fixed = np.polyfit(x, y, 1) if len(set(sizes)) > 1 else (0.0, float(y.min()))
+    if slope <= 0:
+        k = int(np.argmax(x))
+        slope = max(y[k] - max(fixed, 0.0), 1e-12) / max(x[k], 1.0)
+    return CopyFit(max(float(fixed), 0.0), 1.0 / float(slope), tuple(int(s) for s in sizes))
+
+
+def _timed_copies(move, array, rounds: int) -> tuple[float, float]:
+    """`(least wall seconds until ready, median issuing-thread seconds)` of `move(array)`."""
+    wall, issue = [], []
+    for _ in range(rounds):
+        start, cpu = time.perf_counter(), time.thread_time()
+        (moved,) = move(array)
+        issue.append(time.thread_time() - cpu)
+        moved.block_until_ready()
+        wall.append(time.perf_counter() - start)
+    return min(wall), statistics.median(issue)
+
+
+def copy_fits(device, sizes: Iterable[int], rounds: int = 5) -> tuple[CopyFit, CopyFit, float]:
+    """`(out, back, issue seconds per copy)` on `device`: each size copied to `pinned_host` and
+    back `rounds` times by the runtime's transfer."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    host = sharding.with_memory_kind(HOST)
+    out, back = transfer([sharding], [host]), transfer([host], [sharding])
+    sizes = sorted({max(4, int(s) // 4 * 4) for s in sizes})
+    rows = []
+    for nbytes in sizes:
+        x = jax.device_put(jnp.zeros((nbytes // 4,), jnp.float32), sharding).block_until_ready()
+        (on_host,) = out(x)
+        on_host.block_until_ready()
+        rows.append((*_timed_copies(out, x, rounds), *_timed_copies(back, on_host, rounds)))
+    out_s, out_issue, back_s, back_issue = zip(*rows)
+    issue = statistics.median([*out_issue, *back_issue])
+    return fit_line(sizes, out_s), fit_line(sizes, back_s), issue
+
+
+def parallelism(devices: Sequence, rounds: int = 3, size: int = 192) -> tuple[float, float]:
+    """`(ranks computing at once, issuing-thread seconds per call)`: a program of a few
+    milliseconds run on `devices[0]` alone and on every device together (least of `rounds`
+    each); `len(devices) * alone / together`, between 1 and the device count."""
+    f = jax.jit(lambda x: jnp.tanh(jnp.tanh(x @ x) @ x) @ x)
+    xs = [jax.device_put(jnp.full((size, size), 1e-3, jnp.float32), d) for d in devices]
+    jax.block_until_ready([f(x) for x in xs])
+    alone, together, issue = math.inf, math.inf, []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        f(xs[0]).block_until_ready()
+        alone = min(alone, time.perf_counter() - start)
+        start, cpu = time.perf_counter(), time.thread_time()
+        ys = [f(x) for x in xs]
+        issue.append((time.thread_time() - cpu) / len(xs))
+        jax.block_until_ready(ys)
+        together = min(together, time.perf_counter() - start)
+    k = len(devices) * alone / together
+    return min(max(k, 1.0), float(len(devices))), statistics.median(issue)
+
+
+def measure_backend(devices: Sequence, sizes: Iterable[int] = ()) -> BackendCost:
+    """The `BackendCost` of one device per rank (`devices[r]` is rank r's first device): copies
+    on rank 0's over `PROBE_SIZES` and `sizes` (the bytes of the values the plan moves)."""
+    out, back, copy_issue = copy_fits(devices[0], {*PROBE_SIZES, *sizes})
+    ranks_at_once, call_issue = parallelism(devices)
+    return BackendCost(out, back, copy_issue, call_issue, ranks_at_once, len(devices))
