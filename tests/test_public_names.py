@@ -30,6 +30,7 @@ MPMD_ADDED = {
     "Max",
     "Concat",
     "Offload",
+    "init_on_owners",
 }
 
 SCHEDULES = {

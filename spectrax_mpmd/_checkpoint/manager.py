@@ -184,7 +184,14 @@ class CheckpointManager:
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
-        self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None
+        self,
+        step: int | None = None,
+        *,
+        like,
+        shardings=None,
+        optimizer=None,
+        opt_like=None,
+        host_bytes: int | None = None,
     ) -> Restored:
         """Read `step` (default: the latest) into parameters shaped and placed like `like`.
 
@@ -201,6 +208,9 @@ class CheckpointManager:
           optimizer: a `StagedOptimizer`, to restore a saved `StagedOptState` for
             the target parameters (its groups follow their placement).
           opt_like: or a pytree shaped like a saved non-staged optimizer state.
+          host_bytes: the arrays are read in batches of at most `max(largest array,
+            host_bytes)` bytes (default 64 MiB), one after another, so the host stages
+            one batch at a time, never the whole checkpoint.
 
         Returns `Restored(step, params, opt_state, extra)`. Raises
         `CheckpointError` naming the first leaf whose path, shape or dtype does
@@ -220,7 +230,10 @@ class CheckpointManager:
             o_target.check(meta["opt_state"], "opt_state")
             targets["opt_state"] = o_target
         got = read_held(
-            self._ocp, functools.partial(self._read, step), {i: t.want for i, t in targets.items()}
+            self._ocp,
+            functools.partial(self._read, step),
+            {i: t.want for i, t in targets.items()},
+            _check_host_bytes(host_bytes),
         )
         if self.checksums and "checksums" in meta:
             for item in targets:
@@ -300,6 +313,18 @@ def _opt_target(meta, like, shardings, optimizer, opt_like):
     return tree_target(opt_like)
 
 
+def _check_host_bytes(host_bytes):
+    """`host_bytes` if None or a non-negative int, else a `CheckpointError` saying what it takes."""
+    if host_bytes is None or (
+        isinstance(host_bytes, int) and not isinstance(host_bytes, bool) and host_bytes >= 0
+    ):
+        return host_bytes
+    raise CheckpointError(
+        f"restore: host_bytes must be None or a non-negative int of bytes (the most read at once), "
+        f"got {host_bytes!r}."
+    )
+
+
 def _check_step(step, where: str = "save") -> int:
     """`step` as an int: any integer type (int, a NumPy integer, a 0-d integer array), not a bool."""
     is_bool = isinstance(step, (bool, np.bool_)) or getattr(step, "dtype", None) == np.bool_
@@ -341,11 +366,19 @@ def restore_checkpoint(
     optimizer=None,
     opt_like=None,
     checksums: bool = True,
+    host_bytes: int | None = None,
 ) -> Restored:
     """Restore one step (default: the latest); see `CheckpointManager.restore`. `checksums=False`
     reads the arrays without checking them against the checksums their save recorded."""
     with CheckpointManager(directory, create=False, checksums=checksums) as manager:
-        return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
+        return manager.restore(
+            step,
+            like=like,
+            shardings=shardings,
+            optimizer=optimizer,
+            opt_like=opt_like,
+            host_bytes=host_bytes,
+        )
 
 
 @outside_context_mesh
