@@ -26,7 +26,7 @@ from ._checkpoint.manager import (
     restore_checkpoint,
     save_checkpoint,
 )
-from ._checkpoint.owners import init_on_owners
+from ._checkpoint.owners import init_on_owners, owner_layout
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
@@ -113,4 +113,5 @@ __all__ = [
     "restore_checkpoint",
     "owner_shardings",
     "init_on_owners",
+    "owner_layout",
 ]

@@ -31,6 +31,7 @@ MPMD_ADDED = {
     "Concat",
     "Offload",
     "init_on_owners",
+    "owner_layout",
 }
 
 SCHEDULES = {

@@ -17,13 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
 
 from .._api.entry import cached_entry
 from .._optim import remote_array
 from .._runtime import Output
+from .._trace.jax_private import Var
+from .._trace.jaxpr import eval_eqns, needed_eqns, read
 from ..errors import MpmdError
 
 NAME = "init_on_owners"
@@ -109,18 +111,6 @@ def _is_spec(x) -> bool:
     return isinstance(x, PartitionSpec)
 
 
-def _replicated(sharding):
-    """A sharding holding a whole copy on each device of `sharding`'s set (for the key)."""
-    if isinstance(sharding, NamedSharding):
-        return NamedSharding(sharding.mesh, PartitionSpec())
-    if isinstance(sharding, SingleDeviceSharding):
-        return sharding
-    raise MpmdError(
-        f"{NAME}: a leaf is kept with a {type(sharding).__name__}; leaves are made on a NamedSharding "
-        "or a single device."
-    )
-
-
 def _groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
     """Leaf indices by the device set they are kept on (ids sorted), in leaf order."""
     groups: dict[tuple[int, ...], list[int]] = {}
@@ -130,26 +120,66 @@ def _groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
 
 
 def make_leaves(make: Callable, key, shardings: Sequence, abstract: Sequence) -> list:
-    """The flat leaves of `make(key)`, each made on `shardings[k]` by one program per device set
-    that computes only that set's leaves (leaves of other processes: global arrays without local
-    shards)."""
+    """The flat leaves of `make(key)`, each made on `shardings[k]`: per device set, the equations of
+    `make`'s jaxpr that set's leaves need, evaluated one by one on its first device (as `make(key)`
+    runs outside `jax.jit`, so the values are the same bits), then placed on their shardings.
+    Leaves of another process's devices are global arrays without local shards here."""
+    closed = jax.make_jaxpr(make)(key)
     out: list = [None] * len(shardings)
     for idx in _groups(shardings).values():
-        wanted = [shardings[k] for k in idx]
-        if not wanted[0].is_fully_addressable:
+        if not shardings[idx[0]].is_fully_addressable:
             for k in idx:
                 spec = abstract[k]
                 out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
             continue
-
-        def pick(k_, idx=idx):
-            leaves = jax.tree.leaves(make(k_))
-            return [leaves[k] for k in idx]
-
-        here = jax.device_put(key, _replicated(wanted[0]))
-        for k, x in zip(idx, jax.jit(pick, out_shardings=wanted)(here)):
-            out[k] = x
+        device = min(shardings[idx[0]].device_set, key=lambda d: d.id)
+        with jax.default_device(device):
+            made = evaluate(closed, jax.device_put(jax.tree.leaves(key), device), idx)
+        for k, x in zip(idx, made):
+            out[k] = x if getattr(x, "sharding", None) == shardings[k] else jax.device_put(x, shardings[k])
     return out
+
+
+def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
+    """Outputs `outputs` of `closed` at `args`: only the equations they need, each bound as JAX
+    binds it outside a trace, each value released after its last reader."""
+    jaxpr = closed.jaxpr
+    targets = [jaxpr.outvars[k] for k in outputs]
+    order = sorted(needed_eqns(jaxpr.eqns, targets))
+    last: dict = {}
+    for i in order:
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var):
+                last[v] = i
+    kept = {v for v in targets if isinstance(v, Var)}
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+    for i in order:
+        eval_eqns([jaxpr.eqns[i]], env)
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var) and last.get(v) == i and v not in kept:
+                env.pop(v, None)
+    return [read(env, v) for v in targets]
+
+
+def owner_layout(step, init: Callable, key, *batch, tx=None):
+    """Where `step` keeps each leaf of `init(key)` (and of its optimizer state): the same tree of
+    `jax.ShapeDtypeStruct`s, each with the sharding of the rank(s) that keep it. Nothing is
+    computed but the step's plan (see `init_on_owners`, which takes the same arguments).
+
+    Pass the trees to a restore as `like=` and `opt_like=`, so that every array is read
+    straight onto its rank: `params, opt_state = mp.owner_layout(step, init, key, *batch)`,
+    then `manager.restore(like=params, opt_like=opt_state)`.
+    """
+    inner, tx = _step_of(step, tx)
+    abstract = jax.eval_shape(_maker(init, tx), key)
+    leaves, treedef = jax.tree.flatten(abstract)
+    shardings = _shardings(step, inner, abstract, batch, tx)
+    if None in shardings:
+        fallback = _fallback(step)
+        shardings = [fallback if sh is None else sh for sh in shardings]
+    placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
+    return treedef.unflatten(placed)
 
 
 def init_on_owners(step, init: Callable, key, *batch, tx=None):
@@ -171,15 +201,15 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     the rest), so no device holds more than its own share. In a multi-process run each
     process makes only its ranks' leaves.
     """
-    inner, tx = _step_of(step, tx)
-    make = init if tx is None else (lambda k: _with_state(init, tx, k))
-    abstract = jax.eval_shape(make, key)
-    leaves, treedef = jax.tree.flatten(abstract)
-    shardings = _shardings(step, inner, abstract, batch, tx)
-    if None in shardings:
-        fallback = _fallback(step)
-        shardings = [fallback if sh is None else sh for sh in shardings]
-    return treedef.unflatten(make_leaves(make, key, shardings, leaves))
+    _, tx = _step_of(step, tx)
+    layout = owner_layout(step, init, key, *batch, tx=tx)
+    leaves, treedef = jax.tree.flatten(layout)
+    return treedef.unflatten(make_leaves(_maker(init, tx), key, [x.sharding for x in leaves], leaves))
+
+
+def _maker(init: Callable, tx) -> Callable:
+    """`init`, or with an optimizer `key -> (init(key), tx.init(init(key)))`."""
+    return init if tx is None else (lambda key: _with_state(init, tx, key))
 
 
 def _with_state(init: Callable, tx, key):
