@@ -85,7 +85,7 @@ class Plan:
         if self.transport is not None:
             self.transport.begin()
         buf = self.buffers(placed_inputs)
-        if self.run_ahead is not None:
+        if self.run_ahead is not None and self.transport is None:  # see `run_ahead` (one process)
             run_bounded(self, buf, self.run_ahead, self.gates, self.outstanding)
         else:
             for fn, ins, outs, frees in self.steps:

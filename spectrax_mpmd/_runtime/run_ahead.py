@@ -10,6 +10,10 @@ on the cell's outputs that no later program has consumed: its outputs are ready 
 cell only after the previous one of its rank has run; the bytes beyond the plan's
 peak are then nil, and `limit=k` adds at most what `k - 1` cells of the rank hold
 (`spectrax_mpmd._planner.memory.run_ahead_bytes`).
+
+The bound applies to a plan run by one process: a multi-process plan's steps are
+the process's share, which the schedule's action spans do not index, so it runs
+unbounded, as before.
 """
 
 from __future__ import annotations
