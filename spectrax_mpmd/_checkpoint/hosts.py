@@ -161,6 +161,13 @@ def _nbytes(spec: jax.ShapeDtypeStruct) -> int:
 def host_batches(held: dict[str, dict], host_bytes: int | None) -> list[dict[str, dict]]:
     """`held`'s arrays (`{item: {name: spec}}`) in batches of at most `max(largest array, host_bytes)`
     bytes (`host_bytes` None: `HOST_BATCH_BYTES`), in order: a restore's host staging is one batch."""
+    if host_bytes is not None and (
+        isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 0
+    ):
+        raise CheckpointError(
+            f"restore: host_bytes must be None or a non-negative int of bytes (the most read at once), "
+            f"got {host_bytes!r}."
+        )
     entries = [(item, name, spec) for item, arrays in held.items() for name, spec in arrays.items()]
     if not entries:
         return []

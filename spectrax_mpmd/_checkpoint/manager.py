@@ -184,14 +184,7 @@ class CheckpointManager:
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
-        self,
-        step: int | None = None,
-        *,
-        like,
-        shardings=None,
-        optimizer=None,
-        opt_like=None,
-        host_bytes: int | None = None,
+        self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None, host_bytes=None
     ) -> Restored:
         """Read `step` (default: the latest) into parameters shaped and placed like `like`.
 
@@ -208,9 +201,7 @@ class CheckpointManager:
           optimizer: a `StagedOptimizer`, to restore a saved `StagedOptState` for
             the target parameters (its groups follow their placement).
           opt_like: or a pytree shaped like a saved non-staged optimizer state.
-          host_bytes: the arrays are read in batches of at most `max(largest array,
-            host_bytes)` bytes (default 64 MiB), one after another, so the host stages
-            one batch at a time, never the whole checkpoint.
+          host_bytes: read in batches of at most `max(largest array, host_bytes)` bytes (None: 64 MiB).
 
         Returns `Restored(step, params, opt_state, extra)`. Raises
         `CheckpointError` naming the first leaf whose path, shape or dtype does
@@ -229,12 +220,8 @@ class CheckpointManager:
             o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             targets["opt_state"] = o_target
-        got = read_held(
-            self._ocp,
-            functools.partial(self._read, step),
-            {i: t.want for i, t in targets.items()},
-            _check_host_bytes(host_bytes),
-        )
+        wants = {i: t.want for i, t in targets.items()}
+        got = read_held(self._ocp, functools.partial(self._read, step), wants, host_bytes)
         if self.checksums and "checksums" in meta:
             for item in targets:
                 _verify(step, item, got[item], meta["checksums"][item])
@@ -311,18 +298,6 @@ def _opt_target(meta, like, shardings, optimizer, opt_like):
             "opt_like= shaped like it."
         )
     return tree_target(opt_like)
-
-
-def _check_host_bytes(host_bytes):
-    """`host_bytes` if None or a non-negative int, else a `CheckpointError` saying what it takes."""
-    if host_bytes is None or (
-        isinstance(host_bytes, int) and not isinstance(host_bytes, bool) and host_bytes >= 0
-    ):
-        return host_bytes
-    raise CheckpointError(
-        f"restore: host_bytes must be None or a non-negative int of bytes (the most read at once), "
-        f"got {host_bytes!r}."
-    )
 
 
 def _check_step(step, where: str = "save") -> int:
