@@ -9,13 +9,15 @@ Sections (`--sections`, all by default):
             leaves). Wall seconds of each (the owner-rank one after `mp.owner_layout` has built
             the step's plan, which the first step reuses; the plan's own seconds next to it), and
             per device the bytes of live arrays once made (`jax.live_arrays()`, each buffer once).
-  restore   the d512 LM's parameters and Adam state saved, then restored onto the 4 ranks
+  restore   the d512 LM's parameters and Adam state saved (as a dict of its leaves, so that no
+            layers are stacked after the reads), then restored onto the 4 ranks
             (`mp.owner_layout`) in one read (`host_bytes` above the checkpoint) and in host
-            batches (`host_bytes=0`: one array at a time; the default, 64 MiB): wall seconds and
-            the host bytes staged beyond the restored arrays (tracemalloc peak minus what is
-            still held after; on CPU a restored array may keep the host buffer it was read into).
+            batches (`host_bytes=0`: one array at a time; the default, 64 MiB): wall seconds,
+            the tracemalloc peak, and the host bytes staged beyond the restored arrays (that peak
+            minus what is still held after: on CPU a restored array may keep the host buffer it
+            was read into, which is that device's memory).
   run_ahead a 4-rank tanh-MLP training step (D=256, B=64, m=8, Std1F1B and GPipe) with the
-            run-ahead bound off, 1, 2 (default) and 4 cells per rank: wall and issuing-thread CPU
+            run-ahead bound off (the default on CPU), 1, 2 (an accelerator's default) and 4 cells per rank: wall and issuing-thread CPU
             per step over interleaved rounds.
 
     python benchmarks/owner_init.py [--rounds 7] [--sections init,restore,run_ahead]
@@ -112,31 +114,37 @@ def init_section() -> list[dict]:
     return rows
 
 
+def flat(tree) -> dict:
+    """`tree`'s leaves by path: arrays restored as they are, no layers to stack after the reads."""
+    return {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def restore_section() -> list[dict]:
     init = lm_init(MODELS["d512, 8 blocks"], 4)
     step, batch = lm_step()
     params, state = mp.init_on_owners(step, init, jax.random.key(0), *batch)
-    like, opt_like = mp.owner_layout(step, init, jax.random.key(0), *batch)
-    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((like, opt_like)))
-    largest = max(x.size * x.dtype.itemsize for x in jax.tree.leaves((like, opt_like)))
+    like = flat(mp.owner_layout(step, init, jax.random.key(0), *batch))
+    total = sum(x.size * x.dtype.itemsize for x in like.values())
+    largest = max(x.size * x.dtype.itemsize for x in like.values())
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        mp.save_checkpoint(directory, 1, params=params, opt_state=state)
+        mp.save_checkpoint(directory, 1, params=flat((params, state)))
         del params, state
         for label, host_bytes in (("one read", 2 * total), ("default (64 MiB)", None), ("per array", 0)):
             gc.collect()
             tracemalloc.start()
             start = time.perf_counter()
-            got = mp.restore_checkpoint(directory, like=like, opt_like=opt_like, host_bytes=host_bytes)
-            jax.block_until_ready((got.params, got.opt_state))
+            got = mp.restore_checkpoint(directory, like=like, host_bytes=host_bytes).params
+            jax.block_until_ready(got)
             seconds = time.perf_counter() - start
             held, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             del got
             row = {"read": label, "seconds": seconds, "staged_mib": (peak - held) / MIB}
+            row["peak_mib"] = peak / MIB
             rows.append({**row, "checkpoint_mib": total / MIB, "largest_mib": largest / MIB})
-            print(f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB "
-                  f"(checkpoint {total / MIB:.1f} MiB, largest array {largest / MIB:.1f} MiB)")  # fmt: skip
+            print(f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB, traced peak "
+                  f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f})")  # fmt: skip
     return rows
 
 

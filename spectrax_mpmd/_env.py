@@ -77,10 +77,14 @@ DEFAULT_RUN_AHEAD = 2
 
 def configured_run_ahead() -> int | None:
     """How many cells a rank may have issued ahead of its oldest unfinished one:
-    `$SPECTRAX_MPMD_RUN_AHEAD`, a positive number, `none` (no bound), default 2."""
+    `$SPECTRAX_MPMD_RUN_AHEAD`, a positive number or `none` (no bound); by default 2 on an
+    accelerator, none on CPU devices (their buffers are the host's memory, and waiting there
+    costs the host time it would spend issuing)."""
     raw = os.environ.get(RUN_AHEAD_ENV)
     if raw is None:
-        return DEFAULT_RUN_AHEAD
+        import jax  # here: a leaf module, read before JAX picks its devices
+
+        return None if jax.default_backend() == "cpu" else DEFAULT_RUN_AHEAD
     if raw.strip().lower() == "none":
         return None
     try:

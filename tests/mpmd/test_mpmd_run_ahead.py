@@ -62,6 +62,8 @@ def test_no_rank_runs_further_ahead_than_the_limit_and_the_results_are_unchanged
 
 def test_the_setting_is_read_and_checked(monkeypatch):
     monkeypatch.delenv(RUN_AHEAD_ENV, raising=False)
+    assert configured_run_ahead() == (None if jax.default_backend() == "cpu" else 2)
+    monkeypatch.setenv(RUN_AHEAD_ENV, "2")
     assert configured_run_ahead() == 2
     monkeypatch.setenv(RUN_AHEAD_ENV, "None")
     assert configured_run_ahead() is None
