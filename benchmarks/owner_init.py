@@ -17,8 +17,8 @@ Sections (`--sections`, all by default):
             minus what is still held after: on CPU a restored array may keep the host buffer it
             was read into, which is that device's memory).
   run_ahead a 4-rank tanh-MLP training step (D=256, B=64, m=8, Std1F1B and GPipe) with the
-            run-ahead bound off (the default on CPU), 1, 2 (an accelerator's default) and 4 cells per rank: wall and issuing-thread CPU
-            per step over interleaved rounds.
+            run-ahead bound off (the default on CPU), 1, 2 (an accelerator's default) and 4 cells
+            per rank: wall and issuing-thread CPU per step over interleaved rounds.
 
     python benchmarks/owner_init.py [--rounds 7] [--sections init,restore,run_ahead]
         [--json benchmarks/results/owner_init.json]
@@ -144,7 +144,7 @@ def restore_section() -> list[dict]:
             row["peak_mib"] = peak / MIB
             rows.append({**row, "checkpoint_mib": total / MIB, "largest_mib": largest / MIB})
             print(f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB, traced peak "
-                  f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f})")  # fmt: skip
+                  f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f})")
     return rows
 
 
