@@ -1,15 +1,15 @@
 """Parameters and optimizer state made on the ranks that keep them, never whole on one device.
 
-`init_on_owners(step, init, key, *batch)` builds the step's plan on abstract
-arguments (`jax.eval_shape` of `init` and of `tx.init`), reads there where the
-step keeps each leaf (`kept_shardings`: the sharding the step returns the leaf
-with, else that of its first reader), and makes the leaves: per device set, one
-`jax.jit` of `init` (and `tx.init` of its result) whose outputs are only that
-set's leaves, each with its sharding. XLA drops what those outputs do not need,
-so a rank computes its own leaves and nothing else, and the values are those of
-`init(key)`: the same program of the same key. In a multi-process run a process
-makes only the leaves of its own ranks; the others are global arrays without
-local shards here, as the step returns them.
+`owner_layout(step, init, key, *batch)` builds the step's plan on abstract arguments
+(`jax.eval_shape` of `init` and of `tx.init`) and reads there where the step keeps each
+leaf (`kept_shardings`: the sharding the step returns the leaf with, else that of its
+first reader). `init_on_owners` then makes the leaves (`make_leaves`): per device set,
+the equations of `init`'s jaxpr (and of `tx.init` of its result) that the set's leaves
+need, evaluated one by one on the set's first device as JAX evaluates `init(key)`
+outside `jax.jit`, so the values are those of `init(key)` bit for bit and a rank
+computes its own leaves and nothing else. In a multi-process run a process makes only
+the leaves of its own ranks; the others are global arrays without local shards here,
+as the step returns them.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def kept_shardings(plan, first: int, count: int, results: int | None) -> list:
 
 
 def _step_of(step, tx):
-    """`(function, arguments before the batch, tx)`: the plan-building callable behind `step`."""
+    """`(the Runner behind a runner step or None, the optimizer or None)`, or an error saying which
+    steps are taken."""
     inner = getattr(step, "runner", None)
     if inner is not None:
         if inner.mode != "train":
