@@ -186,7 +186,6 @@ def lm_init(key):
     return mp.stage_blocks(lm, 4)
 
 
-@pytest.mark.slow
 def test_a_runner_step_gets_both_ready_for_its_update():
     tokens, targets = batch()
     step = mp.runner(mesh=MESH, loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(microbatches=M), tx=TX)
