@@ -21,6 +21,7 @@ import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_core.losses import softmax_cross_entropy
 from spectrax_core.models import TransformerLM
+from spectrax_mpmd._checkpoint.hosts import host_batches
 
 VOCAB, D, LENGTH, BATCH, M, BLOCKS, HIDDEN = 32, 128, 8, 16, 4, 8, 512
 TX = optax.adam(1e-3)
@@ -215,3 +216,20 @@ def test_a_whole_step_without_its_optimizer_is_refused(planned):
     _, step = planned
     with pytest.raises(mp.MpmdError, match="tx="):
         mp.init_on_owners(step, init, jax.random.key(0), *batch())
+
+
+def _sizes(batches) -> list[int]:
+    return [sum(x.size * x.dtype.itemsize for arrays in b.values() for x in arrays.values()) for b in batches]
+
+
+def test_restore_batches_hold_at_most_the_bound_or_one_array():
+    def spec(n):
+        return jax.ShapeDtypeStruct((n,), jnp.float32)  # 4n bytes
+
+    held = {"params": {"a": spec(10), "b": spec(30), "c": spec(5)}}
+    held["opt_state"] = {"d": spec(20), "e": spec(1)}
+    assert _sizes(host_batches(held, 0)) == [40, 120, 104]  # the largest array is the least bound
+    assert _sizes(host_batches(held, 160)) == [160, 104]
+    assert _sizes(host_batches(held, None)) == [264]
+    with pytest.raises(mp.CheckpointError, match="host_bytes"):
+        host_batches(held, -1)
