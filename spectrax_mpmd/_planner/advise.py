@@ -21,10 +21,11 @@ from spectrax_core.schedules import StageCost, StageMemory
 
 from .._api import check_mesh
 from .._api.validation import VALIDATIONS
+from .._env import configured_run_ahead
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError, StageSplitError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
-from .memory import fitted
+from .memory import fitted, run_ahead_bytes
 from .optimizer import with_sync_copy
 from .profiler import Profiled, Profiler
 
@@ -263,12 +264,17 @@ def _candidate(schedule, predicted, budget, choice=None) -> Candidate:
 def _predictor(schedule, n: int, update_s, validation: str):
     """`predict(memory, cost) -> (peak bytes per rank, predicted seconds with the update, timeline)`:
     the update runs as `validation` says (`spectrax_core.schedules.with_update`); gated, a rank
-    holds its reduced gradients until the verdict (`with_sync_copy`)."""
+    holds its reduced gradients until the verdict (`with_sync_copy`); with a run-ahead bound (the
+    default on an accelerator) its queued cells' bytes are added."""
+    bound = configured_run_ahead()
 
     def predict(memory, cost):
         timeline = S.simulate(schedule, n, cost, memory=memory)
         updated = S.with_update(timeline, update_s, validation=validation)
-        return with_sync_copy(timeline.peak_bytes, memory, validation != "none"), updated.makespan, timeline
+        peaks = with_sync_copy(timeline.peak_bytes, memory, validation != "none")
+        if bound is not None:  # cells queued ahead hold what they read last (`run_ahead_bytes`)
+            peaks = tuple(p + e for p, e in zip(peaks, run_ahead_bytes(memory, schedule, n, bound)))
+        return peaks, updated.makespan, timeline
 
     return predict
 

@@ -1,7 +1,7 @@
 """Bounded run-ahead: a rank never has more than `SPECTRAX_MPMD_RUN_AHEAD` cells issued ahead of its
 oldest unfinished one (the runtime's own count, per rank), the results are those of the unbounded
 loop, and the planner's run-ahead term is what `limit - 1` queued cells of a rank's largest stage
-hold."""
+hold, added to its predicted peaks under a bound."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ import pytest
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_mpmd._env import RUN_AHEAD_ENV, configured_run_ahead
+from spectrax_mpmd._planner.advise import _predictor
 from spectrax_mpmd._planner.memory import run_ahead_bytes
 
 MESH = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
@@ -73,18 +74,21 @@ def test_the_setting_is_read_and_checked(monkeypatch):
             configured_run_ahead()
 
 
+MEMORY = dict(
+    inputs=(0, 1, 2, 3, 4, 5, 6, 7),
+    kept_inputs=(10,) * 8,
+    residuals=(100, 200, 100, 200, 100, 200, 100, 900),
+    grads=(1,) * 8,
+    stash=(0,) * 8,
+    params=(0,) * 4,
+    accumulators=(0,) * 4,
+    optimizer=(0,) * 4,
+    other=(0,) * 4,
+)
+
+
 def test_the_planner_term_is_what_the_queued_cells_of_a_ranks_largest_stage_hold():
-    memory = S.StageMemory(
-        inputs=(0, 1, 2, 3, 4, 5, 6, 7),
-        kept_inputs=(10,) * 8,
-        residuals=(100, 200, 100, 200, 100, 200, 100, 900),
-        grads=(1,) * 8,
-        stash=(0,) * 8,
-        params=(0,) * 4,
-        accumulators=(0,) * 4,
-        optimizer=(0,) * 4,
-        other=(0,) * 4,
-    )
+    memory = S.StageMemory(**MEMORY)
     schedule = S.InterleavedH1(microbatches=8, virtual_stages=2)
     held = [memory.inputs[s] + 10 + memory.residuals[s] + 1 for s in range(8)]
     per_rank = [0] * 4
@@ -96,3 +100,15 @@ def test_the_planner_term_is_what_the_queued_cells_of_a_ranks_largest_stage_hold
     assert run_ahead_bytes(memory, schedule, 4, 3) == tuple(2 * b for b in per_rank)
     with pytest.raises(ValueError, match="positive number of cells"):
         run_ahead_bytes(memory, schedule, 4, None)
+
+
+def test_the_planners_peaks_include_the_term_under_a_bound(monkeypatch):
+    schedule = S.Std1F1B(microbatches=8)
+    memory = S.StageMemory(**{k: v[:4] if len(v) == 8 else v for k, v in MEMORY.items()})
+    cost = S.StageCost(*((1.0,) * 4,) * 4)
+    peaks = {}
+    for bound in ("none", "3"):
+        monkeypatch.setenv(RUN_AHEAD_ENV, bound)
+        peaks[bound] = _predictor(schedule, 4, (0.0,) * 4, "none")(memory, cost)[0]
+    extra = run_ahead_bytes(memory, schedule, 4, 3)
+    assert peaks["3"] == tuple(p + e for p, e in zip(peaks["none"], extra)) and min(extra) > 0
