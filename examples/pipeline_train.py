@@ -3,8 +3,9 @@
 Stages differ in class and shapes: int tokens -> embedding (stage 0) -> a
 wide MLP block (stage 1) -> a narrow block (stage 2) -> classifier head and
 loss (stage 3). Each stage runs on its own 2-device submesh of 8 (fake CPU)
-devices; the schedule is 1F1B over 8 microbatches. The loss and gradients
-are checked once against the unsplit `jax.value_and_grad` on one device.
+devices; the schedule is 1F1B over 8 microbatches. The parameters are made
+on the ranks that hold them (`mp.init_on_owners`), never whole on one device;
+the loss and gradients are checked once against the unsplit `jax.value_and_grad` on one device.
 
 Run: python examples/pipeline_train.py
 """
@@ -63,13 +64,14 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=60, help="training steps after the exactness check")
     steps = parser.parse_args(argv).steps
     mesh = mp.create_mesh((4, 1, -1, 1, 1, 1), mpmd_axis="pp")  # 4 ranks x 2 devices
-    params = init(jax.random.key(0))
     step = mp.sxvalue_and_grad(loss_fn, mesh=mesh, schedule=Std1F1B(microbatches=8))
     opt = mp.StagedOptimizer(optax.adamw(1e-2), max_grad_norm=1.0)
 
     batch = make_batch(jax.random.key(1))
+    params = mp.init_on_owners(step, init, jax.random.key(0), batch)  # each leaf made on its rank
     loss, grads = step(params, batch)
-    ref_loss, ref_grads = jax.value_and_grad(loss_fn)(params, batch)
+    whole = init(jax.random.key(0))  # the same values, whole on one device: the unsplit reference
+    ref_loss, ref_grads = jax.value_and_grad(loss_fn)(whole, batch)
     close = all(
         np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads))
     )

@@ -308,17 +308,16 @@ def main(argv=None) -> dict:
     # the update runs inside the step's plan, each leaf's on its rank; the global norm crosses as a scalar
     lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
-    lm = TransformerLM.init(
-        jax.random.key(0),
-        vocab_size=256,
-        d_model=args.d_model,
-        n_layers=args.layers or max(4, n_stages),
-        n_heads=4,
-        d_ff=4 * args.d_model,
-    )
-    unsplit_params = (
-        jax.tree.map(jnp.copy, lm) if args.compile_reference else None
-    )  # the pipeline consumes lm
+    def init_lm(key):
+        n_layers = args.layers or max(4, n_stages)
+        return TransformerLM.init(key, vocab_size=256, d_model=args.d_model, n_layers=n_layers, n_heads=4,
+                                  d_ff=4 * args.d_model)  # fmt: skip
+
+    def init_staged(key):  # the pipeline's layout: each rank's blocks, made on that rank (init_on_owners)
+        return mp.stage_blocks(init_lm(key), n_stages)
+
+    lm = init_lm(jax.random.key(0)) if args.spmd or args.compile_reference else None  # whole, one device
+    unsplit_params = lm if args.compile_reference else None
     if args.spmd:
         mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices[: args.stages])  # data parallel
         params = lm
@@ -328,16 +327,17 @@ def main(argv=None) -> dict:
         )
     else:
         mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices[: args.stages])
-        params = mp.stage_blocks(lm, n_stages)  # each rank holds only its own blocks
+        params = None  # made on the ranks once the batch's shapes are known (mp.init_on_owners)
         memory = memory_settings(args)
         step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx, **memory)
         per_rank = f" x {schedule.virtual_stages} stages" if schedule.virtual_stages > 1 else ""
+        blocks = jax.eval_shape(init_staged, jax.random.key(0)).blocks.sizes
         print(
             f"MPMD pipeline: {args.stages} ranks{per_rank}, {type(schedule).__name__}, {args.microbatches} "
-            f"microbatches; blocks per stage {', '.join(map(str, params.blocks.sizes))}; remat {args.remat}; "
+            f"microbatches; blocks per stage {', '.join(map(str, blocks))}; remat {args.remat}; "
             f"offload {args.offload or 'none'}"
         )
-    sizes = sum(x.size for x in jax.tree.leaves(lm))
+    sizes = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_lm, jax.random.key(0))))
     print(
         f"model: {sizes / 1e6:.2f} M parameters, byte vocabulary; batches of {args.batch} x {args.seq} "
         f"bytes from {len(data):,} bytes of text"
@@ -352,9 +352,12 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     first, state = 0, None
     if args.resume is not None:
-        shardings = mp.owner_shardings(step, params, tokens, targets)  # builds the step: compiles
+        if params is None:  # each array read onto the rank that keeps it (builds the step: compiles)
+            like, opt_like = mp.owner_layout(step, init_staged, jax.random.key(0), tokens, targets)
+        else:
+            like, opt_like = params, tx.init(params)
         t0 = time.perf_counter()
-        restored = manager.restore(resume_at, like=params, shardings=shardings, opt_like=tx.init(params))
+        restored = manager.restore(resume_at, like=like, opt_like=opt_like)
         ckpt["restore_s"] = time.perf_counter() - t0
         params, state, first = restored.params, restored.opt_state, restored.step
         if first >= (min(args.steps, args.stop_after) if args.stop_after else args.steps):
@@ -372,6 +375,8 @@ def main(argv=None) -> dict:
             print(f"deleted the later checkpoints {later} (--overwrite): this run replaces them")
         for _ in range(first):  # the data stream where the saved run stopped
             tokens, targets = next(stream)
+    if params is None:  # parameters and optimizer state made on their ranks, never whole on one device
+        params, state = mp.init_on_owners(step, init_staged, jax.random.key(0), tokens, targets)
     state = tx.init(params) if state is None else state
     loss, params, state = step.update(params, state, tokens, targets)  # params, state: consumed and returned
     jax.block_until_ready(loss)

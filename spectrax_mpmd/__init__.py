@@ -26,6 +26,7 @@ from ._checkpoint.manager import (
     restore_checkpoint,
     save_checkpoint,
 )
+from ._checkpoint.owners import init_on_owners, owner_layout
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
@@ -111,4 +112,6 @@ __all__ = [
     "save_checkpoint",
     "restore_checkpoint",
     "owner_shardings",
+    "init_on_owners",
+    "owner_layout",
 ]

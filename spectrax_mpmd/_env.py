@@ -17,6 +17,7 @@ TRANSPORT_ENV = "SPECTRAX_MPMD_TRANSPORT"  # the cross-process transport, one of
 HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process's transfer server at
 CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their arguments, one of INPUT_CHECKS
 COMPILE_THREADS_ENV = "SPECTRAX_MPMD_COMPILE_THREADS"  # how many programs XLA compiles at once
+RUN_AHEAD_ENV = "SPECTRAX_MPMD_RUN_AHEAD"  # cells a rank may issue ahead of its oldest unfinished one
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 
 DEFAULT_TIMEOUT = 30.0
@@ -68,6 +69,30 @@ def configured_compile_threads() -> int:
         value = 0
     if value <= 0:
         raise MpmdError(f"{COMPILE_THREADS_ENV}={raw!r}: expected a positive number of threads, e.g. 1 or 4.")
+    return value
+
+
+DEFAULT_RUN_AHEAD = 2
+
+
+def configured_run_ahead() -> int | None:
+    """How many cells a rank may have issued ahead of its oldest unfinished one:
+    `$SPECTRAX_MPMD_RUN_AHEAD`, a positive number or `none` (no bound); by default 2 on an
+    accelerator, none on CPU devices (their buffers are the host's memory, and waiting there
+    costs the host time it would spend issuing)."""
+    raw = os.environ.get(RUN_AHEAD_ENV)
+    if raw is None:
+        import jax  # here: a leaf module, read before JAX picks its devices
+
+        return None if jax.default_backend() == "cpu" else DEFAULT_RUN_AHEAD
+    if raw.strip().lower() == "none":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise MpmdError(f"{RUN_AHEAD_ENV}={raw!r}: expected a positive number of cells, e.g. 2, or none.")
     return value
 
 

@@ -30,6 +30,8 @@ MPMD_ADDED = {
     "Max",
     "Concat",
     "Offload",
+    "init_on_owners",
+    "owner_layout",
 }
 
 SCHEDULES = {

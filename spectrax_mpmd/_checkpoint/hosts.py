@@ -127,25 +127,60 @@ def _zeros(lent: dict, shape, dtype, device, kind) -> jax.Array:
     return lent[key]
 
 
-def read_held(ocp, read, wants: dict[str, dict]) -> dict[str, dict]:
+def read_held(ocp, read, wants: dict[str, dict], host_bytes: int | None = None) -> dict[str, dict]:
     """Each item's wanted arrays (`{item: {name: jax.ShapeDtypeStruct}}`): those whose devices this
-    process holds read through `read(**orbax_args)` straight onto their shardings (a partial orbax
-    read), the others (another process's ranks') global arrays without local shards."""
+    process holds read through `read(**orbax_args)` straight onto their shardings (partial orbax
+    reads, one batch of `host_batches` at a time, so the host never stages more), the
+    others (another process's ranks') global arrays without local shards."""
     held = {
         i: {n: s for n, s in want.items() if s.sharding.is_fully_addressable} for i, want in wants.items()
     }
-    items = {
-        item: ocp.args.PyTreeRestore(
-            arrays, restore_args=ocp.checkpoint_utils.construct_restore_args(arrays), partial_restore=True
-        )
-        for item, arrays in held.items()
-        if arrays
-    }
-    got = {item: dict(values) for item, values in (read(**items) if items else {}).items()}
+    got: dict[str, dict] = {item: {} for item in wants}
+    for batch in host_batches(held, host_bytes):
+        items = {
+            item: ocp.args.PyTreeRestore(
+                arrays, restore_args=ocp.checkpoint_utils.construct_restore_args(arrays), partial_restore=True
+            )
+            for item, arrays in batch.items()
+        }
+        for item, values in read(**items).items():
+            got[item].update(values)
     return {
         item: {n: got[item][n] if n in held[item] else remote_array(s) for n, s in want.items()}
         for item, want in wants.items()
     }
+
+
+HOST_BATCH_BYTES = 64 << 20  # the default least bound of one read's arrays (see `host_batches`)
+
+
+def _nbytes(spec: jax.ShapeDtypeStruct) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
+def host_batches(held: dict[str, dict], host_bytes: int | None) -> list[dict[str, dict]]:
+    """`held`'s arrays (`{item: {name: spec}}`) in batches of at most `max(largest array, host_bytes)`
+    bytes (`host_bytes` None: `HOST_BATCH_BYTES`), in order: a restore's host staging is one batch."""
+    if host_bytes is not None and (
+        isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 0
+    ):
+        raise CheckpointError(
+            f"restore: host_bytes must be None or a non-negative int of bytes (the most read at once), "
+            f"got {host_bytes!r}."
+        )
+    entries = [(item, name, spec) for item, arrays in held.items() for name, spec in arrays.items()]
+    if not entries:
+        return []
+    bound = max(max(_nbytes(s) for *_, s in entries), HOST_BATCH_BYTES if host_bytes is None else host_bytes)
+    batches: list[dict[str, dict]] = [{}]
+    size = 0
+    for item, name, spec in entries:
+        if size and size + _nbytes(spec) > bound:
+            batches.append({})
+            size = 0
+        batches[-1].setdefault(item, {})[name] = spec
+        size += _nbytes(spec)
+    return batches
 
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax names a step folder so until it commits it

@@ -184,7 +184,7 @@ class CheckpointManager:
 
     # -- restoring -----------------------------------------------------------------------
     def restore(
-        self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None
+        self, step: int | None = None, *, like, shardings=None, optimizer=None, opt_like=None, host_bytes=None
     ) -> Restored:
         """Read `step` (default: the latest) into parameters shaped and placed like `like`.
 
@@ -201,6 +201,7 @@ class CheckpointManager:
           optimizer: a `StagedOptimizer`, to restore a saved `StagedOptState` for
             the target parameters (its groups follow their placement).
           opt_like: or a pytree shaped like a saved non-staged optimizer state.
+          host_bytes: read in batches of at most `max(largest array, host_bytes)` bytes (None: 64 MiB).
 
         Returns `Restored(step, params, opt_state, extra)`. Raises
         `CheckpointError` naming the first leaf whose path, shape or dtype does
@@ -219,9 +220,8 @@ class CheckpointManager:
             o_target, o_rebuild = _opt_target(meta, like, shardings, optimizer, opt_like)
             o_target.check(meta["opt_state"], "opt_state")
             targets["opt_state"] = o_target
-        got = read_held(
-            self._ocp, functools.partial(self._read, step), {i: t.want for i, t in targets.items()}
-        )
+        wants = {i: t.want for i, t in targets.items()}
+        got = read_held(self._ocp, functools.partial(self._read, step), wants, host_bytes)
         if self.checksums and "checksums" in meta:
             for item in targets:
                 _verify(step, item, got[item], meta["checksums"][item])
@@ -341,11 +341,19 @@ def restore_checkpoint(
     optimizer=None,
     opt_like=None,
     checksums: bool = True,
+    host_bytes: int | None = None,
 ) -> Restored:
     """Restore one step (default: the latest); see `CheckpointManager.restore`. `checksums=False`
     reads the arrays without checking them against the checksums their save recorded."""
     with CheckpointManager(directory, create=False, checksums=checksums) as manager:
-        return manager.restore(step, like=like, shardings=shardings, optimizer=optimizer, opt_like=opt_like)
+        return manager.restore(
+            step,
+            like=like,
+            shardings=shardings,
+            optimizer=optimizer,
+            opt_like=opt_like,
+            host_bytes=host_bytes,
+        )
 
 
 @outside_context_mesh

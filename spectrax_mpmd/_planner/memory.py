@@ -261,3 +261,27 @@ def fitted(schedule, n: int, timing: Mapping, holding: Mapping, step: Callable, 
     recompute = m * sum(forward[s] for s, r in enumerate(remat) if r and s < stages - 1)
     choice = MemoryChoice(remat, offload, timeline.peak_host_bytes, transfer, recompute, count, backend)
     return choice, memory, cost
+
+
+def run_ahead_bytes(memory, schedule, n: int, limit: int | None) -> tuple[int, ...]:
+    """Per rank, the bytes beyond the predicted (issue-order) peak a runtime that allocates each
+    program's outputs at enqueue can hold when a rank has up to `limit` cells issued ahead of its
+    oldest unfinished one (`spectrax_mpmd._runtime.run_ahead`): the buffers that `limit - 1`
+    queued cells read last stay until those cells run, at most what one microbatch of the
+    rank's largest stage holds between cells (received inputs, residuals, received cotangents,
+    stash) per queued cell. `limit=1` adds nothing; `limit=None` (no bound) has no bound and
+    raises."""
+    if limit is None or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(
+            f"run_ahead_bytes: limit must be a positive number of cells (an unbounded run-ahead has no "
+            f"bound on its bytes), received {limit!r}."
+        )
+    held = [
+        memory.inputs[s] + memory.kept_inputs[s] + memory.residuals[s] + memory.grads[s] + memory.stash[s]
+        for s in range(memory.stages)
+    ]
+    per_rank = [0] * n
+    for s in range(schedule.num_stages(n)):
+        rank, model = schedule.rank_of(s, n), schedule.model_stage(s, n)
+        per_rank[rank] = max(per_rank[rank], held[model])
+    return tuple((limit - 1) * b for b in per_rank)

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from spectrax_core import schedules as S
 from spectrax_core.schedules import Timeline
 
+from .._env import configured_run_ahead
 from .backend import BackendCost
+from .memory import run_ahead_bytes
 from .optimizer import with_sync_copy
 
 LIMITS = ("schedule", "host thread", "shared devices")
@@ -40,7 +42,9 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
     """`predict(memory, cost, copies=0) -> Predicted` for `schedule` on `n` ranks, `copies` the
     host copies per step: the update runs as `validation` says
     (`spectrax_core.schedules.with_update`); gated, a rank holds its reduced gradients until
-    the verdict (`with_sync_copy`)."""
+    the verdict (`with_sync_copy`); with a run-ahead bound (the default on an accelerator) its
+    queued cells' bytes are added (`run_ahead_bytes`)."""
+    bound = configured_run_ahead()
 
     def predict(memory, cost, copies: int = 0) -> Predicted:
         timeline = S.simulate(schedule, n, cost, memory=memory)
@@ -53,6 +57,8 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
         )
         k = max(range(3), key=lambda j: bounds[j])
         peaks = with_sync_copy(timeline.peak_bytes, memory, validation != "none")
+        if bound is not None:
+            peaks = tuple(p + e for p, e in zip(peaks, run_ahead_bytes(memory, schedule, n, bound)))
         update = updated.makespan - timeline.makespan
         return Predicted(peaks, bounds[k], timeline, LIMITS[k], update, updated.makespan)
 

@@ -9,13 +9,16 @@ decisions, compilation, dependency order — was done once by the plan passes
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from spectrax_core.schedules import Schedule
 
 from .._comm import is_transfer
+from .._env import configured_run_ahead
 from ..errors import MpmdError
+from .run_ahead import Gates, gates, run_bounded
 from .slots import InputKind, Output
 
 
@@ -63,6 +66,10 @@ class Plan:
     transport: object = None
     local_ranks: frozenset | None = None
     remote_outputs: list = field(default_factory=list)
+    # the most cells a rank may have issued ahead of its oldest unfinished one (None: no bound;
+    # see `run_ahead`), and per rank the most it had outstanding in the last run
+    run_ahead: int | None = field(default_factory=configured_run_ahead)
+    outstanding: list = field(default_factory=list)
 
     def buffers(self, placed_inputs: Sequence) -> list:
         """A fresh buffer list holding the constants and `placed_inputs` (aligned with `input_keys`)."""
@@ -78,17 +85,25 @@ class Plan:
         if self.transport is not None:
             self.transport.begin()
         buf = self.buffers(placed_inputs)
-        for fn, ins, outs, frees in self.steps:
-            results = fn(*[buf[i] for i in ins])
-            for o, r in zip(outs, results):
-                buf[o] = r
-            for f in frees:
-                buf[f] = None
+        if self.run_ahead is not None and self.transport is None:  # see `run_ahead` (one process)
+            run_bounded(self, buf, self.run_ahead, self.gates, self.outstanding)
+        else:
+            for fn, ins, outs, frees in self.steps:
+                results = fn(*[buf[i] for i in ins])
+                for o, r in zip(outs, results):
+                    buf[o] = r
+                for f in frees:
+                    buf[f] = None
         if self.transport is not None:
             self.transport.end()  # waits for this call's cross-process receives, up to the timeout
             for slot, value in self.remote_outputs:
                 buf[slot] = value
         return buf
+
+    @functools.cached_property
+    def gates(self) -> Gates:
+        """Where each rank's cells start and end among the steps (for the run-ahead bound)."""
+        return gates(self)
 
     def check_single_process(self, what: str) -> None:
         """Refuse a diagnostic that walks the steps itself: in a multi-process plan the steps are

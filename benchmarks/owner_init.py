@@ -1,0 +1,203 @@
+"""Owner-rank initialisation, restores in host batches, and the run-ahead bound: what they cost.
+
+Sections (`--sections`, all by default):
+
+  init      the main job's LM (examples/train_lm.py: byte vocabulary, d_model 128, 4 blocks,
+            4 ranks, Std1F1B over 8 microbatches, clipped AdamW) and an 8-block d512 LM: the
+            whole-tree initialisation (`init(key)` and `tx.init`, all on one device, as the
+            step then moves each leaf) against `mp.init_on_owners` (each rank makes its own
+            leaves). Wall seconds of each (the owner-rank one after `mp.owner_layout` has built
+            the step's plan, which the first step reuses; the plan's own seconds next to it), and
+            per device the bytes of live arrays once made (`jax.live_arrays()`, each buffer once).
+  restore   the d512 LM's parameters and Adam state saved (as a dict of its leaves, so that no
+            layers are stacked after the reads), then restored onto the 4 ranks
+            (`mp.owner_layout`) in one read (`host_bytes` above the checkpoint) and in host
+            batches (`host_bytes=0`: one array at a time; the default, 64 MiB): wall seconds,
+            the tracemalloc peak, and the host bytes staged beyond the restored arrays (that peak
+            minus what is still held after: on CPU a restored array may keep the host buffer it
+            was read into, which is that device's memory).
+  run_ahead a 4-rank tanh-MLP training step (D=256, B=64, m=8, Std1F1B and GPipe) with the
+            run-ahead bound off (the default on CPU), 1, 2 (an accelerator's default) and 4 cells
+            per rank: wall and issuing-thread CPU per step over interleaved rounds.
+
+    python benchmarks/owner_init.py [--rounds 7] [--sections init,restore,run_ahead]
+        [--json benchmarks/results/owner_init.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from _timing import interleaved, summary  # noqa: E402
+
+import spectrax_mpmd as mp  # noqa: E402
+from spectrax_core import schedules as S  # noqa: E402
+from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
+from spectrax_core.models import TransformerLM  # noqa: E402
+from spectrax_mpmd._env import RUN_AHEAD_ENV  # noqa: E402
+
+MIB = 2**20
+MODELS = {  # name -> TransformerLM.init's sizes
+    "train_lm (d128, 4 blocks)": dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512),
+    "d512, 8 blocks": dict(vocab_size=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048),
+}
+TX = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3))
+
+
+def lm_init(sizes: dict, ranks: int):
+    return lambda key: mp.stage_blocks(TransformerLM.init(key, **sizes), ranks)
+
+
+def live_mib(before: set) -> dict:
+    """MiB of live arrays per device id, made since `before` (ids), each buffer once."""
+    buffers = {}
+    for x in jax.live_arrays():
+        if id(x) in before or x.is_deleted():
+            continue
+        for shard in x.addressable_shards:
+            buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
+    out: dict = {}
+    for (device, _), size in buffers.items():
+        out[device] = out.get(device, 0) + size / MIB
+    return dict(sorted(out.items()))
+
+
+def lm_step(ranks: int = 4):
+    mesh = mp.create_mesh((ranks, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:ranks])
+    step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(microbatches=8), tx=TX)
+    tokens = jax.ShapeDtypeStruct((32, 64), jnp.int32)
+    return step, (tokens, tokens)
+
+
+def measured(make) -> dict:
+    """Wall seconds of `make()` (its result waited for) and the live MiB per device it leaves."""
+    gc.collect()
+    kept = jax.live_arrays()
+    before = {id(x) for x in kept}
+    start = time.perf_counter()
+    made = jax.block_until_ready(make())
+    seconds = time.perf_counter() - start
+    live = live_mib(before)
+    del made
+    return {"seconds": seconds, "live_mib": live, "max_device_mib": max(live.values())}
+
+
+def init_section() -> list[dict]:
+    rows = []
+    for name, sizes in MODELS.items():
+        init = lm_init(sizes, 4)
+        step, batch = lm_step()
+        key = jax.random.key(0)
+        start = time.perf_counter()
+        mp.owner_layout(step, init, key, *batch)  # builds (and compiles) the step's plan
+        plan_s = time.perf_counter() - start
+        whole = measured(lambda: (lambda p: (p, TX.init(p)))(init(key)))
+        owner = measured(lambda: mp.init_on_owners(step, init, key, *batch))
+        rows.append({"model": name, "plan_s": plan_s, "whole_tree": whole, "owner_ranks": owner})
+        print(
+            f"{name}: whole tree {whole['seconds']:.3f} s, {whole['live_mib']} MiB per device; owner ranks "
+            f"{owner['seconds']:.3f} s (plan {plan_s:.1f} s, reused by the first step), {owner['live_mib']}"
+        )
+    return rows
+
+
+def flat(tree) -> dict:
+    """`tree`'s leaves by path: arrays restored as they are, no layers to stack after the reads."""
+    return {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def restore_section() -> list[dict]:
+    init = lm_init(MODELS["d512, 8 blocks"], 4)
+    step, batch = lm_step()
+    params, state = mp.init_on_owners(step, init, jax.random.key(0), *batch)
+    like = flat(mp.owner_layout(step, init, jax.random.key(0), *batch))
+    total = sum(x.size * x.dtype.itemsize for x in like.values())
+    largest = max(x.size * x.dtype.itemsize for x in like.values())
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        mp.save_checkpoint(directory, 1, params=flat((params, state)))
+        del params, state
+        for label, host_bytes in (("one read", 2 * total), ("default (64 MiB)", None), ("per array", 0)):
+            gc.collect()
+            tracemalloc.start()
+            start = time.perf_counter()
+            got = mp.restore_checkpoint(directory, like=like, host_bytes=host_bytes).params
+            jax.block_until_ready(got)
+            seconds = time.perf_counter() - start
+            held, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            del got
+            row = {"read": label, "seconds": seconds, "staged_mib": (peak - held) / MIB}
+            row["peak_mib"] = peak / MIB
+            rows.append({**row, "checkpoint_mib": total / MIB, "largest_mib": largest / MIB})
+            print(f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB, traced peak "
+                  f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f})")
+    return rows
+
+
+def mlp_loss(params, x, y):
+    for k, w in enumerate(params):
+        x = jnp.tanh(x @ w)
+        if k < len(params) - 1:
+            x = mp.sxstage_iter(x)
+    return jnp.mean((x - y) ** 2)
+
+
+def run_ahead_section(rounds: int) -> list[dict]:
+    mesh = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = [jax.random.normal(k, (256, 256)) / 16 for k in keys[:4]]
+    x, y = jax.random.normal(keys[4], (64, 256)), jax.random.normal(keys[5], (64, 256))
+    rows = []
+    for schedule in (S.Std1F1B(microbatches=8), S.GPipe(microbatches=8)):
+        steps = {}
+        for limit in ("none", "1", "2", "4"):
+            os.environ[RUN_AHEAD_ENV] = limit
+            steps[limit] = mp.sxvalue_and_grad(mlp_loss, mesh=mesh, schedule=schedule)
+            jax.block_until_ready(steps[limit](params, x, y))  # builds the plan under this bound
+        os.environ.pop(RUN_AHEAD_ENV)
+        contenders = {f"run_ahead={k}": (lambda s=s: s(params, x, y)) for k, s in steps.items()}
+        wall, cpu = interleaved(contenders, rounds, calls=5, warmup=1)
+        for name in contenders:
+            times = summary(wall[name], cpu[name])
+            rows.append({"schedule": type(schedule).__name__, "bound": name, **times})
+            r = rows[-1]
+            print(f"{r['schedule']:8} {name:13} median {r['median_ms']:.2f} ms  min {r['min_ms']:.2f} ms  "
+                  f"spread {r['spread']:.2f}  cpu {r['cpu_median_ms']:.2f} ms")  # fmt: skip
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--sections", default="init,restore,run_ahead")
+    parser.add_argument("--json", default="benchmarks/results/owner_init.json")
+    args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    out: dict = {"devices": str(jax.devices()[0].platform)}
+    if "init" in sections:
+        out["init"] = init_section()
+    if "restore" in sections:
+        out["restore"] = restore_section()
+    if "run_ahead" in sections:
+        out["run_ahead"] = run_ahead_section(args.rounds)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Parameters and optimizer state made on the ranks that keep them, never whole on one device.
+
+`owner_layout(step, init, key, *batch)` builds the step's plan on abstract arguments
+(`jax.eval_shape` of `init` and of `tx.init`) and reads there where the step keeps each
+leaf (`kept_shardings`: the sharding the step returns the leaf with, else that of its
+first reader). `init_on_owners` then makes the leaves (`make_leaves`): per device set,
+the equations of `init`'s jaxpr (and of `tx.init` of its result) that the set's leaves
+need, evaluated one by one on the set's first device as JAX evaluates `init(key)`
+outside `jax.jit`, so the values are those of `init(key)` bit for bit and a rank
+computes its own leaves and nothing else. In a multi-process run a process makes only
+the leaves of its own ranks; the others are global arrays without local shards here,
+as the step returns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spectrax_core import sharding as core_sharding
+
+from .._api.entry import cached_entry
+from .._optim import remote_array
+from .._runtime import Output
+from .._trace.jax_private import Var
+from .._trace.jaxpr import eval_eqns, needed_eqns, read
+from ..errors import MpmdError
+
+NAME = "init_on_owners"
+
+
+def kept_shardings(plan, first: int, count: int, results: int | None) -> list:
+    """Per function leaf `first .. first + count - 1`, where `plan` keeps it: the sharding of the
+    result it comes back as (`results`: the index of its first result, None: a plan without
+    results), else of its first reader, else None (a leaf the plan neither reads nor returns)."""
+    produced = plan.produced_shardings()
+    produced.update((slot, value.sharding) for slot, value in plan.remote_outputs)
+    readers: dict = {}
+    for (_, key), sharding in zip(plan.input_keys, plan.input_shardings):
+        readers.setdefault(key.leaf, sharding)
+    slots = plan.output_slots.get(Output.RESULTS, ())
+    out = []
+    for j in range(count):
+        slot = slots[results + j] if results is not None else None
+        out.append(produced.get(slot, readers.get(first + j)))
+    return out
+
+
+def _step_of(step, tx):
+    """`(the Runner behind a runner step or None, the optimizer or None)`, or an error saying which
+    steps are taken."""
+    inner = getattr(step, "runner", None)
+    if inner is not None:
+        if inner.mode != "train":
+            raise MpmdError(
+                f"{NAME}: step is a forward (inference) step; parameters are placed by a training step: "
+                "pass an mp.runner(..., mode='train') step."
+            )
+        tx = inner.tx if tx is None else tx
+        return inner, tx
+    if not hasattr(step, "build_entry"):
+        raise MpmdError(
+            f"{NAME}: step must be an mp.runner(...) step, an mp.sxvalue_and_grad_and_apply step or an "
+            f"mp.sxvalue_and_grad function, got {type(step).__name__}."
+        )
+    if not hasattr(step, "plan_for") and tx is None:
+        raise MpmdError(
+            f"{NAME}: step is a whole training step (params, opt_state, *batch); pass its optimizer as "
+            "tx= so that the optimizer state is made with it."
+        )
+    return None, tx
+
+
+def _shardings(step, inner, abstract, batch, tx) -> list:
+    """Per leaf of `abstract` (the parameters, or `(params, opt_state)`), where `step` keeps it
+    (`inner`: the `Runner` behind a runner step, else None)."""
+    leaves = jax.tree.leaves(abstract)
+    if inner is not None and not inner.mpmd:
+        return _spmd_shardings(inner, abstract, tx)
+    if inner is not None:
+        step = inner.update_step if tx is not None else inner.step
+        batch = (None, *batch)
+    if tx is None:  # a gradient step: where each parameter's gradient is made
+        call = (abstract, *batch)
+        plan = step.plan_for(*call)
+        found = plan.grad_shardings(len(leaves))
+        return [found.get(a) for a in range(len(leaves))]
+    call = (*abstract, *batch)
+    entry, _ = cached_entry(step, call)
+    n_results = len(entry.plan.output_slots.get(Output.RESULTS, ()))
+    return kept_shardings(entry.plan, 0, len(leaves), n_results - len(leaves))
+
+
+def _spmd_shardings(inner, abstract, tx) -> list:
+    """A step without a pipeline axis: parameters placed by its rules (replicated without), the
+    optimizer state replicated, as `Runner.update` places them."""
+    mesh = inner.mesh
+    params = abstract[0] if tx is not None else abstract
+    if inner.rules is None:
+        placed = [NamedSharding(mesh, PartitionSpec()) for _ in jax.tree.leaves(params)]
+    else:
+        specs = core_sharding.param_specs(params, inner.rules, mesh=mesh)
+        placed = [NamedSharding(mesh, s) for s in jax.tree.leaves(specs, is_leaf=_is_spec)]
+    if tx is None:
+        return placed
+    return placed + [NamedSharding(mesh, PartitionSpec()) for _ in jax.tree.leaves(abstract[1])]
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, PartitionSpec)
+
+
+def _groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
+    """Leaf indices by the device set they are kept on (ids sorted), in leaf order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, sh in enumerate(shardings):
+        groups.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
+    return groups
+
+
+def make_leaves(make: Callable, key, shardings: Sequence, abstract: Sequence) -> list:
+    """The flat leaves of `make(key)`, each made on `shardings[k]`: per device set, the equations of
+    `make`'s jaxpr that set's leaves need, evaluated one by one on its first device (as `make(key)`
+    runs outside `jax.jit`, so the values are the same bits), then placed on their shardings.
+    Leaves of another process's devices are global arrays without local shards here."""
+    closed = jax.make_jaxpr(make)(key)
+    out: list = [None] * len(shardings)
+    for idx in _groups(shardings).values():
+        if not shardings[idx[0]].is_fully_addressable:
+            for k in idx:
+                spec = abstract[k]
+                out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
+            continue
+        device = min(shardings[idx[0]].device_set, key=lambda d: d.id)
+        with jax.default_device(device):
+            made = evaluate(closed, jax.device_put(jax.tree.leaves(key), device), idx)
+        for k, x in zip(idx, made):
+            out[k] = x if getattr(x, "sharding", None) == shardings[k] else jax.device_put(x, shardings[k])
+    return out
+
+
+def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
+    """Outputs `outputs` of `closed` at `args`: only the equations they need, each bound as JAX
+    binds it outside a trace, each value released after its last reader."""
+    jaxpr = closed.jaxpr
+    targets = [jaxpr.outvars[k] for k in outputs]
+    order = sorted(needed_eqns(jaxpr.eqns, targets))
+    last: dict = {}
+    for i in order:
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var):
+                last[v] = i
+    kept = {v for v in targets if isinstance(v, Var)}
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+    for i in order:
+        eval_eqns([jaxpr.eqns[i]], env)
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var) and last.get(v) == i and v not in kept:
+                env.pop(v, None)
+    return [read(env, v) for v in targets]
+
+
+def owner_layout(step, init: Callable, key, *batch, tx=None):
+    """Where `step` keeps each leaf of `init(key)` (and of its optimizer state): the same tree of
+    `jax.ShapeDtypeStruct`s, each with the sharding of the rank(s) that keep it. Nothing is
+    computed but the step's plan (see `init_on_owners`, which takes the same arguments).
+
+    Pass the trees to a restore as `like=` and `opt_like=`, so that every array is read
+    straight onto its rank: `params, opt_state = mp.owner_layout(step, init, key, *batch)`,
+    then `manager.restore(like=params, opt_like=opt_state)`.
+    """
+    inner, tx = _step_of(step, tx)
+    abstract = jax.eval_shape(_maker(init, tx), key)
+    leaves, treedef = jax.tree.flatten(abstract)
+    shardings = _shardings(step, inner, abstract, batch, tx)
+    if None in shardings:
+        fallback = _fallback(step)
+        shardings = [fallback if sh is None else sh for sh in shardings]
+    placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
+    return treedef.unflatten(placed)
+
+
+def init_on_owners(step, init: Callable, key, *batch, tx=None):
+    """`init(key)` made leaf by leaf on the ranks where `step` keeps each leaf: never whole on one
+    device, with the values of `init(key)`.
+
+    `step` is an `mp.runner(...)` step (its `tx` gives the optimizer), an
+    `mp.sxvalue_and_grad_and_apply` step (pass its `tx=`), or an `mp.sxvalue_and_grad`
+    function; `batch` are the step's arguments after the parameters (and the optimizer
+    state), arrays or `jax.ShapeDtypeStruct`s of the batch the step will be called with.
+    `key` is `init`'s argument (a PRNG key, or any pytree of arrays; bind other arguments
+    with `functools.partial`). With an optimizer returns `(params, opt_state)`, the state
+    `tx.init(params)` made on the ranks that update each leaf, both ready for
+    `step.update(params, opt_state, *batch)`; without one, the parameters placed where the
+    step makes their gradients.
+
+    This builds (and compiles) the step's plan for these arguments; the first real call
+    reuses it. Each device set runs one program computing only its own leaves (XLA drops
+    the rest), so no device holds more than its own share. In a multi-process run each
+    process makes only its ranks' leaves.
+    """
+    _, tx = _step_of(step, tx)
+    layout = owner_layout(step, init, key, *batch, tx=tx)
+    leaves, treedef = jax.tree.flatten(layout)
+    return treedef.unflatten(make_leaves(_maker(init, tx), key, [x.sharding for x in leaves], leaves))
+
+
+def _maker(init: Callable, tx) -> Callable:
+    """`init`, or with an optimizer `key -> (init(key), tx.init(init(key)))`."""
+    return init if tx is None else (lambda key: _with_state(init, tx, key))
+
+
+def _with_state(init: Callable, tx, key):
+    params = init(key)
+    return params, tx.init(params)
+
+
+def _fallback(step):
+    """Where a leaf the step never reads goes: replicated on the first rank."""
+    inner = getattr(step, "runner", None)
+    mesh = (inner if inner is not None else step).mesh
+    return NamedSharding(mesh.submesh(0), PartitionSpec())

@@ -1,0 +1,79 @@
+"""Bounded run-ahead: at most `limit` cells of a rank issued ahead of its oldest unfinished one.
+
+JAX dispatch is asynchronous, so one host thread can issue a rank's cells far ahead
+of the device. On an accelerator the runtime allocates a program's outputs when it is
+enqueued, and frees its inputs only when it has run: a host far ahead holds the
+outputs of every queued cell together with the inputs they have not yet consumed,
+more than the plan's peak. With a limit, before issuing a rank's next cell the loop
+waits for that rank's oldest outstanding cell once `limit` are outstanding (waiting
+on the cell's outputs that no later program has consumed: its outputs are ready together). `limit=1` issues a
+cell only after the previous one of its rank has run; the bytes beyond the plan's
+peak are then nil, and `limit=k` adds at most what `k - 1` cells of the rank hold
+(`spectrax_mpmd._planner.memory.run_ahead_bytes`).
+
+The bound applies to a plan run by one process: a multi-process plan's steps are
+the process's share, which the schedule's action spans do not index, so it runs
+unbounded, as before.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+import jax
+
+from .._comm import is_transfer
+
+
+class Gates(NamedTuple):
+    """Per plan step: the rank whose cell starts there (-1: none) and the rank whose cell it ends
+    (-1: none); a cell is one schedule action's steps, transfers aside."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    ranks: int
+
+
+def gates(plan) -> Gates:
+    """The steps where each action's cell starts and where its last program runs."""
+    starts, ends = [-1] * len(plan.steps), [-1] * len(plan.steps)
+    for rank, _, first, end in plan.action_steps:
+        programs = [k for k in range(first, end) if not is_transfer(plan.steps[k].fn)]
+        if programs:
+            starts[programs[0]] = rank
+            ends[programs[-1]] = rank
+    ranks = 1 + max((rank for rank, *_ in plan.action_steps), default=-1)
+    return Gates(tuple(starts), tuple(ends), ranks)
+
+
+def run_bounded(plan, buf: list, limit: int, gated: Gates, most: list) -> None:
+    """Run `plan.steps` over `buf` as `Plan.run` does, at most `limit` cells outstanding per rank;
+    `most[r]` becomes the most cells rank `r` had outstanding at once (the check of the limit)."""
+    pending = [deque() for _ in range(gated.ranks)]
+    most[:] = [0] * gated.ranks
+    for k, (fn, ins, outs, frees) in enumerate(plan.steps):
+        rank = gated.starts[k]
+        if rank >= 0:
+            queue = pending[rank]
+            while len(queue) >= limit:
+                _wait(queue.popleft())
+        results = fn(*[buf[i] for i in ins])
+        for o, r in zip(outs, results):
+            buf[o] = r
+        for f in frees:
+            buf[f] = None
+        rank = gated.ends[k]
+        if rank >= 0:
+            queue = pending[rank]
+            queue.append(results)
+            most[rank] = max(most[rank], len(queue))
+
+
+def _wait(outputs) -> None:
+    """Wait for a cell through its outputs still held (one donated to a later program is gone;
+    the cell's other outputs are ready with it)."""
+    for x in outputs:
+        if isinstance(x, jax.Array) and not x.is_deleted():
+            x.block_until_ready()
+            return
