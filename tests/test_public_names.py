@@ -30,6 +30,7 @@ MPMD_ADDED = {
     "Max",
     "Concat",
     "Offload",
+    "StepDecoder",
 }
 
 SCHEDULES = {

@@ -26,11 +26,13 @@ from .._trace.context import methods_outside_context_mesh
 from ..errors import MpmdError
 from .generate.links import Transfers, make_links
 from .generate.requests import Request, check_request
-from .generate.rows import row_state, rows_of
-from .generate.stages import StageLayout, local_stages
-from .generate.stepcells import stage_program
+from .generate.rows import row_state
+from .generate.serve import Queue, serve_cells
+from .generate.stages import StageLayout
+from .generate.stepcells import serve_program, stage_program, step_cell
+from .generate.stepgroups import Places, serve_groups, step_groups, step_input_specs
 from .generate.traced import StepSplit, abstract, trace_step
-from .generate.wavefront import Group, run_wavefront
+from .generate.wavefront import run_wavefront
 
 NAME = "StepDecoder"
 
@@ -54,10 +56,9 @@ class StepDecoder:
         self._layout = StageLayout.of(mesh, self.n_stages, schedule)
         self._links = make_links(self._layout, self.n_stages)
         self._moves = None  # the cross-process transfers (False: none), made at the first generation
-        self._placed: list[dict] = [{} for _ in range(self.n_stages)]  # param index -> leaf on the rank
+        self._places = Places(self._layout, params, init_cache)
         self._plans: dict[tuple, StepSplit] = {}  # (group size, chunk length, max_len) -> its split
         self._programs: dict[tuple, tuple] = {}  # (size, prompt length, max_len, sampler, pad_id) -> programs
-        self._inits: dict[tuple, Callable] = {}  # (stage, size, max_len) -> the stage's cache maker
 
     def update(self, params) -> StepDecoder:
         """Use `params` (new values of the same structure, shapes and dtypes) from now on; the compiled
@@ -69,7 +70,8 @@ class StepDecoder:
                 f"{NAME}.update: params differ from the decoder's in structure, shapes or dtypes; update "
                 "takes new values of the same model. Build a new StepDecoder for another model."
             )
-        self.params, self._placed = params, [{} for _ in range(self.n_stages)]
+        self.params = params
+        self._places.use(params)
         return self
 
     def split(self, size: int, length: int, max_len: int) -> StepSplit:
@@ -113,13 +115,19 @@ class StepDecoder:
             raise MpmdError(f"{NAME}.generate: record= measures a one-process run; drop it here.")
         state = row_state(gen_state(req.tokens.shape[0], req.budgets, keys, stop_tokens))
         pre, dec = self._stage_programs(req, sampler, pad_id)
-        placed = self._groups(req, state, dec[1])
+        placed = step_groups(
+            self._layout, self.n_stages, req, state, self._places.caches(dec[1], req.size, req.max_len)
+        )
         cells = [
-            self._cell(s, pre[0][s], dec[0][s], self._weights(s, pre[1][s])) for s in range(self.n_stages)
+            step_cell(s, self.n_stages, pre[0][s], dec[0][s], self._places.weights(s, pre[1][s]))
+            for s in range(self.n_stages)
         ]
         specs = None
         if transfers is not None:
-            specs = self._input_specs(req, pre, dec)
+            cache = jax.eval_shape(lambda: self.init_cache(req.size, req.max_len))
+            specs = step_input_specs(
+                req, pre, dec, abstract(jax.tree.leaves(self.params)), jax.tree.leaves(cache)
+            )
             transfers.begin(req.groups, req.steps)
         tokens = run_wavefront(
             cells,
@@ -136,6 +144,66 @@ class StepDecoder:
         if transfers is not None:
             return transfers.finish(tokens, (req.tokens.shape[0], req.steps))
         return jnp.asarray(tokens)
+
+    def serve(
+        self,
+        prompts,
+        max_new_tokens,
+        *,
+        batch: int,
+        groups: int = 1,
+        max_len: int | None = None,
+        sampler: Sampler = Sampler(),
+        keys=None,
+        stop_tokens: Sequence[int] = (),
+        pad_id: int = 0,
+    ) -> jax.Array:
+        """New tokens `(len(prompts), T)` of a queue of prompts decoded `batch` at a time (continuous
+        batching, one process): when a sequence ends, its row takes the next prompt (see
+        `generate.serve`). `groups` splits the rows as in `generate`; the other arguments are its own,
+        per prompt."""
+        name = f"{NAME}.serve"
+        req = check_request(prompts, None, max_new_tokens, max_len, 1, pad_id, name)
+        if (
+            not isinstance(batch, int)
+            or not isinstance(groups, int)
+            or min(batch, groups) < 1
+            or batch % groups
+        ):
+            raise MpmdError(
+                f"{name}: batch={batch!r} rows must be a positive int that groups={groups!r} divides."
+            )
+        if self._transfers() is not None:
+            raise MpmdError(
+                f"{name}: continuous batching runs in one process; use generate across processes."
+            )
+        queue = Queue(
+            [row[:n] for row, n in zip(req.tokens, req.lengths)],
+            req.budgets,
+            groups,
+            batch // groups,
+            stop_tokens,
+        )
+        programs, index = self._serve_programs(batch // groups, req.max_len, sampler, pad_id)
+        weights = [self._places.weights(s, index[s]) for s in range(self.n_stages)]
+        caches = self._places.caches(
+            self.split(batch // groups, 1, req.max_len).owned, batch // groups, req.max_len
+        )
+        state = gen_state(len(queue.prompts), req.budgets, keys, stop_tokens)
+        placed = serve_groups(
+            self._layout, self.n_stages, state, groups, batch // groups, caches, queue.bound()
+        )
+        cells = serve_cells(programs, weights, queue, self._layout, pad_id)
+        out = run_wavefront(cells, self._layout, placed, queue.bound(), pad_id, links=self._links, specs=None)
+        return jnp.asarray(queue.tokens(out, batch // groups, pad_id))
+
+    def _serve_programs(self, size: int, max_len: int, sampler, pad_id: int) -> tuple:
+        key = ("serve", size, max_len, sampler, pad_id)
+        if key not in self._programs:
+            plan = self.split(size, 1, max_len)
+            programs = [serve_program(plan, s, plan.params[s], sampler, pad_id) for s in range(self.n_stages)]
+            self._programs[key] = (programs, plan.params)
+        return self._programs[key]
 
     def _stage_programs(self, req: Request, sampler, pad_id: int) -> tuple:
         """`((programs, weight indices) for prefill, (programs, cache owned) for decode)` per stage."""
@@ -155,85 +223,8 @@ class StepDecoder:
             self._programs[key] = ((pre, index), (dec, then.owned))
         return self._programs[key]
 
-    def _cell(self, s: int, prefill: Callable, decode: Callable, weights: list) -> Callable:
-        last = s == self.n_stages - 1
-
-        def run(g: Group, x, t: int):
-            program = prefill if t == 0 else decode
-            out, g.caches[s], g.starts[s], state, finished = program(
-                weights, x, g.caches[s], g.starts[s], g.state if last else None
-            )
-            if last:
-                g.state = state
-            return out, finished
-
-        return run
-
-    def _weights(self, s: int, index: tuple) -> list:
-        """Stage `s`'s params `index` on its rank: a leaf already there kept, the others copied once."""
-        if not local_stages(self._layout, self.n_stages)[s]:
-            return []
-        placed, leaves, target = self._placed[s], jax.tree.leaves(self.params), self._layout.sharding(s)
-        missing = [i for i in index if i not in placed]
-        moved = [i for i in missing if not _on(leaves[i], target)]
-        placed.update((i, leaves[i]) for i in missing)
-        if moved:
-            placed.update(zip(moved, jax.device_put([leaves[i] for i in moved], target)))
-        return [placed[i] for i in index]
-
-    def _groups(self, req: Request, state, owned) -> list[Group]:
-        """Each group's prompt (stage 0), lengths (every stage), state (last stage) and caches, on the
-        ranks of this process that use them."""
-        mine, last = local_stages(self._layout, self.n_stages), self.n_stages - 1
-        out = []
-        for i in range(req.groups):
-            part = req.part(i)
-            at = lambda value, s: jax.device_put(value, self._layout.sharding(s)) if mine[s] else None  # noqa: E731
-            out.append(
-                Group(
-                    x=at(req.tokens[part], 0),
-                    caches=[
-                        self._init(s, owned[s], req.size, req.max_len)() if mine[s] else None
-                        for s in range(last + 1)
-                    ],
-                    starts=[at(req.lengths[part], s) for s in range(last + 1)],
-                    state=at(rows_of(state, part), last),
-                    trees=(),
-                    rounds=int(req.budgets[part].max()),
-                )
-            )
-        return out
-
-    def _init(self, s: int, owned: tuple, size: int, max_len: int) -> Callable:
-        """Stage `s`'s cache leaves for a group, made on its rank by the user's `init_cache`."""
-        key = (s, size, max_len)
-        if key not in self._inits:
-            make = lambda: [jax.tree.leaves(self.init_cache(size, max_len))[c] for c in owned]  # noqa: E731
-            self._inits[key] = jax.jit(make, out_shardings=self._layout.sharding(s))
-        return self._inits[key]
-
-    def _input_specs(self, req: Request, pre, dec) -> tuple[list, list]:
-        """Each stage's input shape in a decode round and in the prefill round (`specs[t == 0][s]`)."""
-        leaves, owned = abstract(jax.tree.leaves(self.params)), dec[1]
-        cache = jax.tree.leaves(jax.eval_shape(lambda: self.init_cache(req.size, req.max_len)))
-        pos = jax.ShapeDtypeStruct((req.size,), jnp.int32)
-        out = []
-        for programs, x in ((dec[0], (req.size,)), (pre[0], (req.size, req.tokens.shape[1]))):
-            row = [jax.ShapeDtypeStruct(x, jnp.int32)]
-            for s in range(self.n_stages - 1):
-                weights = [leaves[i] for i in pre[1][s]]
-                row.append(
-                    jax.eval_shape(programs[s], weights, row[-1], [cache[c] for c in owned[s]], pos, None)[0]
-                )
-            out.append(row)
-        return out[0], out[1]
-
     def _transfers(self) -> Transfers | None:
         """The cross-process moves, when a link between stages crosses processes (made once)."""
         if self._moves is None:
             self._moves = Transfers(self._links) if any(link.cross for link in self._links) else False
         return self._moves or None
-
-
-def _on(leaf, target) -> bool:
-    return isinstance(leaf, jax.Array) and leaf.sharding.device_set == target.device_set

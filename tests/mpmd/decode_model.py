@@ -8,6 +8,8 @@ layers. `alone` decodes one prompt unsplit, token by token: the reference.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,9 +86,14 @@ def decode_step(n_stages):
     return step
 
 
+@functools.cache
+def unsplit_step():
+    return jax.jit(decode_step(1))
+
+
 def alone(params, prompt, budget, *, sampler=Sampler(), key=None, stop_tokens=(), pad_id=0, max_len=None):
     """One prompt's new tokens (`budget` of them, `pad_id` after a stop token), decoded unsplit."""
-    step = jax.jit(decode_step(1))
+    step = unsplit_step()
     key = jax.random.key(0) if key is None else key
     n = len(prompt)
     cache = init_cache(1, max_len or n + budget)

@@ -48,6 +48,7 @@ class Group:
     state: list
     trees: tuple
     rounds: int
+    index: int = 0  # the group's place in the batch
     tokens: list = field(default_factory=list)
     finished: list = field(default_factory=list)
 
