@@ -113,3 +113,24 @@ def test_wrong_marker_count_and_short_cache_raise_early():
         decoder(2).generate(PROMPTS, 4, groups=3)
     with pytest.raises(mp.MpmdError, match="groups=3 divides"):
         decoder(2).serve(PROMPTS, 4, batch=4, groups=3)
+
+
+def test_update_takes_new_values_without_recompiling():
+    dec = decoder(2)
+    dec.generate(PROMPTS, 6, groups=2)
+    newer = jax.tree.map(lambda a: a * 1.5, params())
+    compiles = []
+
+    def count(event, duration, **_):
+        compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        out = dec.update(newer).generate(PROMPTS, 6, groups=2)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+        dec.update(params())
+    assert compiles == []
+    np.testing.assert_array_equal(np.asarray(out), [M.alone(newer, p, 6) for p in PROMPTS])
+    with pytest.raises(mp.MpmdError, match="update takes new values"):
+        dec.update({**newer, "pos": newer["pos"][:4]})
