@@ -15,6 +15,7 @@ import pytest
 from mpmd_cases import pipeline_mesh
 
 import spectrax_mpmd as mp
+from spectrax_core import schedules as S
 from spectrax_core.models import Sampler, left_pad
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]
@@ -67,6 +68,13 @@ def test_continuous_batching_over_a_queue_equals_each_prompt_alone(n, seeded):
         )
     out = decoder(n).serve(prompts, budgets, batch=4, groups=2, **options)
     np.testing.assert_array_equal(np.asarray(out), padded(alone(budgets, prompts, **options), 5))
+
+
+def test_virtual_stages_put_two_stages_on_each_rank():
+    schedule = S.InterleavedH1(microbatches=2)
+    dec = mp.StepDecoder(M.decode_step(4), params(), M.init_cache, mesh=pipeline_mesh(2), schedule=schedule)
+    assert dec._layout.ranks == (0, 1, 0, 1)
+    np.testing.assert_array_equal(np.asarray(dec.generate(PROMPTS, 4, groups=2)), alone(4))
 
 
 def test_left_padded_prompts_are_accepted():
