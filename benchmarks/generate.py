@@ -19,7 +19,11 @@ steady state (the window where every rank has work). With more blocks than ranks
 CPU host the fake devices share the cores, so wall time cannot show a pipeline speed-up here;
 the figures are overhead and the modelled overlap.
 
-    python benchmarks/generate.py [--rounds 5] [--layers 4] [--out benchmarks/results/generate.json]
+`--model step` measures the same rows for `StepDecoder` over the same LM written as a user's
+plain-JAX decode step (`_step_lm`), against that step run unsplit on one device (prefill, then
+one token a call), results in `benchmarks/results/generate_step_<layers>.json`.
+
+    python benchmarks/generate.py [--rounds 5] [--layers 4] [--model lm|step] [--out ...]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
+import _step_lm  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from _timing import interleaved, summary  # noqa: E402
@@ -49,7 +54,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--layers", type=int, default=4, help="blocks (the main job's LM has 4)")
-    p.add_argument("--out", default="benchmarks/results/generate.json")
+    p.add_argument("--model", choices=("lm", "step"), default="lm", help="PipelineDecoder or StepDecoder")
+    p.add_argument("--out", default=None, help="default: benchmarks/results/generate[_step_<layers>].json")
     return p.parse_args()
 
 
@@ -92,21 +98,39 @@ def modelled(name, decoder, prompt, steps, n, group_counts) -> dict:
     return line
 
 
-def main() -> dict:
-    args = parse()
-    n, batch, steps = args.ranks, args.batch, args.tokens
+def models(args, mesh, prompt):
+    """`(decoder, unsplit generation, lm or None)` for `--model`."""
+    if args.model == "step":
+        params, make = _step_lm.init_params(jax.random.key(0), args.layers), _step_lm.init_cache(args.layers)
+        step = _step_lm.decode_step(args.layers, args.ranks)
+        decoder = mp.StepDecoder(step, params, make, mesh=mesh)
+        one = jax.jit(_step_lm.decode_step(args.layers, 1), donate_argnums=1)
+        batch, length = prompt.shape
+        return (
+            decoder,
+            lambda: _step_lm.unsplit_generate(
+                one, params, make(batch, length + args.tokens), prompt, args.tokens
+            ),
+            None,
+        )
     lm = TransformerLM.init(
         jax.random.key(0), vocab_size=256, d_model=128, n_layers=args.layers, n_heads=4, d_ff=512
     )
+    return mp.PipelineDecoder(lm, mesh=mesh), lambda: generate(lm, prompt, args.tokens), lm
+
+
+def main() -> dict:
+    args = parse()
+    n, batch, steps = args.ranks, args.batch, args.tokens
     prompt = jax.random.randint(jax.random.key(1), (batch, 8), 0, 256)
     mesh = mp.create_mesh((n, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:n])
-    decoder = mp.PipelineDecoder(lm, mesh=mesh)
+    decoder, unsplit, lm = models(args, mesh, prompt)
     group_counts = sorted({1, n, 2 * n} & {g for g in range(1, batch + 1) if batch % g == 0})
-    want = np.asarray(generate(lm, prompt, steps))
+    want = np.asarray(unsplit())
     sides = {
         f"pipelined g={g}": (lambda g=g: decoder.generate(prompt, steps, groups=g)) for g in group_counts
     }
-    sides["unsplit"] = lambda: generate(lm, prompt, steps)
+    sides["unsplit"] = unsplit
     for name, fn in sides.items():  # warm up (compile) and check every side gives the same tokens
         assert np.array_equal(np.asarray(fn()), want), name
 
@@ -126,10 +150,9 @@ def main() -> dict:
               f"{row['cpu_median_ms']:13.2f} {row['tokens_per_s']:9.0f} {row['cpu_per_cell_us']:11.1f} "
               f"{row['cpu_per_token_per_rank_us']:17.1f}")  # fmt: skip
 
-    splits = {
-        "even": modelled(f"even split {decoder.lm.blocks.sizes}", decoder, prompt, steps, n, group_counts)
-    }
-    if args.layers > n:
+    even = decoder.lm.blocks.sizes if lm is not None else "at the step's markers"
+    splits = {"even": modelled(f"even split {even}", decoder, prompt, steps, n, group_counts)}
+    if args.layers > n and lm is not None:
         split = mp.decode_split(lm, mesh=mesh, group_size=batch // (2 * n), max_len=prompt.shape[1] + steps)
         tuned = mp.PipelineDecoder(lm, mesh=mesh, stage_sizes=split.sizes)
         assert np.array_equal(np.asarray(tuned.generate(prompt, steps, groups=2 * n)), want)
@@ -145,11 +168,15 @@ def main() -> dict:
         "rounds": args.rounds,
         "rows": rows,
         "layers": args.layers,
+        "model": args.model,
         "splits": splits,
         "pipelined_vs_unsplit_tokens_per_s": ratio,
         "device": str(jax.devices()[0].platform),
     }
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or f"benchmarks/results/generate{'_step_' + str(args.layers) if args.model == 'step' else ''}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}")

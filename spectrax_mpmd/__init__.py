@@ -33,6 +33,7 @@ from ._facade.gather import gather
 from ._facade.generate.split import DecodeSplit, decode_split
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
+from ._facade.step_decode import StepDecoder
 from ._mesh import MpmdMesh, create_mesh
 from ._optim import StagedOptimizer, StagedOptState
 from ._planner.advise import Advice, Candidate, advise
@@ -56,6 +57,7 @@ from .errors import (
 __all__ = [
     "run",
     "PipelineDecoder",
+    "StepDecoder",
     "decode_split",
     "DecodeSplit",
     "runner",

@@ -32,6 +32,7 @@ MPMD_ADDED = {
     "Offload",
     "init_on_owners",
     "owner_layout",
+    "StepDecoder",
 }
 
 SCHEDULES = {

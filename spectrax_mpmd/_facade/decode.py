@@ -33,7 +33,7 @@ from .._stages import stage_blocks
 from .._trace.context import methods_outside_context_mesh
 from ..errors import MpmdError
 from .generate.links import Transfers, make_links
-from .generate.programs import input_specs
+from .generate.programs import input_specs, lm_cells
 from .generate.stages import StageLayout, check_same_model, place_views, stage_views
 from .generate.wavefront import place_groups, run_wavefront
 
@@ -161,11 +161,10 @@ class PipelineDecoder:
             specs = input_specs(self.views, size, prompt.shape[1], max_len)
             transfers.begin(groups, steps)
         tokens = run_wavefront(
-            self.views,
+            lm_cells(self.views, placed[0].trees, sampler, pad_id),
             self._layout,
             placed,
             steps,
-            sampler,
             pad_id,
             links=self._links,
             specs=specs,

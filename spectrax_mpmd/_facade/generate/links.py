@@ -55,12 +55,20 @@ def _process_of(sharding, stage: int) -> int:
 
 
 def _mover(src, dst) -> Callable:
-    """`x -> x on dst`: JAX's C++ per-device copy between one-device ranks (where the layout cannot
-    differ), else `jax.device_put` (which also re-lays out an output the stage left sharded)."""
-    if len(src.device_set) == 1 and len(dst.device_set) == 1:
-        copy = transfer([src], [dst])
-        return lambda x: copy(x)[0]
-    return lambda x: jax.device_put(x, dst)
+    """`x -> x on dst` for an array or a tuple of them: JAX's C++ per-device copy between one-device
+    ranks (where the layout cannot differ), else `jax.device_put` (which also re-lays out an output
+    the stage left sharded)."""
+    if not (len(src.device_set) == 1 and len(dst.device_set) == 1):
+        return lambda x: jax.device_put(x, dst)
+    copies: dict[int, Callable] = {}  # one copy per number of arrays moved together
+
+    def move(x):
+        leaves, tree = jax.tree.flatten(x)
+        if len(leaves) not in copies:
+            copies[len(leaves)] = transfer([src] * len(leaves), [dst] * len(leaves))
+        return jax.tree.unflatten(tree, copies[len(leaves)](*leaves))
+
+    return move
 
 
 def make_links(layout: StageLayout, n_stages: int) -> tuple[Link, ...]:
@@ -101,15 +109,18 @@ class Transfers:
         self.rounds[groups] = max(rounds, self.rounds.get(groups, 0))
         self.transport.begin()
 
-    def send(self, key: tuple, x: jax.Array) -> None:
-        link = self.links[key[-1]]
-        spec = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=link.target)
-        self.transport.send_step(self.ids[key], link.dst, [link.source], [spec])(x)
+    def send(self, key: tuple, x) -> None:
+        """Send `x` (an array or a tuple of them) into the stage of `key`."""
+        link, leaves = self.links[key[-1]], jax.tree.leaves(x)
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=link.target) for a in leaves]
+        self.transport.send_step(self.ids[key], link.dst, [link.source] * len(leaves), specs)(*leaves)
 
-    def receive(self, key: tuple, spec) -> jax.Array:
-        link = self.links[key[-1]]
-        spec = jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=link.target)
-        return self.transport.recv_step(self.ids[key], link.src, [link.source], [spec])()[0]
+    def receive(self, key: tuple, spec):
+        """The value sent into the stage of `key`, shaped as `spec` (a `ShapeDtypeStruct` or a tuple)."""
+        link, (specs, tree) = self.links[key[-1]], jax.tree.flatten(spec)
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=link.target) for a in specs]
+        got = self.transport.recv_step(self.ids[key], link.src, [link.source] * len(specs), specs)()
+        return jax.tree.unflatten(tree, list(got))
 
     def finish(self, tokens, shape) -> jax.Array:
         """The tokens on every process: the last stage's process sends them to each other one."""

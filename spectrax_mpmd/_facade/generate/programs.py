@@ -62,6 +62,32 @@ def flat_step(
     return out, jax.tree.leaves(cache), jax.tree.leaves(state), finished
 
 
+def lm_cells(views, trees: tuple, sampler, pad_id: int) -> list:
+    """The wavefront's cells (see `wavefront.run_wavefront`) of a staged LM: `flat_step` over each
+    stage's view; `trees` = the groups' cache structure per stage, then their state's."""
+    last, none_def = len(views) - 1, jax.tree.structure(None)
+    flat = [jax.tree.flatten(v) for v in views]
+
+    def cell(s: int):
+        call = dict(
+            trees=(flat[s][1], trees[s], trees[-1] if s == last else none_def), first=s == 0, last=s == last
+        )
+        if s == last:
+            call.update(sampler=sampler, pad_id=pad_id)  # only the last stage samples: others compile once
+
+        def run(g, x, t):
+            out, g.caches[s], state, finished = flat_step(
+                flat[s][0], x, g.caches[s], g.starts[s], g.state if s == last else [], **call
+            )
+            if s == last:
+                g.state = state
+            return out, finished
+
+        return run
+
+    return [cell(s) for s in range(len(views))]
+
+
 def input_specs(views, size: int, length: int, max_len: int) -> tuple[list, list]:
     """Each stage's input `ShapeDtypeStruct` in a decode round and in the prefill round (index with
     `t == 0`): a group of `size` sequences, a prompt of `length` tokens, caches of `max_len`."""

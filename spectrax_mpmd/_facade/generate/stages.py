@@ -102,5 +102,5 @@ def check_same_model(old, new) -> None:
     if _signature(old) != _signature(new):
         raise MpmdError(
             "PipelineDecoder.update: params differ from the decoder's model in structure, shapes or "
-            "dtypes; update takes new values of the same model. Build a new PipelineDecoder for another model."
+            "dtypes; update takes new values of the same model. Build a new PipelineDecoder for another one."
         )

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .programs import flat_step
 from .stages import StageLayout, local_stages
 
 
@@ -49,6 +48,7 @@ class Group:
     state: list
     trees: tuple
     rounds: int
+    index: int = 0  # the group's place in the batch
     tokens: list = field(default_factory=list)
     finished: list = field(default_factory=list)
 
@@ -98,11 +98,14 @@ def _live(groups: list[Group], t: int, watch: bool) -> list[bool]:
 
 
 def run_wavefront(
-    views, layout, groups, steps, sampler, pad_id, *, links, specs, transfers=None, watch=False, record=None
+    cells, layout, groups, steps, pad_id, *, links, specs, transfers=None, watch=False, record=None
 ) -> np.ndarray | None:
     """Issue up to `steps` rounds; this process's tokens `(batch, steps)` in group order (None when
     the last stage is another process's).
 
+    `cells[s](group, x, t)` runs stage s of round t for a group on its input
+    `x` and returns `(out, finished)` (it updates the group's own caches,
+    starts and state; `finished` is the last stage's "all finished" flag).
     `links[s]` says how stage s's input arrives; `specs[t == 0][s]` its shape;
     `transfers` carries the cross-process ones. `watch`: read the finished
     flags (stop tokens, one process). With `record` (a list), each cell is
@@ -110,15 +113,9 @@ def run_wavefront(
     appended (seconds; `received` is when its input reached the rank): a
     measured timeline, not the fast path.
     """
-    n_stages, ranks, last, me = len(views), layout.ranks, len(views) - 1, jax.process_index()
+    n_stages, ranks, last, me = len(cells), layout.ranks, len(cells) - 1, jax.process_index()
     mine = local_stages(layout, n_stages)
-    flat, trees = [jax.tree.flatten(v) for v in views], groups[0].trees
-    no_state, none_def, n_groups = [], jax.tree.structure(None), len(groups)
-    calls = [
-        dict(trees=(flat[s][1], trees[s], trees[-1] if s == last else none_def), first=s == 0, last=s == last)
-        for s in range(n_stages)
-    ]
-    calls[last].update(sampler=sampler, pad_id=pad_id)  # only the last stage samples: others compile once
+    n_groups = len(groups)
     order = issue_order(n_groups, n_stages)
     for t in range(steps):
         live = _live(groups, t, watch)
@@ -141,16 +138,12 @@ def run_wavefront(
             if record is not None:
                 jax.block_until_ready(x)
                 received = time.perf_counter()
-            out, g.caches[s], state, finished = flat_step(
-                flat[s][0], x, g.caches[s], g.starts[s], g.state if s == last else no_state, **calls[s]
-            )
+            g.x, finished = cells[s](g, x, t)
             if record is not None:
-                jax.block_until_ready(out)
+                jax.block_until_ready(g.x)
                 record.append((ranks[s], s, i, t, begin, received, time.perf_counter()))
-            g.x = out
             if s == last:
-                g.state = state
-                g.tokens.append(out)
+                g.tokens.append(g.x)
                 g.finished.append(finished)
     if not mine[last]:
         return None
