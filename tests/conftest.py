@@ -14,6 +14,8 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
+# the planner's profiles go to a folder of this run's, not the user's cache (~/.cache/spectrax_mpmd)
+os.environ["SPECTRAX_MPMD_PROFILE_CACHE"] = tempfile.mkdtemp(prefix="spectrax-profiles-")
 
 import jax  # noqa: E402
 

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 LANGUAGES = {"python", "bash", "text"}
-SLOW_PAGES = {"planner.md"}  # profiles and compiles several pipelines (about a minute on two cores)
+# pages that profile and compile several pipelines (a minute or more on two cores)
+SLOW_PAGES = {"planner.md", "decode.md"}
 
 
 def python_blocks(page: Path) -> list[str]:
