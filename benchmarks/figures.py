@@ -88,6 +88,14 @@ SOURCES = {
         "the whole test suite, as CI runs it",
     ),
     **{
+        f"generate_step_{layers}": Source(
+            f"{PY} benchmarks/generate.py --model step --rounds 3{extra}",
+            f"benchmarks/results/generate_step_{layers}.json",
+            f"pipelined generation of a plain-JAX decode step ({layers} blocks): utilisation, tokens/s",
+        )
+        for layers, extra in [(4, ""), (8, " --layers 8")]
+    },
+    **{
         name: Source(f"{PY} benchmarks/{name}.py {args}".strip(), f"benchmarks/results/{name}.json", what)
         for name, args, what in [
             ("run", "--rounds 3", "spx.run against the hand-written step; pipelined against unsplit decode"),
@@ -102,6 +110,12 @@ SOURCES = {
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
+            ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
+            (
+                "advise_cases",
+                "--models two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 5",
+                "the advisor's picks on two new models: fit, predicted against measured ratio",
+            ),
             (
                 "mpmd_overhead",
                 "--rounds 3 --sections schedules --sizes small,large",
