@@ -216,7 +216,7 @@ def advise(
             skipped.append(Skipped(schedule, m, v, str(failed)))
             errors.append(failed)
             continue
-        backend = profiler.backend(holding.stages)
+        backend = profiler.backend(holding.stages, microbatches)
         inputs = _inputs(schedule, timing, holding, comm, holding.update.validation(validation, guarded))
         if v == 1 and schedule.splits_backward:
             flat.setdefault(m, inputs)

@@ -7,10 +7,13 @@
   KiB-sized copies pays their fixed cost and not only their bytes.
 * The issuing thread's CPU time per copy and per compiled call: one thread issues
   every rank's cells and copies, so a step is never shorter than its issuing.
-* How many ranks compute at once (`parallelism`): the same program run on every
-  rank's device together against one alone. Separate accelerators give the rank
-  count; fake CPU devices share the host's cores and give fewer, and then a step is
-  never shorter than its cells' total work over that.
+* How many ranks compute at once (`parallelism`), measured on the step's own cells:
+  a real step of plain Std1F1B timed whole, against the sum of its cells each timed
+  alone (`busy_and_wall`, `ranks_at_once`). Separate accelerators give up to the rank count; fake
+  CPU devices share the host's cores (each already spreading its own work over
+  them) and give fewer, and then a step is never shorter than its cells' total
+  work over that. Only when no step could be measured, a test program run on every
+  rank's device together against one alone stands in (`parallelism_source`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class CopyFit:
 class BackendCost:
     """The measured costs `advise` adds to a step's cells (see the module docstring): copies to
     host (`out`) and back (`back`), the issuing thread's seconds per copy and per call, and how
-    many of the `ranks` compute at once."""
+    many of the `ranks` compute at once, measured on a real `"step"` or by the `"probe"`
+    (`parallelism_source`)."""
 
     out: CopyFit
     back: CopyFit
@@ -58,6 +62,7 @@ class BackendCost:
     call_issue_s: float
     parallelism: float
     ranks: int
+    parallelism_source: str = "probe"
 
     def as_dict(self) -> dict:
         return {
@@ -67,6 +72,7 @@ class BackendCost:
             "call_issue_s": self.call_issue_s,
             "parallelism": self.parallelism,
             "ranks": self.ranks,
+            "parallelism_source": self.parallelism_source,
         }
 
 
@@ -129,13 +135,39 @@ def parallelism(devices: Sequence, rounds: int = 3, size: int = 192) -> tuple[fl
         issue.append((time.thread_time() - cpu) / len(xs))
         jax.block_until_ready(ys)
         together = min(together, time.perf_counter() - start)
-    k = len(devices) * alone / together
-    return min(max(k, 1.0), float(len(devices))), statistics.median(issue)
+    return ranks_at_once(len(devices) * alone, together, len(devices)), statistics.median(issue)
 
 
-def measure_backend(devices: Sequence, sizes: Iterable[int] = ()) -> BackendCost:
+def ranks_at_once(busy_s: float, wall_s: float, ranks: int) -> float:
+    """How many of `ranks` computed at once in a step whose cells sum to `busy_s` and which took
+    `wall_s`: their ratio, between 1 (cells one after another) and `ranks`."""
+    if not wall_s > 0:
+        raise ValueError(f"ranks_at_once: wall_s must be positive, received {wall_s!r}.")
+    return min(max(busy_s / wall_s, 1.0), float(ranks))
+
+
+def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float]:
+    """`(cells' seconds, step's wall seconds)` of the training step `step` on `args`: its cells
+    timed one at a time (`measure_timeline`) and summed, and the whole step run as it runs,
+    each the least of `rounds` after a warm-up call (which compiles)."""
+    jax.block_until_ready(step(*args))
+    busy = wall = math.inf
+    for _ in range(rounds):
+        start = time.perf_counter()
+        jax.block_until_ready(step(*args))
+        wall = min(wall, time.perf_counter() - start)
+        busy = min(busy, sum(step.measure_timeline(*args).busy) * 1e-6)
+    return busy, wall
+
+
+def measure_backend(
+    devices: Sequence, sizes: Iterable[int] = (), at_once: float | None = None
+) -> BackendCost:
     """The `BackendCost` of one device per rank (`devices[r]` is rank r's first device): copies
-    on rank 0's over `PROBE_SIZES` and `sizes` (the bytes of the values the plan moves)."""
+    on rank 0's over `PROBE_SIZES` and `sizes` (the bytes of the values the plan moves); ranks
+    computing at once `at_once` when a step measured it (`ranks_at_once`), else the probe's."""
     out, back, copy_issue = copy_fits(devices[0], {*PROBE_SIZES, *sizes})
-    ranks_at_once, call_issue = parallelism(devices)
-    return BackendCost(out, back, copy_issue, call_issue, ranks_at_once, len(devices))
+    probed, call_issue = parallelism(devices)
+    source = "probe" if at_once is None else "step"
+    ranks = probed if at_once is None else at_once
+    return BackendCost(out, back, copy_issue, call_issue, ranks, len(devices), source)

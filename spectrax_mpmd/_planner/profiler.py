@@ -13,12 +13,14 @@ A `Profiler` makes and keeps them: each profile is the step's `profile_stages`
 (`StageProfile`) and the optimizer's per-rank state bytes and update seconds
 (`UpdateCost`). Its steps share one `Compiler` (a program two of them have in
 common compiles once), the update is timed once per stage count, and the
-backend's costs (`spectrax_mpmd._planner.backend`) measured once, when asked.
+backend's costs (`spectrax_mpmd._planner.backend`) measured once, when asked: how
+many ranks compute at once from one real step of plain Std1F1B, timed whole
+against its cells timed alone (kept in the disk cache too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spectrax_core import schedules as S
@@ -27,7 +29,7 @@ from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
-from .backend import BackendCost, measure_backend
+from .backend import BackendCost, busy_and_wall, measure_backend, ranks_at_once
 from .cache import ProfileCache, profile_key, program_digest, update_digest
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
 
@@ -133,22 +135,50 @@ class Profiler:
         timing, holding = timing_schedule(schedule), holding_schedule(schedule)
         return self.profile(timing, True, remat), self.profile(holding, repr(holding) == repr(timing), remat)
 
-    def backend(self, profile: StageProfile | None = None) -> BackendCost:
+    def backend(self, profile: StageProfile | None = None, microbatches: Sequence[int] = ()) -> BackendCost:
         """What the backend charges beyond the cells (`measure_backend`: copies fitted over sizes
-        that include the values `profile` saves, the issuing thread, ranks computing at once),
-        measured once, on each rank's first device."""
+        that include the values `profile` saves, the issuing thread, ranks computing at once as
+        `at_once(microbatches)` measures them), measured once, on each rank's first device."""
         if self._backend is None:
             saved = () if profile is None else profile.saved_values
             sizes = sorted({b for stage in saved for kind in stage for _, b in kind})
             devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
-            self._backend = measure_backend(devices, sizes[:2] + sizes[-4:])  # the least and the most
+            at_once = self.at_once(microbatches)
+            self._backend = measure_backend(devices, sizes[:2] + sizes[-4:], at_once)  # least and most
         return self._backend
+
+    def at_once(self, microbatches: Sequence[int]) -> float | None:
+        """How many ranks compute at once in a real step of plain Std1F1B at the most of
+        `microbatches` that splits the arguments (`ranks_at_once` of its `busy_and_wall`, over
+        `rounds`, at least 3); None when none does. What was measured is kept in the disk cache
+        next to the profiles."""
+        for m in sorted(microbatches, reverse=True):
+            schedule = S.Std1F1B(microbatches=m)
+            loss, loss_args = self._loss(schedule)
+            key = self._key(loss, loss_args, ("busy and wall", repr(schedule)), self.step_kwargs, True)
+            measured = None if self.cache is None else self.cache.get(key)
+            if measured is None:
+                kwargs = {"mesh": self.mesh, "schedule": schedule, "compiler": self.compiler}
+                step = step_function(loss, **kwargs, **self.step_kwargs)
+                try:
+                    measured = busy_and_wall(step, loss_args, max(self.rounds, 3))
+                except MpmdError:
+                    continue  # e.g. the batch does not split into m microbatches, or cut for v > 1
+                if self.cache is not None:
+                    self.cache.put(key, measured)
+            return ranks_at_once(*measured, self.mesh.mpmd_dim)
+        return None
+
+    def _loss(self, schedule) -> tuple[Callable, tuple]:
+        """The loss and its arguments for `schedule`'s cut."""
+        if self.args:
+            return self.fn, self.args
+        return self.fn(schedule.num_model_stages(self.mesh.mpmd_dim))
 
     def _made(self, schedule, timed: bool, remat) -> Profiled | MpmdError:
         """The profile from the disk cache when it holds this program's, else measured (and
         stored there)."""
-        n = self.mesh.mpmd_dim
-        loss, loss_args = self.fn(schedule.num_model_stages(n)) if not self.args else (self.fn, self.args)
+        loss, loss_args = self._loss(schedule)
         kwargs = self.step_kwargs if remat is None else {**self.step_kwargs, "remat": remat}
         key = self._key(loss, loss_args, schedule, kwargs, timed)
         stored = None if self.cache is None else self.cache.get(key)
