@@ -257,6 +257,7 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
         "cached": advice.cached,
         "profiles": advice.profiles,
         "confidence": advice.confidence,
+        "backend": advice.backend.as_dict(),
         "summary": str(advice),
         "rows": rows,
         "a_fits": pick["fits_measured"],
@@ -275,14 +276,16 @@ def show(result: dict) -> None:
     print(
         f"\n{result['model']}, budget {result['budget_fraction']:.0%} of plain Std1F1B's peak "
         f"({result['budget'] / 2**20:.2f} MiB): advise {result['advise_s']:.1f} s "
-        f"({result['cached']}/{result['profiles']} profiles from the cache)"
+        f"({result['cached']}/{result['profiles']} profiles from the cache); ranks at once "
+        f"{result['backend']['parallelism']:.2f} ({result['backend']['parallelism_source']})"
     )
-    print(f"{'candidate':44} {'pred ms':>8} {'ratio':>6} {'meas ms':>8} {'ratio':>6} {'peak MiB':>8} fits")
+    columns = f"{'pred ms':>8} {'ratio':>6} {'meas ms':>8} {'ratio':>6} {'peak MiB':>8}"
+    print(f"{'candidate':44} {columns} fits limit")
     for r in result["rows"]:
         print(
             f"{r['label'][:44]:44} {r['predicted_ms']:>8.2f} {r['predicted_ratio']:>6.2f} "
             f"{r['measured_ms']:>8.2f} {r['measured_ratio']:>6.2f} {r['peak_measured'] / 2**20:>8.2f} "
-            f"{'yes' if r['fits_measured'] else 'no'}"
+            f"{'yes' if r['fits_measured'] else 'no':4} {r['limit']}"
         )
     print(
         f"(a) pick fits: {result['a_fits']}; "
