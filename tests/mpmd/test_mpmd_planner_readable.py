@@ -54,7 +54,8 @@ def test_the_table_is_one_short_line_per_candidate_with_variants_labelled(cached
 def test_profiles_are_read_back_from_disk_for_the_same_program_only(cached, tmp_path):
     first, second, directory = cached
     assert first.cached == 0 and second.cached == second.profiles == first.profiles > 0
-    assert [c.peak_bytes for c in first.candidates] == [c.peak_bytes for c in second.candidates]
+    # the same peaks read back; the rows' order follows the predicted times, measured anew each time
+    assert sorted(c.peak_bytes for c in first.candidates) == sorted(c.peak_bytes for c in second.candidates)
     assert "from the disk cache" in second.table()
     wider = residual_mlp_lm((2 * HIDDEN[0], *HIDDEN[1:]), d=16, vocab=32, batch=32, length=8, scale=4)
     other = mp.advise(residual_lm_loss(mp.stage_sizes(8, 4)), *wider, profile_cache=directory, **KWARGS)
