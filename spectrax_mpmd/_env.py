@@ -25,18 +25,24 @@ TRANSPORTS = ("transfer", "ppermute")
 INPUT_CHECKS = ("first", "always", "off")
 
 
+def _positive(name: str, raw: str, parse: type, error: type[MpmdError], expected: str) -> int | float:
+    """`raw`, the value of environment variable `name`, parsed by `parse` and checked positive;
+    otherwise `error` saying what was expected."""
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise error(f"{name}={raw!r}: expected {expected}.")
+    return value
+
+
 def configured_timeout() -> float:
     """The transfer timeout in seconds: `$SPECTRAX_MPMD_TIMEOUT`, default 30."""
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise DistributedError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds, e.g. 30.")
-    return value
+    return _positive(TIMEOUT_ENV, raw, float, DistributedError, "a positive number of seconds, e.g. 30")
 
 
 def configured_transport() -> str:
@@ -63,13 +69,7 @@ def configured_compile_threads() -> int:
     raw = os.environ.get(COMPILE_THREADS_ENV)
     if raw is None:
         return os.cpu_count() or 1
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise MpmdError(f"{COMPILE_THREADS_ENV}={raw!r}: expected a positive number of threads, e.g. 1 or 4.")
-    return value
+    return _positive(COMPILE_THREADS_ENV, raw, int, MpmdError, "a positive number of threads, e.g. 1 or 4")
 
 
 DEFAULT_RUN_AHEAD = 2
@@ -87,13 +87,7 @@ def configured_run_ahead() -> int | None:
         return None if jax.default_backend() == "cpu" else DEFAULT_RUN_AHEAD
     if raw.strip().lower() == "none":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise MpmdError(f"{RUN_AHEAD_ENV}={raw!r}: expected a positive number of cells, e.g. 2, or none.")
-    return value
+    return _positive(RUN_AHEAD_ENV, raw, int, MpmdError, "a positive number of cells, e.g. 2, or none")
 
 
 def transfer_host() -> str | None:
