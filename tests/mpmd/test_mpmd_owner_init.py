@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from planner_cases import residual_lm_loss
 
 import spectrax_core as sc
 import spectrax_mpmd as mp
@@ -46,18 +47,7 @@ def init(key):
 
 
 def lm_loss(n_stages: int):
-    ends = set(np.cumsum(mp.stage_sizes(BLOCKS, n_stages))[:-1].tolist())
-
-    def loss(params, tokens, targets):
-        x = params["embed"][tokens]
-        for k, block in enumerate(params["blocks"]):
-            x = x + jnp.tanh(x @ block["w1"]) @ block["w2"]
-            if k + 1 in ends:
-                x = mp.sxstage_iter(x)
-        logp = jax.nn.log_softmax(x @ params["head"])
-        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
-
-    return loss
+    return residual_lm_loss(mp.stage_sizes(BLOCKS, n_stages))
 
 
 def batch():
