@@ -33,7 +33,8 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, how microbatch losses are weighed (`LossWeights`), what each model stage
+    leaves, parameter PartitionSpecs (`(leaf, rank) -> spec`), how microbatch losses are weighed
+    (`LossWeights`), what each model stage
     keeps for its backward (`remat`: one value or one per model stage; `offload`: one `Offload` per
     model stage, empty for none; see `spectrax_mpmd._trace.policy`), and the program run on
     the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
@@ -118,9 +119,13 @@ class Layout:
         """A sharding on pipeline rank `rank`'s submesh (`None`: replicated)."""
         return NamedSharding(self.mesh.submesh(rank), spec if spec is not None else REPLICATED)
 
+    def param_spec(self, a: int, rank: int):
+        """Parameter leaf `a`'s PartitionSpec on pipeline rank `rank` (None: replicated)."""
+        return self.param_specs.get((a, rank))
+
     def param(self, a: int, s: int) -> NamedSharding:
         """Parameter leaf `a` as stage `s` reads it."""
-        return self.named(s, self.param_specs.get(a))
+        return self.named(s, self.param_spec(a, self.ranks[s]))
 
     def output(self, var, s: int) -> NamedSharding:
         """Stage `s`'s output `var` as it is made: the spec of its edge to a stage on the same
