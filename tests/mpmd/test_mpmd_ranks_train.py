@@ -151,3 +151,18 @@ def test_the_one_plan_step_with_clipping_matches_the_unsplit_update():
         ref_value, *want = reference(*want, batch_of(10 + k))
         assert_close(value, ref_value)
     assert_close(got, want)
+
+
+def test_a_checkpoint_saved_on_one_split_restores_on_another(tmp_path):
+    """Saved from ranks of 1, 1, 2, 4 devices, read straight onto the owners of ranks of 2 and 6."""
+    _, saver, *_ = case("1124-Std1F1B")
+    _, loader, _, want = case("26-Std1F1B")
+    params, batch = tower(), batch_of(1)
+    placed = jax.device_put(params, mp.owner_shardings(saver, params, batch))
+    mp.save_checkpoint(tmp_path, 1, params=placed)
+    shardings = mp.owner_shardings(loader, params, batch)
+    restored = mp.restore_checkpoint(tmp_path, like=params, shardings=shardings).params
+    for x, ref, sh in zip(*map(jax.tree.leaves, (restored, params, shardings))):
+        assert x.sharding == sh
+        assert (jax.device_get(x) == jax.device_get(ref)).all()
+    assert_close(loader(restored, batch), want)
