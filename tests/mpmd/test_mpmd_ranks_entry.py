@@ -1,0 +1,65 @@
+"""Pipeline ranks of different sizes through the model-level entry points: `run`/`runner` (train
+and forward, parameters sharded by the rules on each rank's own submesh) and generation
+(`PipelineDecoder`, `StepDecoder`), each against the unsplit model on one device."""
+
+from __future__ import annotations
+
+import functools
+
+import decode_model as M
+import jax
+import numpy as np
+import pytest
+from mpmd_cases import assert_close, lm_batch, tiny_lm
+from test_mpmd_decode_step import PROMPTS, alone, params
+
+import spectrax_mpmd as mp
+from spectrax_core import apply
+from spectrax_core import schedules as S
+from spectrax_core import sharding as core_sharding
+from spectrax_core.losses import softmax_cross_entropy
+from spectrax_core.models import greedy_decode
+
+UNEVEN = [{"fsdp": 1}, {"fsdp": 1}, {"fsdp": 2}, {"fsdp": 2, "tp": 2}]
+
+
+@functools.cache
+def mesh():
+    return mp.create_rank_mesh(UNEVEN)
+
+
+@functools.cache
+def lm_and_batch():
+    lm = tiny_lm(jax.random.key(0), n_layers=4, tie_embeddings=False)
+    return (lm, *lm_batch(jax.random.key(1), 8))
+
+
+def test_runner_trains_with_rules_like_the_unsplit_model():
+    lm, tokens, targets = lm_and_batch()
+    rules = core_sharding.Rules.default()
+    step = mp.runner(mesh=mesh(), loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(4), rules=rules)
+    loss, grads = step(lm, tokens, targets)
+    want = jax.jit(jax.value_and_grad(lambda m: softmax_cross_entropy(apply(m, tokens), targets)))(lm)
+    assert_close((loss, grads), want)
+    head = mesh().submesh(3)
+    assert grads.head.weight.sharding.device_set == set(head.devices.flat)
+    assert grads.head.weight.sharding.shard_shape(grads.head.weight.shape) != grads.head.weight.shape
+
+
+def test_run_forward_gives_the_unsplit_logits():
+    lm, tokens, _ = lm_and_batch()
+    out = mp.run(lm, inputs=tokens, mesh=mesh(), mode="forward", microbatches=4)
+    assert_close(out, jax.jit(apply)(lm, tokens))
+
+
+@pytest.mark.parametrize("groups", [2, 4])
+def test_pipeline_decoder_gives_the_unsplit_tokens(groups):
+    lm, tokens, _ = lm_and_batch()
+    prompt = tokens[:4]
+    got = mp.PipelineDecoder(lm, mesh=mesh()).generate(prompt, 4, groups=groups)
+    np.testing.assert_array_equal(got, greedy_decode(lm, prompt, 4))
+
+
+def test_step_decoder_gives_the_unsplit_tokens():
+    dec = mp.StepDecoder(M.decode_step(4), params(), M.init_cache, mesh=mesh())
+    np.testing.assert_array_equal(np.asarray(dec.generate(PROMPTS, 4, groups=2)), alone(4))
