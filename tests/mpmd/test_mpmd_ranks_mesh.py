@@ -109,3 +109,11 @@ def test_copies_of_a_stage_on_ranks_of_different_shapes_are_refused():
     step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=S.DualPipe(8))
     with pytest.raises(MeshError, match=r"runs on rank \d .* and on rank \d .*equal submeshes"):
         step([jnp.ones((4, 4))] * 4, jnp.ones((8, 4)))
+
+
+def test_a_job_over_processes_refuses_ranks_of_different_shapes():
+    from spectrax_mpmd._plan.localize import rank_processes
+
+    assert rank_processes(mp.create_mesh((2, 4), ("pp", "fsdp"), mpmd_axis="pp")) == (0, 0)
+    with pytest.raises(mp.DistributedError, match="different shapes.*one process"):
+        rank_processes(mp.create_rank_mesh(UNEVEN))
