@@ -10,7 +10,7 @@ the step's wall time over interleaved rounds (min, median, spread, issuing-threa
 measured peak bytes per rank (the largest per-device share alive between actions), and the
 loss of both, which agree.
 
-    PYTHONPATH=. python benchmarks/ranks.py [--rounds 5] [--json benchmarks/results/ranks.json]
+    python benchmarks/ranks.py [--rounds 5] [--json benchmarks/results/ranks.json]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from spectrax_core import sharding as core_sharding  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM  # noqa: E402
 
-SPLITS = {"even (2, 2, 2, 2)": [{"fsdp": 2}] * 4, "heavier last (1, 1, 2, 4)": [{"fsdp": n} for n in (1, 1, 2, 4)]}
+SPLITS = {"even": [{"fsdp": 2}] * 4, "heavy_last": [{"fsdp": n} for n in (1, 1, 2, 4)]}
 TX = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3))
 BATCH, LENGTH, MICROBATCHES = 32, 64, 8
 
@@ -45,7 +45,12 @@ def model():
     lm = TransformerLM.init(
         jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512, tie_embeddings=False
     )
-    return {"embed": lm.embed, "blocks": [lm.blocks.layer(k) for k in range(4)], "norm": lm.norm, "head": lm.head}
+    return {
+        "embed": lm.embed,
+        "blocks": [lm.blocks.layer(k) for k in range(4)],
+        "norm": lm.norm,
+        "head": lm.head,
+    }
 
 
 def loss(params, tokens, targets):
@@ -65,7 +70,7 @@ def main(argv=None) -> dict:
     seq = jax.random.randint(jax.random.key(1), (BATCH, LENGTH + 1), 0, 256)
     batch = (seq[:, :-1], seq[:, 1:])
     params = model()
-    steps, states, out = {}, {}, {"devices": jax.devices()[0].platform, "splits": {}}
+    steps, states, rows = {}, {}, {}
     for name, ranks in SPLITS.items():
         mesh = mp.create_rank_mesh(ranks)
         steps[name] = mp.sxvalue_and_grad_and_apply(
@@ -76,8 +81,8 @@ def main(argv=None) -> dict:
         value, *state = steps[name](*state, *batch)
         states[name] = state
         peaks = steps[name].measure_peak_bytes(*state, *batch)
-        out["splits"][name] = {"rank_sizes": list(mesh.rank_sizes), "first_loss": float(value),
-                               "peak_bytes_per_rank": list(peaks)}  # fmt: skip
+        rows[name] = {"name": name, "rank_sizes": list(mesh.rank_sizes), "first_loss": float(value),
+                      "peak_mib_per_rank": [p / 2**20 for p in peaks]}  # fmt: skip
 
     def stepper(name):
         def call():
@@ -88,12 +93,14 @@ def main(argv=None) -> dict:
 
     wall, cpu = interleaved({name: stepper(name) for name in SPLITS}, args.rounds, calls=3, warmup=1)
     for name in SPLITS:
-        row = out["splits"][name] | summary(wall[name], cpu[name])
-        out["splits"][name] = row
-        peaks = ", ".join(f"{p / 2**20:.2f}" for p in row["peak_bytes_per_rank"])
-        print(f"{name:26} median {row['median_ms']:.1f} ms  min {row['min_ms']:.1f} ms  spread "
-              f"{row['spread']:.2f}  cpu {row['cpu_median_ms']:.1f} ms  peak MiB per rank [{peaks}]  "
-              f"first loss {row['first_loss']:.6f}")  # fmt: skip
+        row = rows[name] = rows[name] | summary(wall[name], cpu[name])
+        peaks = ", ".join(f"{p:.2f}" for p in row["peak_mib_per_rank"])
+        print(
+            f"{name:10} {str(row['rank_sizes']):14} median {row['median_ms']:.1f} ms  "
+            f"min {row['min_ms']:.1f} ms  spread {row['spread']:.2f}  cpu {row['cpu_median_ms']:.1f} ms  "
+            f"peak MiB per rank [{peaks}]  first loss {row['first_loss']:.6f}"
+        )
+    out = {"devices": jax.devices()[0].platform, "splits": list(rows.values())}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     return out
