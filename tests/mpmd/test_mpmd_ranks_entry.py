@@ -63,3 +63,31 @@ def test_pipeline_decoder_gives_the_unsplit_tokens(groups):
 def test_step_decoder_gives_the_unsplit_tokens():
     dec = mp.StepDecoder(M.decode_step(4), params(), M.init_cache, mesh=mesh())
     np.testing.assert_array_equal(np.asarray(dec.generate(PROMPTS, 4, groups=2)), alone(4))
+
+
+def test_the_eager_facades_run_trains_on_uneven_ranks_like_one_device():
+    import jax.numpy as jnp
+
+    import spectrax_eager as spx
+
+    class Net(spx.Module):
+        def __init__(self, rngs):
+            self.embed = spx.nn.Linear(8, 32, rngs=rngs)
+            self.blocks = spx.nn.ModuleList([spx.nn.Linear(32, 32, rngs=rngs) for _ in range(4)])
+            self.head = spx.nn.Linear(32, 4, rngs=rngs)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for block in self.blocks:
+                h = h + jnp.tanh(block(h))
+            return self.head(h)
+
+    model = Net(spx.Rngs(0))
+    x, y = jax.random.normal(jax.random.key(0), (32, 8)), jax.random.normal(jax.random.key(1), (32, 4))
+    mse = lambda out, target: jnp.mean((out - target) ** 2)  # noqa: E731
+    one = spx.create_mesh((1, 1, 1, 1, 1, 1), devices=jax.devices()[:1])
+    want = spx.run(model, inputs=x, targets=y, mesh=one, loss_fn=mse)
+    got = spx.run(model, inputs=x, targets=y, mesh=mesh(), loss_fn=mse, schedule=S.Std1F1B(4))
+    assert_close(got, want)
+    forward = spx.run(model, inputs=x, mesh=mesh(), mode="forward", microbatches=4)
+    assert_close(forward, spx.run(model, inputs=x, mesh=one, mode="forward"))
