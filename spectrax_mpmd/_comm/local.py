@@ -134,9 +134,7 @@ class _Reshard:
         self.targets, self.sources, self.put = list(targets), None, _Put(targets, sources)
 
     def __call__(self, *arrays):
-        return [
-            jax.device_put(x, t) if _extended(x) else reshard(x, t) for x, t in zip(arrays, self.targets)
-        ]
+        return [jax.device_put(x, t) if _extended(x) else reshard(x, t) for x, t in zip(arrays, self.targets)]
 
     def public(self) -> _Put:
         return self.put

@@ -11,8 +11,6 @@ piece on itself: nothing is gathered on one device or on the host.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import Sharding
@@ -55,4 +53,3 @@ def reshard(x: jax.Array, target: Sharding) -> jax.Array:
     places = target.addressable_devices_indices_map(x.shape)
     pieces = [_piece(held, _box(index, x.shape), device, x.dtype) for device, index in places.items()]
     return jax.make_array_from_single_device_arrays(x.shape, target, pieces)
-

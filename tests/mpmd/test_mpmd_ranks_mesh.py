@@ -25,7 +25,10 @@ def test_ranks_take_consecutive_devices_with_their_own_axes():
     assert mesh.mpmd_dim == 4 and mesh.rank_sizes == (1, 1, 2, 4) and not mesh.uniform
     assert mesh.rank_shapes == tuple(UNEVEN)
     assert [_devices(mesh.submesh(r)) for r in range(4)] == [
-        jax.devices()[:1], jax.devices()[1:2], jax.devices()[2:4], jax.devices()[4:]
+        jax.devices()[:1],
+        jax.devices()[1:2],
+        jax.devices()[2:4],
+        jax.devices()[4:],
     ]
     assert mesh.submesh(3).axis_names == ("fsdp", "tp")
     assert mesh.axis_names == ("pp", "fsdp", "tp") and mesh.spmd_axis_names == ("fsdp", "tp")

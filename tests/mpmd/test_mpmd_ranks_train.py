@@ -39,7 +39,12 @@ def tower():
         jax.random.key(0), vocab_size=VOCAB, d_model=DIM, n_layers=4, n_heads=3, n_kv_heads=1, d_ff=48,
         tie_embeddings=False,
     )  # fmt: skip
-    return {"embed": lm.embed, "blocks": [lm.blocks.layer(k) for k in range(4)], "norm": lm.norm, "head": lm.head}
+    return {
+        "embed": lm.embed,
+        "blocks": [lm.blocks.layer(k) for k in range(4)],
+        "norm": lm.norm,
+        "head": lm.head,
+    }
 
 
 def loss_of(cuts: tuple[int, ...]):
@@ -105,7 +110,9 @@ def test_each_gradient_is_sharded_by_the_rules_on_its_owner_submesh(name):
         key, *index = part if isinstance(part, tuple) else (part,)
         sub = mesh.submesh(rank)
         leaves = jax.tree.leaves(functools.reduce(lambda t, k: t[k], index, grads[key]))
-        specs = core_sharding.param_specs(functools.reduce(lambda t, k: t[k], index, params[key]), RULES, mesh=sub)
+        specs = core_sharding.param_specs(
+            functools.reduce(lambda t, k: t[k], index, params[key]), RULES, mesh=sub
+        )
         for g, spec in zip(leaves, jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P)), strict=True):
             assert g.sharding.is_equivalent_to(NamedSharding(sub, spec), g.ndim), (part, g.sharding, spec)
             split += g.sharding.shard_shape(g.shape) != g.shape
@@ -129,13 +136,16 @@ def test_an_activation_changing_its_cut_is_moved_shard_to_shard(monkeypatch):
     assert_close(got, want)
 
 
-def test_the_one_plan_step_with_clipping_matches_the_unsplit_update():
-    mesh = mp.create_rank_mesh(RANKS["1124"])
+@pytest.mark.parametrize("name", ["1124-Std1F1B", "26-InterleavedH1"])
+def test_the_one_plan_step_with_clipping_matches_the_unsplit_update(name):
+    ranks, (schedule, m, v), cuts = CASES[name]
     # SGD with momentum: Adam's m / sqrt(v) turns the last-bit differences of sharded sums in
     # near-zero gradients into visible ones, which says nothing of the pipeline
     tx = optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.1, momentum=0.9))
-    loss = loss_of((0, 1, 2))
-    step = mp.sxvalue_and_grad_and_apply(loss, tx, mesh=mesh, schedule=make_schedule("Std1F1B", 4), rules=RULES)
+    loss = loss_of(cuts)
+    step = mp.sxvalue_and_grad_and_apply(
+        loss, tx, mesh=mp.create_rank_mesh(RANKS[ranks]), schedule=make_schedule(schedule, m, v), rules=RULES
+    )
 
     @jax.jit
     def reference(p, s, batch):
@@ -144,6 +154,7 @@ def test_the_one_plan_step_with_clipping_matches_the_unsplit_update():
         return value, optax.apply_updates(p, updates), s
 
     params = tower()
+    assert optax.global_norm(jax.grad(loss)(params, batch_of(10))) > 0.05  # clipping triggers
     got = (jax.tree.map(jnp.copy, params), tx.init(params))
     want = (params, tx.init(params))
     for k in range(3):
