@@ -11,8 +11,8 @@ values, sharding checks), for a fraction of the host time.
 That entry point is private, so it is feature-detected at import: where it is
 absent, a move changes the layout, or an array has an extended dtype (a typed
 PRNG key, which the C++ copy rejects), the public `jax.device_put` runs instead —
-except for a layout change between two sharded placements, which `reshard` makes
-shard to shard rather than through host memory.
+except for a layout change of an array split over several devices, which `reshard`
+makes shard to shard rather than through host memory.
 Both give the same values on the same shardings (a test runs both on one plan).
 """
 
@@ -125,7 +125,7 @@ class _Put:
 
 
 class _Reshard:
-    """Moves that change the layout of an array sharded on both sides, shard to shard
+    """Moves that change the layout of an array split over several devices, shard to shard
     (`reshard.reshard`; a typed PRNG key through `jax.device_put`)."""
 
     __slots__ = ("targets", "sources", "put")
@@ -169,13 +169,13 @@ def _make(kind: type, targets: list, sources: list):
 
 
 def _kind(src: Sharding, dst: Sharding) -> type:
-    """The mover of one move: a per-shard copy, a shard-to-shard reshard (the layout changes and
-    both sides are sharded over devices of this process), else `jax.device_put`."""
+    """The mover of one move: a per-shard copy, a shard-to-shard reshard (the layout changes, the
+    sender's array lies on several devices, all of this process), else `jax.device_put`."""
     if _COPIER is not None and same_layout(src, dst):
         return _Copy
     in_device = all(s.memory_kind in (None, "device") for s in (src, dst))
     local = src.is_fully_addressable and dst.is_fully_addressable
-    if in_device and local and len(src.device_set) > 1 and len(dst.device_set) > 1:
+    if in_device and local and len(src.device_set) > 1:
         return _Reshard
     return _Put
 
