@@ -34,6 +34,7 @@ def lm_and_batch():
     return (lm, *lm_batch(jax.random.key(1), 8))
 
 
+@pytest.mark.slow
 def test_runner_trains_with_rules_like_the_unsplit_model():
     lm, tokens, targets = lm_and_batch()
     rules = core_sharding.Rules.default()

@@ -136,6 +136,7 @@ def test_an_activation_changing_its_cut_is_moved_shard_to_shard(monkeypatch, nam
     assert_close(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["1124-Std1F1B", "26-InterleavedH1"])
 def test_the_one_plan_step_with_clipping_matches_the_unsplit_update(name):
     ranks, (schedule, m, v), cuts = CASES[name]
@@ -154,7 +155,7 @@ def test_the_one_plan_step_with_clipping_matches_the_unsplit_update(name):
         return value, optax.apply_updates(p, updates), s
 
     params = tower()
-    assert optax.global_norm(jax.grad(loss)(params, batch_of(10))) > 0.05  # clipping triggers
+    assert optax.tree.norm(jax.grad(loss)(params, batch_of(10))) > 0.05  # clipping triggers
     got = (jax.tree.map(jnp.copy, params), tx.init(params))
     want = (params, tx.init(params))
     for k in range(3):
