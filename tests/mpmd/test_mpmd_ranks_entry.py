@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from mpmd_cases import assert_close, lm_batch, tiny_lm
 from test_mpmd_decode_step import PROMPTS, alone, params
+from test_mpmd_regions import M as REGION_MICROBATCHES
+from test_mpmd_regions import batch, tower_params, towers_loss
 
 import spectrax_mpmd as mp
 from spectrax_core import apply
@@ -92,3 +94,14 @@ def test_the_eager_facades_run_trains_on_uneven_ranks_like_one_device():
     assert_close(got, want)
     forward = spx.run(model, inputs=x, mesh=mesh(), mode="forward", microbatches=4)
     assert_close(forward, spx.run(model, inputs=x, mesh=one, mode="forward"))
+
+
+def test_regions_on_ranks_of_their_own_sizes_match_the_unsplit_function():
+    """A vision tower on the two one-device ranks, the text tower on the ranks of 2 and 4 devices."""
+    m = REGION_MICROBATCHES
+    towers, text = (("vision", S.GPipe(m), 2),), ("text", S.Std1F1B(m), 2)
+    loss = towers_loss(towers, text)
+    params, args = tower_params(jax.random.key(0), towers, 2), batch(towers)
+    ranks = {"vision": (0, 1), "text": (2, 3)}
+    step = mp.sxvalue_and_grad(loss, mesh=mesh(), schedule=S.Std1F1B(m), region_ranks=ranks)
+    assert_close(step(params, *args), jax.value_and_grad(loss)(params, *args))
