@@ -32,16 +32,25 @@ def _within(inner: Box, outer: Box) -> tuple[slice, ...]:
     return tuple(slice(i0 - o0, i1 - o0) for (i0, i1), (o0, _) in zip(inner, outer))
 
 
+def _part(buf, have: Box, box: Box, device) -> jax.Array:
+    """The part `box` of the held shard `buf` (covering `have`), copied to `device`; sliced where
+    it lies, and only when it is not the whole shard."""
+    return jax.device_put(buf if box == have else buf[_within(box, have)], device)
+
+
 def _piece(held: dict, box: Box, device, dtype) -> jax.Array:
     """The part `box` of the array on `device`, built from the held shards `{box: buffer}`."""
     for have, buf in held.items():
-        if _overlap(have, box) == box:  # one sending shard covers it: slice there, copy the slice
-            return jax.device_put(buf[_within(box, have)], device)
+        if _overlap(have, box) == box:  # one sending shard covers it
+            return _part(buf, have, box, device)
+    parts = [(common, have, buf) for have, buf in held.items() if (common := _overlap(have, box))]
+    cut = [k for k in range(len(box)) if any(common[k] != box[k] for common, _, _ in parts)]
+    if len(cut) == 1:  # the parts tile the piece along one axis: join them in order
+        parts.sort(key=lambda p: p[0][cut[0]])
+        return jnp.concatenate([_part(buf, have, common, device) for common, have, buf in parts], cut[0])
     out = jnp.zeros(tuple(hi - lo for lo, hi in box), dtype, device=device)
-    for have, buf in held.items():
-        common = _overlap(have, box)
-        if common is not None:
-            out = out.at[_within(common, box)].set(jax.device_put(buf[_within(common, have)], device))
+    for common, have, buf in parts:
+        out = out.at[_within(common, box)].set(_part(buf, have, common, device))
     return out
 
 

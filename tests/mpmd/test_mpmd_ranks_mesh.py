@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spectrax_mpmd as mp
@@ -120,3 +122,23 @@ def test_a_job_over_processes_refuses_ranks_of_different_shapes():
     assert rank_processes(mp.create_mesh((2, 4), ("pp", "fsdp"), mpmd_axis="pp")) == (0, 0)
     with pytest.raises(mp.DistributedError, match="different shapes.*one process"):
         rank_processes(mp.create_rank_mesh(UNEVEN))
+
+
+def test_reshard_moves_every_layout_between_meshes_of_other_sizes():
+    """Every spec on meshes of 1, 2, 4 (2 x 2) and 6 (3 x 2) devices to every other mesh's: the
+    values and the target sharding, whichever way the pieces tile."""
+    from spectrax_mpmd._comm.reshard import reshard
+
+    d = np.asarray(jax.devices(), dtype=object)
+    meshes = [
+        (Mesh(d[:1], ("a",)), [P(), P("a")]),
+        (Mesh(d[1:3], ("a",)), [P(), P("a"), P(None, "a")]),
+        (Mesh(d[4:8].reshape(2, 2), ("a", "b")), [P(), P("a", "b"), P("b", "a"), P(None, ("a", "b"))]),
+        (Mesh(d[2:8].reshape(3, 2), ("a", "b")), [P(), P("a", "b"), P(("a", "b")), P("b", "a")]),
+    ]
+    want = np.arange(144, dtype=np.float32).reshape(12, 12)
+    for (src, src_specs), (dst, dst_specs) in itertools.permutations(meshes, 2):
+        for a, b in itertools.product(src_specs, dst_specs):
+            moved = reshard(jax.device_put(want, NamedSharding(src, a)), NamedSharding(dst, b))
+            assert moved.sharding == NamedSharding(dst, b)
+            np.testing.assert_array_equal(np.asarray(moved), want, err_msg=f"{a} -> {b}")
