@@ -34,7 +34,7 @@ from ._facade.generate.split import DecodeSplit, decode_split
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._facade.step_decode import StepDecoder
-from ._mesh import MpmdMesh, create_mesh
+from ._mesh import MpmdMesh, create_mesh, create_rank_mesh, mesh_of_ranks
 from ._optim import StagedOptimizer, StagedOptState
 from ._planner.advise import Advice, Candidate, advise
 from ._planner.balance import Balance, balance, split_blocks
@@ -72,6 +72,8 @@ __all__ = [
     "unstage_blocks",
     "stage_sizes",
     "create_mesh",
+    "create_rank_mesh",
+    "mesh_of_ranks",
     "MpmdMesh",
     "sxstage_iter",
     "sxstage_region",

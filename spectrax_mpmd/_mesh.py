@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import jax
@@ -17,26 +16,51 @@ from .errors import MeshError
 DEFAULT_AXIS_NAMES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
 
 
-@dataclass(frozen=True, eq=False)
 class MpmdMesh:
     """A device mesh whose `mpmd_axis` (if any) enumerates pipeline ranks.
 
     Each rank runs its own programs on `submesh(rank)`: the devices of that
-    rank's slice, with the pipeline axis dropped.
+    rank's slice, with the pipeline axis dropped. Ranks may own submeshes of
+    different sizes and axes (`create_rank_mesh`, `mesh_of_ranks`); such a mesh
+    has no single rectangular `jax_mesh`.
     """
 
-    jax_mesh: Mesh
-    mpmd_axis: str | None = None
-    _submeshes: tuple[Mesh, ...] = field(default=(), repr=False)
-    _entered: list = field(default_factory=list, repr=False)  # open `with mesh:` contexts
-
-    def __post_init__(self) -> None:
-        if self.mpmd_axis is not None and not self._submeshes:  # built as `MpmdMesh(jax_mesh, "pp")`
-            if self.mpmd_axis not in self.jax_mesh.axis_names:
+    def __init__(self, jax_mesh: Mesh | None, mpmd_axis: str | None = None, _submeshes: Sequence[Mesh] = ()):
+        self._grid, self.mpmd_axis, self._submeshes = jax_mesh, mpmd_axis, tuple(_submeshes)
+        self._entered: list = []  # open `with mesh:` contexts
+        if mpmd_axis is not None and not self._submeshes:  # built as `MpmdMesh(jax_mesh, "pp")`
+            if mpmd_axis not in jax_mesh.axis_names:
                 raise MeshError(
-                    f"mesh: axis {self.mpmd_axis!r} not in the mesh axes {tuple(self.jax_mesh.axis_names)}."
+                    f"mesh: axis {mpmd_axis!r} not in the mesh axes {tuple(jax_mesh.axis_names)}."
                 )
-            object.__setattr__(self, "_submeshes", _slice_submeshes(self.jax_mesh, self.mpmd_axis))
+            self._submeshes = _slice_submeshes(jax_mesh, mpmd_axis)
+
+    @property
+    def jax_mesh(self) -> Mesh:
+        """The whole mesh as one `jax.sharding.Mesh` (pipeline axis included); ranks of different
+        shapes have none."""
+        if self._grid is None:
+            raise MeshError(
+                f"mesh: its pipeline ranks own submeshes of different shapes {self.rank_shapes}, so it "
+                "has no single rectangular jax mesh; use mesh.submesh(rank) (or mesh.unstack()) for a "
+                "rank's own mesh."
+            )
+        return self._grid
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every rank's submesh has the same axes and shape (a rectangular `jax_mesh`)."""
+        return self._grid is not None
+
+    @property
+    def rank_sizes(self) -> tuple[int, ...]:
+        """Devices per pipeline rank (all equal on a rectangular mesh)."""
+        return tuple(self.submesh(r).size for r in range(self.mpmd_dim))
+
+    @property
+    def rank_shapes(self) -> tuple[dict[str, int], ...]:
+        """Each pipeline rank's submesh axes and sizes."""
+        return tuple(dict(self.submesh(r).shape) for r in range(self.mpmd_dim))
 
     def __enter__(self) -> "MpmdMesh":
         """`with mesh:` is `with jax.set_mesh(mesh.jax_mesh):` (the whole mesh, MPMD axis included)."""
@@ -55,19 +79,26 @@ class MpmdMesh:
     @property
     def mpmd_dim(self) -> int:
         """Number of pipeline ranks (1 when the mesh has no MPMD axis)."""
-        return self.jax_mesh.shape[self.mpmd_axis] if self.is_mpmd else 1
+        return len(self._submeshes) if self.is_mpmd else 1
 
     @property
     def axis_names(self) -> tuple[str, ...]:
-        return tuple(self.jax_mesh.axis_names)
+        """The pipeline axis, then every axis some rank's submesh has."""
+        if self.uniform:
+            return tuple(self.jax_mesh.axis_names)
+        return (self.mpmd_axis, *self.spmd_axis_names)
 
     @property
     def shape(self) -> dict[str, int]:
+        """Axis sizes of `jax_mesh` (ranks of different shapes: see `rank_shapes`)."""
         return dict(self.jax_mesh.shape)
 
     @property
     def devices(self) -> np.ndarray:
-        return self.jax_mesh.devices
+        """`jax_mesh.devices`; with ranks of different shapes, every device in rank order (1-D)."""
+        if self.uniform:
+            return self.jax_mesh.devices
+        return np.asarray([d for sub in self._submeshes for d in sub.devices.flat], dtype=object)
 
     def submesh(self, rank: int) -> Mesh:
         """The mesh of pipeline rank `rank` (the MPMD axis dropped)."""
@@ -91,8 +122,10 @@ class MpmdMesh:
 
     @property
     def spmd_axis_names(self) -> tuple[str, ...]:
-        """The axis names other than the pipeline axis: what a rank's submesh has."""
-        return tuple(n for n in self.jax_mesh.axis_names if n != self.mpmd_axis)
+        """The axis names other than the pipeline axis: what the ranks' submeshes have."""
+        if self.uniform:
+            return tuple(n for n in self.jax_mesh.axis_names if n != self.mpmd_axis)
+        return tuple(dict.fromkeys(n for sub in self._submeshes for n in sub.axis_names))
 
     @property
     def mpmd_mesh(self) -> MpmdMesh:
@@ -117,6 +150,8 @@ class MpmdMesh:
         return NamedSharding(self.submesh(rank), spec)
 
     def __repr__(self) -> str:
+        if not self.uniform:
+            return f"MpmdMesh(ranks={list(self.rank_shapes)}; mpmd_axis={self.mpmd_axis!r})"
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"
 
@@ -205,3 +240,78 @@ def create_mesh(
         raise MeshError(f"create_mesh: mpmd_axis {mpmd_axis!r} is not one of axis_names {axis_names}.")
     grid = np.asarray(devices[:total], dtype=object).reshape(axis_dims)
     return as_mpmd_mesh(Mesh(grid, axis_names), mpmd_axis)
+
+
+def create_rank_mesh(
+    rank_axes: Sequence[dict[str, int]],
+    *,
+    mpmd_axis: str = "pp",
+    devices: Sequence[jax.Device] | None = None,
+) -> MpmdMesh:
+    """A mesh whose pipeline rank `r` owns a submesh of its own axes `rank_axes[r]` (`{name: size}`).
+
+    The ranks take consecutive runs of `devices` (default: all), rank 0 first, and
+    their sizes must add up to the number of devices, e.g. `[{"fsdp": 1}, {"fsdp": 1},
+    {"fsdp": 2}, {"fsdp": 2, "tp": 2}]` over 8 devices.
+    """
+    check_joined("create_rank_mesh")
+    devices = list(jax.devices() if devices is None else devices)
+    shapes = [_rank_axes(r, axes, mpmd_axis) for r, axes in enumerate(rank_axes)]
+    sizes = [math.prod(shape.values()) for shape in shapes]
+    if sum(sizes) != len(devices):
+        raise MeshError(
+            f"create_rank_mesh: the ranks' sizes {tuple(sizes)} add up to {sum(sizes)} devices but "
+            f"{len(devices)} are given; give as many devices as the ranks use (devices=jax.devices()"
+            f"[:{sum(sizes)}]) or change the ranks' axis sizes."
+        )
+    starts = np.cumsum([0, *sizes])
+    meshes = [
+        Mesh(np.asarray(devices[a:b], dtype=object).reshape(tuple(shape.values())), tuple(shape))
+        for shape, a, b in zip(shapes, starts[:-1], starts[1:])
+    ]
+    return mesh_of_ranks(meshes, mpmd_axis=mpmd_axis)
+
+
+def _rank_axes(rank: int, axes, mpmd_axis: str) -> dict[str, int]:
+    if not isinstance(axes, dict) or not axes or any(int(v) < 1 for v in axes.values()):
+        raise MeshError(
+            f"create_rank_mesh: rank_axes[{rank}] must be a non-empty dict of axis name -> positive "
+            f"size (e.g. {{'fsdp': 2}}), got {axes!r}."
+        )
+    if mpmd_axis in axes:
+        raise MeshError(
+            f"create_rank_mesh: rank_axes[{rank}] names the pipeline axis {mpmd_axis!r}; a rank's "
+            "submesh has only its own SPMD axes."
+        )
+    return {str(k): int(v) for k, v in axes.items()}
+
+
+def mesh_of_ranks(meshes: Sequence[Mesh], *, mpmd_axis: str = "pp") -> MpmdMesh:
+    """A mesh whose pipeline rank `r` runs its programs on `meshes[r]` (disjoint jax meshes, each
+    of its own axes and shape). Equal shapes give the same mesh as `create_mesh` (a rectangular
+    `jax_mesh` stacking them); different ones have no `jax_mesh`."""
+    meshes = tuple(meshes)
+    if not meshes or not all(isinstance(m, Mesh) for m in meshes):
+        raise MeshError(
+            "mesh_of_ranks: meshes must be a non-empty sequence of jax.sharding.Mesh, one per pipeline "
+            f"rank; got {[type(m).__name__ for m in meshes]}."
+        )
+    seen: dict = {}
+    for r, m in enumerate(meshes):
+        if mpmd_axis in m.axis_names:
+            raise MeshError(
+                f"mesh_of_ranks: meshes[{r}] has the pipeline axis {mpmd_axis!r}; a rank's mesh has "
+                "only its own SPMD axes."
+            )
+        for d in m.devices.flat:
+            if d in seen:
+                raise MeshError(
+                    f"mesh_of_ranks: device {d} is in meshes[{seen[d]}] and meshes[{r}]; pipeline "
+                    "ranks own disjoint devices: give each rank its own."
+                )
+            seen[d] = r
+    first = meshes[0]
+    if all(m.axis_names == first.axis_names and m.devices.shape == first.devices.shape for m in meshes):
+        grid = Mesh(np.stack([m.devices for m in meshes]), (mpmd_axis, *first.axis_names))
+        return MpmdMesh(grid, mpmd_axis, meshes)
+    return MpmdMesh(None, mpmd_axis, meshes)

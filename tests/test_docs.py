@@ -17,7 +17,7 @@ PAGES = sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 LANGUAGES = {"python", "bash", "text"}
 # pages that profile and compile several pipelines (a minute or more on two cores)
-SLOW_PAGES = {"planner.md", "decode.md"}
+SLOW_PAGES = {"planner.md", "decode.md", "ranks.md"}
 
 
 def python_blocks(page: Path) -> list[str]:

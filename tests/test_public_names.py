@@ -33,6 +33,8 @@ MPMD_ADDED = {
     "init_on_owners",
     "owner_layout",
     "StepDecoder",
+    "create_rank_mesh",
+    "mesh_of_ranks",
 }
 
 SCHEDULES = {

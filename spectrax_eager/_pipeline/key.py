@@ -106,14 +106,19 @@ def function_key(fn: Any) -> Any:
 
 
 def mesh_key(mesh: Any) -> tuple:
-    """The cache key of an `MpmdMesh` or `jax.sharding.Mesh`: devices, axis names and types, MPMD axis."""
+    """The cache key of an `MpmdMesh` or `jax.sharding.Mesh`: devices, axis names and types, MPMD
+    axis; an MPMD mesh by each pipeline rank's submesh (ranks may differ in shape)."""
+    if getattr(mesh, "is_mpmd", False):
+        return (type(mesh).__name__, mesh.mpmd_axis, tuple(_grid_key(sub) for sub in mesh.unstack()))
     jax_mesh = getattr(mesh, "jax_mesh", mesh)
     if not isinstance(jax_mesh, Mesh):
         raise Uncacheable(mesh)
+    return (type(mesh).__name__, getattr(mesh, "mpmd_axis", None), _grid_key(jax_mesh))
+
+
+def _grid_key(jax_mesh: Mesh) -> tuple:
     devices = np.asarray(jax_mesh.devices)
     return (
-        type(mesh).__name__,
-        getattr(mesh, "mpmd_axis", None),
         tuple(jax_mesh.axis_names),
         devices.shape,
         tuple((d.platform, d.id) for d in devices.flat),

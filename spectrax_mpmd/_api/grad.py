@@ -61,15 +61,21 @@ class Pipeline(NamedTuple):
 
 
 def param_specs(rules, mesh, dynamic, sig: Signature, argnums, ranges) -> dict:
-    """Flat leaf index -> PartitionSpec of each differentiated argument's leaves under `rules`
-    (on the first rank's submesh); empty without rules (replicated)."""
+    """`(flat leaf index, rank) -> PartitionSpec` of each differentiated argument's leaves under
+    `rules`, resolved on each rank's own submesh (ranks may differ in axes and sizes); empty
+    without rules (replicated)."""
     if rules is None:
         return {}
     specs = {}
     for k in argnums:
         arg = dynamic[sig.positions.index(k)]
-        tree = core_sharding.param_specs(arg, rules, mesh=mesh.submesh(0))
-        specs.update(zip(ranges[k], jax.tree.structure(arg).flatten_up_to(tree)))
+        structure, resolved = jax.tree.structure(arg), {}
+        for r in range(mesh.mpmd_dim):
+            sub = mesh.submesh(r)
+            shape = (sub.axis_names, sub.devices.shape)
+            if shape not in resolved:
+                resolved[shape] = structure.flatten_up_to(core_sharding.param_specs(arg, rules, mesh=sub))
+            specs.update(((a, r), spec) for a, spec in zip(ranges[k], resolved[shape]))
     return specs
 
 

@@ -2,14 +2,15 @@
 
     base             the `Transport` contract; `CrossProcess`, what the cross-process transports share
     local            copies between ranks of one process (JAX's C++ batched copy or `jax.device_put`)
+    reshard          a layout change between sharded placements, shard to shard (for `local`)
     exchange         small all-gathers of strings through the `jax.distributed` key-value store
     transfer_server  cross-process moves as one-sided pulls (`jax.experimental.transfer`), the default
     ppermute         cross-process moves as two-sided `lax.ppermute` programs
     deadline         bounded waits: a call's receives, an issue that blocks, leaving a failed job
     distributed      joining a `jax.distributed` job (`initialize`, `check_joined`)
 
-Modules import one way: `local`, `exchange`, `deadline` and `distributed` import
-no sibling, `base` imports the first three, the two transports import `base`.
+Modules import one way: `reshard`, `exchange`, `deadline` and `distributed` import
+no sibling, `local` imports `reshard`, `base` imports the first three, the two transports import `base`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ values, sharding checks), for a fraction of the host time.
 
 That entry point is private, so it is feature-detected at import: where it is
 absent, a move changes the layout, or an array has an extended dtype (a typed
-PRNG key, which the C++ copy rejects), the public `jax.device_put` runs instead.
+PRNG key, which the C++ copy rejects), the public `jax.device_put` runs instead —
+except for a layout change of an array split over several devices, which `reshard`
+makes shard to shard rather than through host memory.
 Both give the same values on the same shardings (a test runs both on one plan).
 """
 
@@ -22,6 +24,7 @@ import jax
 from jax.sharding import NamedSharding, Sharding
 
 from .._trace.jax_private import private
+from .reshard import reshard
 
 
 def _detect_copier() -> tuple[Callable, object] | None:
@@ -121,28 +124,60 @@ class _Put:
         return self
 
 
+class _Reshard:
+    """Moves that change the layout of an array split over several devices, shard to shard
+    (`reshard.reshard`; a typed PRNG key through `jax.device_put`)."""
+
+    __slots__ = ("targets", "sources", "put")
+
+    def __init__(self, targets: Sequence[Sharding], sources: Sequence[Sharding] | None = None):
+        self.targets, self.sources, self.put = list(targets), None, _Put(targets, sources)
+
+    def __call__(self, *arrays):
+        return [jax.device_put(x, t) if _extended(x) else reshard(x, t) for x, t in zip(arrays, self.targets)]
+
+    def public(self) -> _Put:
+        return self.put
+
+
 class _Mixed:
-    """Some moves copied per shard, the others (layout changes) through `jax.device_put`."""
+    """Moves of several kinds (per-shard copies, reshards, `jax.device_put`s), each kind's group
+    made by its own mover."""
 
-    __slots__ = ("targets", "copy", "put", "copy_at", "put_at", "sources")
+    __slots__ = ("targets", "groups", "sources")
 
-    def __init__(self, targets: Sequence[Sharding], fast: Sequence[bool]):
+    def __init__(self, targets: Sequence[Sharding], sources: Sequence[Sharding], kinds: Sequence[type]):
         self.targets, self.sources = list(targets), None
-        self.copy_at = [k for k, f in enumerate(fast) if f]
-        self.put_at = [k for k, f in enumerate(fast) if not f]
-        self.copy = _Copy([targets[k] for k in self.copy_at])
-        self.put = _Put([targets[k] for k in self.put_at])
+        self.groups = []
+        for kind in dict.fromkeys(kinds):
+            at = [k for k, c in enumerate(kinds) if c is kind]
+            self.groups.append((at, _make(kind, [targets[k] for k in at], [sources[k] for k in at])))
 
     def __call__(self, *arrays):
         out = [None] * len(arrays)
-        for k, y in zip(self.copy_at, self.copy(*[arrays[k] for k in self.copy_at])):
-            out[k] = y
-        for k, y in zip(self.put_at, self.put(*[arrays[k] for k in self.put_at])):
-            out[k] = y
+        for at, move in self.groups:
+            for k, y in zip(at, move(*[arrays[k] for k in at])):
+                out[k] = y
         return out
 
     def public(self) -> _Put:
         return _Put(self.targets, self.sources)
+
+
+def _make(kind: type, targets: list, sources: list):
+    return kind(targets) if kind is _Copy else kind(targets, sources)
+
+
+def _kind(src: Sharding, dst: Sharding) -> type:
+    """The mover of one move: a per-shard copy, a shard-to-shard reshard (the layout changes, the
+    sender's array lies on several devices, all of this process), else `jax.device_put`."""
+    if _COPIER is not None and same_layout(src, dst):
+        return _Copy
+    in_device = all(s.memory_kind in (None, "device") for s in (src, dst))
+    local = src.is_fully_addressable and dst.is_fully_addressable
+    if in_device and local and len(src.device_set) > 1:
+        return _Reshard
+    return _Put
 
 
 def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callable:
@@ -152,17 +187,15 @@ def transfer(sources: Sequence[Sharding], targets: Sequence[Sharding]) -> Callab
     ones in order; `.public()` gives the same moves through `jax.device_put` alone.
     `.sources` keeps `sources` (a multi-process plan splits moves by where they run).
     """
-    fast = [_COPIER is not None and same_layout(s, t) for s, t in zip(sources, targets)]
-    if all(fast):
-        move = _Copy(targets)
-    elif not any(fast):
-        move = _Put(targets, sources)
+    kinds = [_kind(s, t) for s, t in zip(sources, targets)]
+    if len(set(kinds)) == 1:
+        move = _make(kinds[0], list(targets), list(sources))
     else:
-        move = _Mixed(targets, fast)
+        move = _Mixed(targets, sources, kinds)
     move.sources = list(sources)
     return move
 
 
 def is_transfer(step_fn) -> bool:
     """Whether a plan step's callable is a transfer."""
-    return isinstance(step_fn, (_Copy, _Put, _Mixed))
+    return isinstance(step_fn, (_Copy, _Put, _Reshard, _Mixed))

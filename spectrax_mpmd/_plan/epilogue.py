@@ -109,7 +109,7 @@ def emit_epilogue(draft: Draft, layout: Layout, epilogue: Epilogue, outputs: dic
         if kind in (RoleKind.PARAM, RoleKind.GRAD):
             rank = layout.ranks[grad_stage(layout, index)]
             slot = grads[index] if kind == RoleKind.GRAD else draft.slot(Input(InputKind.PARAM, index, rank))
-            specs[v] = layout.param_specs.get(index)
+            specs[v] = layout.param_spec(index, rank)
         elif kind == RoleKind.LOSS:
             rank, slot = layout.ranks[layout.last], outputs[Output.LOSS]
         else:

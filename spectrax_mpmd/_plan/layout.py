@@ -14,6 +14,7 @@ from .._mesh import MpmdMesh
 from .._runtime.slots import CellKind
 from .._trace.graph import StageGraph
 from .._trace.weights import LossWeights
+from ..errors import MeshError
 from .copies import copy_stages
 
 REPLICATED = PartitionSpec()
@@ -33,7 +34,8 @@ class StageOrder:
 class PlanArgs:
     """What the call's arguments are: differentiated parameter leaves, batch leaves (split into
     microbatches, with their whole-batch avals), PRNG keys folded per microbatch, donated
-    leaves, parameter PartitionSpecs, how microbatch losses are weighed (`LossWeights`), what each model stage
+    leaves, parameter PartitionSpecs (`(leaf, rank) -> spec`), how microbatch losses are weighed
+    (`LossWeights`), what each model stage
     keeps for its backward (`remat`: one value or one per model stage; `offload`: one `Offload` per
     model stage, empty for none; see `spectrax_mpmd._trace.policy`), and the program run on
     the gradients after the backward (an `Epilogue`; None: the gradients are the results)."""
@@ -72,6 +74,8 @@ class Layout:
             e.spec is None for e in graph.edges
         )
         ranks = tuple(schedule.rank_of(s, n) for s in range(len(graph.stages)))
+        if not mesh.uniform:
+            check_rank_shapes(graph, model, ranks, mesh)
         return cls(graph, schedule, mesh, ranks, microbatches, args.param_specs, unsharded, model)
 
     @functools.cached_property
@@ -118,9 +122,13 @@ class Layout:
         """A sharding on pipeline rank `rank`'s submesh (`None`: replicated)."""
         return NamedSharding(self.mesh.submesh(rank), spec if spec is not None else REPLICATED)
 
+    def param_spec(self, a: int, rank: int):
+        """Parameter leaf `a`'s PartitionSpec on pipeline rank `rank` (None: replicated)."""
+        return self.param_specs.get((a, rank))
+
     def param(self, a: int, s: int) -> NamedSharding:
         """Parameter leaf `a` as stage `s` reads it."""
-        return self.named(s, self.param_specs.get(a))
+        return self.named(s, self.param_spec(a, self.ranks[s]))
 
     def output(self, var, s: int) -> NamedSharding:
         """Stage `s`'s output `var` as it is made: the spec of its edge to a stage on the same
@@ -149,3 +157,29 @@ class Layout:
         if jnp.dtype(aval.dtype).itemsize < 4 and jnp.issubdtype(aval.dtype, jnp.floating):
             return aval.update(dtype=jnp.float32)
         return aval
+
+
+def check_rank_shapes(graph: StageGraph, model: tuple, ranks: tuple, mesh: MpmdMesh) -> None:
+    """On ranks of different shapes: every axis a stage boundary's sharding names is on both sides'
+    submeshes, and a model stage run on several ranks (a schedule's copies) runs on equal ones."""
+    for e in graph.edges:
+        named = {a for entry in (e.spec or ()) for a in (entry if isinstance(entry, tuple) else (entry,))}
+        for s in (e.src, e.dst):
+            sub = mesh.submesh(ranks[s])
+            lacks = sorted(named - {None, *sub.axis_names})
+            if lacks:
+                raise MeshError(
+                    f"mesh: the value crossing stages {e.src} -> {e.dst} is sharded as {e.spec}, naming "
+                    f"{lacks}, which stage {s}'s rank {ranks[s]} (submesh {dict(sub.shape)}) lacks; give "
+                    "that rank the axis (size 1 is fine, e.g. {'fsdp': 1}) or name only axes every rank has."
+                )
+    seen: dict = {}
+    for s, rank in enumerate(ranks):
+        sub = mesh.submesh(rank)
+        first = seen.setdefault(model[s], (rank, dict(sub.shape)))
+        if first[1] != dict(sub.shape):
+            raise MeshError(
+                f"mesh: model stage {model[s]} runs on rank {first[0]} {first[1]} and on rank {rank} "
+                f"{dict(sub.shape)}; a stage the schedule runs on several ranks needs equal submeshes "
+                "there. Give those ranks one shape, or use a schedule that places each stage once."
+            )

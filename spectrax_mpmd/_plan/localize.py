@@ -44,7 +44,13 @@ def is_multiprocess(mesh) -> bool:
 
 def rank_processes(mesh) -> tuple[int, ...]:
     """The process holding each pipeline rank; raises if a rank spans processes or a process of
-    the job holds no rank."""
+    the job holds no rank, or when the ranks' submeshes differ in shape (one process only)."""
+    if not mesh.uniform:
+        raise DistributedError(
+            f"pipeline ranks of different shapes {mesh.rank_shapes} run in one process: a job over "
+            "several processes needs ranks of one shape (create_mesh). Give every rank the same axes, "
+            "or run the job in one process."
+        )
     procs = []
     for r in range(mesh.mpmd_dim):
         held = sorted({d.process_index for d in mesh.submesh(r).devices.flat})

@@ -91,7 +91,7 @@ def _numbered(key: Input, function_leaves: tuple | None) -> Input:
 
 def _input_spec(draft: Draft, layout: Layout, key: Input):
     if key.kind == InputKind.PARAM:
-        return layout.param_specs.get(key.leaf)
+        return layout.param_spec(key.leaf, key.rank)
     return draft.input_specs.get(key)
 
 
