@@ -243,6 +243,10 @@ def balance(
     tx: optax.GradientTransformation | None = None,
     optimizer_states: float | None = None,
     rounds: int = 2,
+    devices: int | None = None,
+    device_sizes: Sequence[int] = (1, 2, 4),
+    device_axis: str = "tp",
+    cost_model: str = "measured",
     **step_kwargs,
 ) -> Balance:
     """Balance a model of `n_blocks` blocks for `schedule` on `mesh` (see `Balance`).
@@ -255,6 +259,15 @@ def balance(
     parameters (`jax.eval_shape`, nothing allocated); without it, Adam's two
     moments are assumed; `optimizer_states=k` sets the copies instead.
     `Balance.optimizer` says which.
+
+    With `devices` (a device count), each stage's devices are chosen too: every
+    block is profiled on a rank of each of `device_sizes` devices along
+    `device_axis` (its `rules` resolve against that submesh), and the split of
+    blocks and devices (at most `devices` in all) whose slowest stage is fastest
+    is ranked against the even split by predicted step: a `DeviceBalance`
+    (`spectrax_mpmd._planner.device_advice`; `print` it for the table and why).
+    `cost_model` is `"measured"` (each block's seconds as measured on k devices) or
+    `"work"` (its seconds on the fewest devices scaled by its FLOPs per device).
     """
 
     mesh = check_mesh("balance", mesh)
@@ -265,6 +278,16 @@ def balance(
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
     loss, args = fn((1,) * n_blocks)
+    if devices is not None:
+        from .device_advice import balance_on_devices  # it imports this module's per-block schedule
+
+        copies = _optimizer_copies(tx, optimizer_states, args[0])[0]
+        on = {"devices": devices, "sizes": device_sizes, "axis": device_axis, "cost_model": cost_model,
+              "blocks": n_blocks}
+        return balance_on_devices(
+            loss, args, mesh, schedule, on, memory_budget=memory_budget, optimizer_states=copies,
+            rounds=rounds, **step_kwargs
+        )
     step = sxvalue_and_grad(
         loss,
         mesh=one_rank_mesh(mesh),
