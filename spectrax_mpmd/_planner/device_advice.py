@@ -44,7 +44,7 @@ class DevicePlan:
 @dataclass(frozen=True)
 class DeviceBalance:
     """Splits of blocks and devices ranked by predicted step (fitting ones first), with what the
-    choice rests on: `heavy_stage` is the even split's slowest stage and `heavy_s[k]` its
+    choice rests on: `heavy_stage` is the even split's slowest stage (as costed) and `heavy_s[k]` its
     forward plus backward seconds per microbatch on k devices, `(as measured, as costed)` under
     `cost_model` (one of `MODELS`)."""
 
@@ -130,7 +130,7 @@ def balance_devices(
         for label, split in splits.items()
     ]
     plans.sort(key=lambda p: (not p.fits, p.step_s))
-    heavy, bounds = _heaviest(costs, splits["even"])
+    heavy, bounds = _heaviest(seconds, splits["even"])
     measured = costs.seconds("measured")
     result = DeviceBalance(
         tuple(plans),
@@ -184,10 +184,9 @@ def simulated(costs, schedule, label, split, cost_model, budget, optimizer_state
     return DevicePlan(label, split, timeline.makespan, peaks, budget is None or max(peaks) <= budget)
 
 
-def _heaviest(costs: BlockCosts, even: Split) -> tuple[int, tuple[int, int]]:
-    """The even split's slowest stage as measured, and its blocks' bounds."""
-    measured = costs.seconds("measured")
-    times = [sum(measured[k][i:j]) for (i, j), k in zip(even.bounds(), even.devices)]
+def _heaviest(seconds: dict, even: Split) -> tuple[int, tuple[int, int]]:
+    """The even split's slowest stage under the cost model's `seconds`, and its blocks' bounds."""
+    times = [sum(seconds[k][i:j]) for (i, j), k in zip(even.bounds(), even.devices)]
     s = max(range(len(times)), key=times.__getitem__)
     return s, even.bounds()[s]
 
