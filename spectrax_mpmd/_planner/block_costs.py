@@ -56,18 +56,19 @@ class BlockCosts:
         """`(F, B)`, each `k -> seconds per block`: as measured on k devices (`"measured"`), or
         (`"work"`) the seconds measured on the fewest devices profiled, less a cell's fixed cost
         `overhead_s`, scaled by the block's FLOPs on one device of k over those on that count,
-        plus the fixed cost again: what k devices would take if each ran its share of the work
-        as fast as the fewest do (separate accelerators)."""
+        plus that fixed cost (a cell faster than it, or none, is kept as is): what k devices
+        would take if each ran its share of the work as fast as the fewest do (separate
+        accelerators)."""
         check_cost_model(cost_model)
         if cost_model == "measured":
             return dict(self.F), dict(self.B)
-        base = self.sizes[0]
-        o = self.overhead_s
-        ratio = {k: [w / max(w0, 1.0) for w, w0 in zip(self.flops[k], self.flops[base])] for k in self.sizes}
-        forward, backward = (
-            {k: tuple(o + max(t - o, 0.0) * r for t, r in zip(table[base], ratio[k])) for k in self.sizes}
-            for table in (self.F, self.B)
-        )
+        base, o = self.sizes[0], self.overhead_s
+
+        def scaled(table, k):
+            ratio = [w / max(w0, 1.0) for w, w0 in zip(self.flops[k], self.flops[base])]
+            return tuple(min(t, o) + max(t - o, 0.0) * r for t, r in zip(table[base], ratio))
+
+        forward, backward = ({k: scaled(table, k) for k in self.sizes} for table in (self.F, self.B))
         return forward, backward
 
     def seconds(self, cost_model: str) -> dict[int, tuple[float, ...]]:

@@ -23,8 +23,7 @@ from .devices import Split, even_devices, fitting, split_cost, split_devices, sp
 log = logging.getLogger("spectrax_mpmd")
 MODELS = {
     "measured": "as measured on a rank of k devices",
-    "work": "seconds measured on the fewest devices times the FLOPs per device on k over those (separate "
-    "accelerators)",
+    "work": "the fewest devices' seconds scaled by the FLOPs per device on k",
 }
 
 
