@@ -3,10 +3,10 @@
 A rank of k devices runs its stage's program partitioned over its own submesh (the
 step's `rules` resolve against it), so what a block costs there is measured on that
 program: the model cut at every block, all blocks on one rank of k devices (each
-block a stage of its own, `spectrax_mpmd._planner.balance.per_block_schedule`),
+block a stage of its own: `per_block_schedule`, which `balance` profiles on too),
 profiled once per k. Per block this gives its forward and backward cells' seconds,
-their FLOPs on one device, the bytes it keeps per microbatch and its parameters'
-bytes on one device.
+their FLOPs on one device, the bytes it keeps per microbatch and what its rank
+holds for the whole step on one device.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from spectrax_core import schedules as S
 from spectrax_core.schedules import StageMemory
 
 from .._api import sxvalue_and_grad
 from .._mesh import MpmdMesh, create_mesh
 from .._runtime.slots import GradAccumulator, Input, InputKind, LossAccumulator, MicrobatchIndex
 from ..errors import MeshError
-from .balance import _fixed_cell_seconds as fixed_cell_seconds
-from .balance import per_block_schedule
 
 COST_MODELS = ("measured", "work")
 
@@ -75,6 +74,28 @@ class BlockCosts:
         """`k -> each block's forward plus backward seconds per microbatch` under `cost_model`."""
         forward, backward = self.cells(cost_model)
         return {k: tuple(f + b for f, b in zip(forward[k], backward[k])) for k in self.sizes}
+
+
+def per_block_schedule(microbatches: int, n_blocks: int):
+    """The schedule of the per-block profile: every block a stage on one rank, each cell alone."""
+    if n_blocks == 1:
+        return S.GPipe(microbatches=microbatches)
+    return S.InterleavedGPipe(microbatches=microbatches, virtual_stages=n_blocks)
+
+
+def fixed_cell_seconds(profile) -> float:
+    """The fixed cost of one cell: the intercept of a least-squares line through the profile's
+    forward and backward cells' measured seconds against XLA's FLOP counts, kept within
+    [0, the fastest cell]."""
+    cells = [c for c in profile.cells if c.kind in ("F", "B") and c.seconds is not None]
+    if len(cells) < 3:
+        return 0.0
+    flops = np.array([c.flops for c in cells])
+    seconds = np.array([c.seconds for c in cells])
+    if np.ptp(flops) == 0:
+        return 0.0
+    slope, intercept = np.polyfit(flops, seconds, 1)
+    return float(min(max(intercept, 0.0), seconds.min()))
 
 
 def check_cost_model(cost_model) -> None:
