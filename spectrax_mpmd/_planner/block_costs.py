@@ -109,15 +109,21 @@ def check_cost_model(cost_model) -> None:
 def rank_mesh(mesh: MpmdMesh, k: int, axis: str) -> MpmdMesh:
     """A mesh of one pipeline rank of `k` of `mesh`'s devices, along its SPMD axis `axis` (every
     other axis of size 1): the submesh a stage given k devices runs on."""
-    names = mesh.axis_names
-    if axis not in names or axis == mesh.mpmd_axis:
-        spmd = tuple(n for n in names if n != mesh.mpmd_axis)
+    check_rank_mesh(mesh, (k,), axis)
+    dims = tuple(k if n == axis else 1 for n in mesh.axis_names)
+    return create_mesh(dims, mesh.axis_names, mpmd_axis=mesh.mpmd_axis, devices=list(mesh.devices.flat)[:k])
+
+
+def check_rank_mesh(mesh: MpmdMesh, sizes: Sequence[int], axis: str) -> None:
+    """Raise unless `mesh` has the SPMD axis `axis` and devices for a rank of each of `sizes`."""
+    if axis not in mesh.axis_names or axis == mesh.mpmd_axis:
+        spmd = tuple(n for n in mesh.axis_names if n != mesh.mpmd_axis)
         raise MeshError(f"device_axis must be one of the mesh's SPMD axes {spmd}, received {axis!r}.")
-    devices = list(mesh.devices.flat)
-    if k > len(devices):
-        raise MeshError(f"device_sizes: a rank of {k} devices needs more than the mesh's {len(devices)}.")
-    dims = tuple(k if n == axis else 1 for n in names)
-    return create_mesh(dims, names, mpmd_axis=mesh.mpmd_axis, devices=devices[:k])
+    if max(sizes) > mesh.devices.size:
+        raise MeshError(
+            f"device_sizes: a rank of {max(sizes)} devices needs more than the mesh's {mesh.devices.size}; "
+            "profile on a mesh of all the devices to split."
+        )
 
 
 def _device_bytes(sharding, shape, dtype) -> int:

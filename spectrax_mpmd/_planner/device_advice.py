@@ -17,7 +17,7 @@ from spectrax_core import schedules as S
 
 from .._stages import stage_sizes
 from ..errors import StageSplitError
-from .block_costs import BlockCosts, check_cost_model, profile_blocks
+from .block_costs import BlockCosts, check_cost_model, check_rank_mesh, profile_blocks
 from .devices import Split, even_devices, fitting, split_cost, split_devices, split_memory
 
 log = logging.getLogger("spectrax_mpmd")
@@ -144,6 +144,34 @@ def balance_devices(
     return result
 
 
+def advise_devices(source, on: dict, microbatches: int, memory_budget, optimizer_states: float, rounds: int):
+    """`advise(devices=)`: the one-stage-per-rank cut of `source`'s function (an
+    `spectrax_mpmd._planner.advice.Source`), each stage a block, ranked for Std1F1B at
+    `microbatches` (`balance_on_devices`)."""
+    n = source.mesh.mpmd_dim
+    loss, args = (source.fn, source.args) if source.args else source.fn(n)
+    return balance_on_devices(
+        loss,
+        args,
+        source.mesh,
+        S.Std1F1B(microbatches=microbatches),
+        {**on, "blocks": n},
+        memory_budget=memory_budget,
+        optimizer_states=optimizer_states,
+        rounds=rounds,
+        **source.step_kwargs,
+    )
+
+
+def check_device_arguments(mesh, on: dict) -> tuple[int, ...]:
+    """`on["sizes"]` sorted, after every device argument in `on` is checked against `mesh` (before
+    anything is profiled)."""
+    check_cost_model(on["cost_model"])
+    sizes = check_device_sizes(on["sizes"], on["devices"])
+    check_rank_mesh(mesh, sizes, on["axis"])
+    return sizes
+
+
 def balance_on_devices(
     loss,
     args,
@@ -159,8 +187,7 @@ def balance_on_devices(
     """`balance(devices=)`: `loss` (cut at each of its `on["blocks"]` blocks) profiled on ranks of
     each of `on["sizes"]` devices along `on["axis"]`, its splits into `mesh.mpmd_dim` stages on
     at most `on["devices"]` devices ranked (`balance_devices`)."""
-    sizes = check_device_sizes(on["sizes"], on["devices"])
-    check_cost_model(on["cost_model"])
+    sizes = check_device_arguments(mesh, on)
     check_device_schedule(schedule)
     on = {**on, "sizes": sizes}
     costs = profile_blocks(loss, args, mesh, schedule, on["blocks"], on, rounds, step_kwargs)

@@ -306,3 +306,28 @@ def test_predicted_peaks_on_ranks_of_1_1_2_4_devices_equal_a_real_steps(costs):
     measured = step.measure_peak_bytes(*args)
     for p, m in zip(predicted, measured):
         assert abs(p - m) <= 0.01 * m, (predicted, measured)
+
+
+# --- through advise -----------------------------------------------------------------------------
+
+
+def test_advise_with_devices_gives_the_3x_last_stage_more_devices():
+    loss, args = cut((1,) * len(WIDTHS))
+    common = {"mesh": MESH, "schedules": (S.Std1F1B,), "microbatches": (M,), "virtual_stages": (1,)}
+    advice = mp.advise(
+        loss,
+        *args,
+        **common,
+        confirm=0,
+        search=False,
+        profile_cache=False,
+        devices=8,
+        cost_model="work",
+        rules=RULES,
+    )
+    split = advice.devices
+    assert split.devices[-1] > max(split.devices[:-1]), split.table()
+    assert split.best.label == "chosen" and split.best.step_s < split.plan("even").step_s, split.table()
+    assert advice.under(None).devices is split
+    with pytest.raises(MeshError, match="device_axis must be one of"):
+        mp.advise(loss, *args, **common, devices=8, device_axis="model")
