@@ -28,7 +28,7 @@ from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, rank
 from .balance import _optimizer_copies
 from .cache import ProfileCache, default_directory
 from .confirm import confirmed
-from .device_advice import advise_devices, check_device_arguments
+from .device_advice import advise_devices, device_options
 from .memory import fitted
 from .predict import Predicted, predictor
 from .profiler import Profiled, Profiler
@@ -196,25 +196,15 @@ def advise(
     n = mesh.mpmd_dim
     _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm)
     _check_guard(max_grad_norm, skip_nonfinite)
-    on = {"devices": devices, "sizes": device_sizes, "axis": device_axis, "cost_model": cost_model}
-    if devices is not None:
-        check_device_arguments(mesh, on)
+    on = device_options(mesh, devices, device_sizes, device_axis, cost_model)  # checked, or None
     update = {"max_grad_norm": max_grad_norm, "skip_nonfinite": skip_nonfinite, "validation": validation}
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
     cache = None if profile_cache is False else ProfileCache(
         default_directory() if profile_cache is True else profile_cache
     )
-    profiler = Profiler(
-        fn,
-        args,
-        mesh,
-        step_kwargs,
-        rounds=rounds,
-        optimizer=optimizer,
-        optimizer_states=optimizer_states,
-        cache=cache,
-    )
+    measured = {"optimizer": optimizer, "optimizer_states": optimizer_states, "cache": cache}
+    profiler = Profiler(fn, args, mesh, step_kwargs, rounds=rounds, **measured)
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
     guarded = max_grad_norm is not None or skip_nonfinite
     rows, skipped, errors, unsupported = [], [], [], []
@@ -252,17 +242,19 @@ def advise(
         backend=backend,
     )
     advice = confirmed(advice, confirm, profiler.rounds)
-    if devices is not None:
-        advice = replace(advice, devices=_devices(advice, on, tx, optimizer_states, memory_budget, rounds))
+    advice = _with_devices(advice, on, tx, optimizer_states, memory_budget, rounds)
     return replace(advice, seconds=time.perf_counter() - started)
 
 
-def _devices(advice: Advice, on: dict, tx, optimizer_states, memory_budget, rounds: int):
-    """The devices per stage for `advice`'s function (`advise_devices`), at its pick's microbatch
-    count, the optimizer's state counted as `balance` counts it."""
+def _with_devices(advice: Advice, on: dict | None, tx, optimizer_states, memory_budget, rounds) -> Advice:
+    """`advice` with the devices per stage for its function (`advise_devices`, as `on` says; none
+    when None), at its pick's microbatch count, the optimizer's state counted as `balance` does."""
+    if on is None:
+        return advice
     pick = advice.candidates[0]
     copies = _optimizer_copies(tx, optimizer_states, advice.source.loss_and_args(pick)[1][0])[0]
-    return advise_devices(advice.source, on, pick.microbatches, memory_budget, copies, rounds)
+    split = advise_devices(advice.source, on, pick.microbatches, memory_budget, copies, rounds)
+    return replace(advice, devices=split)
 
 
 @dataclass(frozen=True)

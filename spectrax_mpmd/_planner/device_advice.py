@@ -163,6 +163,15 @@ def advise_devices(source, on: dict, microbatches: int, memory_budget, optimizer
     )
 
 
+def device_options(mesh, devices, sizes, axis, cost_model) -> dict | None:
+    """`advise`'s device arguments as one checked mapping (`check_device_arguments`); None
+    without `devices`."""
+    if devices is None:
+        return None
+    on = {"devices": devices, "sizes": sizes, "axis": axis, "cost_model": cost_model}
+    return {**on, "sizes": check_device_arguments(mesh, on)}
+
+
 def check_device_arguments(mesh, on: dict) -> tuple[int, ...]:
     """`on["sizes"]` sorted, after every device argument in `on` is checked against `mesh` (before
     anything is profiled)."""
