@@ -105,8 +105,9 @@ def split_memory(costs: BlockCosts, split: Split, optimizer_states: float = 0.0)
     receives and sends back per microbatch, what all its blocks keep per microbatch, its
     parameters, their accumulators, `optimizer_states` copies of the parameters (the
     optimizer's state) and the other arguments its cells read, each on its device count
-    (`BlockCosts`; a stage of several blocks sums theirs: what the blocks pass each other
-    counts as kept, a leaf two of them read counts twice)."""
+    (`BlockCosts`). Exact for one block per stage; a stage of several blocks sums what they
+    keep as each kept it alone (what they pass each other is not added; a leaf two of them
+    read counts twice)."""
     rows: dict = {name: [] for name in ("inputs", "kept_inputs", "residuals", "grads", "stash")}
     static: dict = {name: [] for name in ("params", "accumulators", "other")}
     for (i, j), k in zip(split.bounds(), split.devices):
