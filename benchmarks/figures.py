@@ -111,7 +111,7 @@ SOURCES = {
             ("first_call", "--configs lm", "where the main job's first call goes"),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
-            ("planner_devices", "--rounds 5", "devices per stage: the split chosen for a 3x last stage"),
+            ("planner_devices", "--rounds 5", "devices per stage chosen for an LM with a heavy last stage"),
             (
                 "advise_cases",
                 "--models two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 5",

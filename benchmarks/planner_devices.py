@@ -1,5 +1,5 @@
 """Devices per stage: what the planner measures and chooses for an LM whose head makes its last stage
-about 3x the others.
+several times the others (about 4x on one device).
 
 An embedding, `--blocks` residual MLP blocks (hidden width `--hidden`, sharded over `tp` by the
 default rules) and a head over `--vocab` classes (also over `tp`) on 4 pipeline ranks, Std1F1B.
