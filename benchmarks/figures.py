@@ -112,6 +112,7 @@ SOURCES = {
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
             ("ranks", "--rounds 3", "ranks of different sizes: an even split against a heavier last rank"),
+            ("planner_devices", "--rounds 5", "devices per stage chosen for an LM with a heavy last stage"),
             (
                 "advise_cases",
                 "--models two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 5",

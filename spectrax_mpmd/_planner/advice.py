@@ -112,7 +112,9 @@ class Advice:
     those profiles it read from the disk cache (`spectrax_mpmd._planner.cache`). `backend` holds
     the measured costs beyond the cells (`spectrax_mpmd._planner.backend.BackendCost`);
     `measured` the candidates run to confirm the pick, each with its median step seconds,
-    fastest first; `confidence` how the pick was made (`spectrax_mpmd._planner.confirm`).
+    fastest first; `confidence` how the pick was made (`spectrax_mpmd._planner.confirm`);
+    `devices`, when `advise` was given `devices=`, the devices per stage chosen
+    (`spectrax_mpmd._planner.device_advice.DeviceBalance`).
     `print(advice)` is a short summary, `advice.table()` one line per candidate.
     """
 
@@ -128,6 +130,7 @@ class Advice:
     backend: object = field(default=None, repr=False, compare=False)
     measured: tuple = ()
     confidence: str = ""
+    devices: object = field(default=None, repr=False, compare=False)
 
     @property
     def binding_rank(self) -> int:
@@ -149,6 +152,7 @@ class Advice:
             cached=self.cached,
             source=self.source,
             backend=self.backend,
+            devices=self.devices,
         )
 
     @property

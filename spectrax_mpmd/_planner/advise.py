@@ -25,8 +25,10 @@ from .._api.validation import VALIDATIONS
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError, StageSplitError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
+from .balance import _optimizer_copies
 from .cache import ProfileCache, default_directory
 from .confirm import confirmed
+from .device_advice import advise_devices, device_options
 from .memory import fitted
 from .predict import Predicted, predictor
 from .profiler import Profiled, Profiler
@@ -134,6 +136,10 @@ def advise(
     validation: str = "sync",
     confirm: int = 3,
     profile_cache: bool | str | os.PathLike = True,
+    devices: int | None = None,
+    device_sizes: Sequence[int] = (1, 2, 4),
+    device_axis: str = "tp",
+    cost_model: str = "measured",
     **step_kwargs,
 ) -> Advice:
     """Simulate every valid `(schedule, microbatches, virtual stages)` with profiled costs and
@@ -175,6 +181,11 @@ def advise(
     kept on disk keyed by the program (`spectrax_mpmd._planner.cache`): `profile_cache`
     True (default) uses `$SPECTRAX_MPMD_PROFILE_CACHE` or `~/.cache/spectrax_mpmd/profiles`,
     a path that directory, False none; `Advice.cached` counts the profiles read back.
+    With `devices` (a device count), `Advice.devices` says how many devices each
+    stage would best get, at most `devices` in all: each stage of the one-stage-per-rank
+    cut profiled on a rank of each of `device_sizes` devices along `device_axis`, ranked
+    for Std1F1B at the pick's microbatch count (`balance(devices=)`, whose `cost_model`
+    this is).
     `advice.step(tx)` builds the chosen step, with these three settings. A
     configuration that cannot be profiled on these arguments (a microbatch count
     that does not divide the batch) is skipped and listed, with the reason, in
@@ -185,22 +196,15 @@ def advise(
     n = mesh.mpmd_dim
     _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm)
     _check_guard(max_grad_norm, skip_nonfinite)
+    on = device_options(mesh, devices, device_sizes, device_axis, cost_model)  # checked, or None
     update = {"max_grad_norm": max_grad_norm, "skip_nonfinite": skip_nonfinite, "validation": validation}
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
     cache = None if profile_cache is False else ProfileCache(
         default_directory() if profile_cache is True else profile_cache
     )
-    profiler = Profiler(
-        fn,
-        args,
-        mesh,
-        step_kwargs,
-        rounds=rounds,
-        optimizer=optimizer,
-        optimizer_states=optimizer_states,
-        cache=cache,
-    )
+    measured = {"optimizer": optimizer, "optimizer_states": optimizer_states, "cache": cache}
+    profiler = Profiler(fn, args, mesh, step_kwargs, rounds=rounds, **measured)
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
     guarded = max_grad_norm is not None or skip_nonfinite
     rows, skipped, errors, unsupported = [], [], [], []
@@ -238,7 +242,19 @@ def advise(
         backend=backend,
     )
     advice = confirmed(advice, confirm, profiler.rounds)
+    advice = _with_devices(advice, on, tx, optimizer_states, memory_budget, rounds)
     return replace(advice, seconds=time.perf_counter() - started)
+
+
+def _with_devices(advice: Advice, on: dict | None, tx, optimizer_states, memory_budget, rounds) -> Advice:
+    """`advice` with the devices per stage for its function (`advise_devices`, as `on` says; none
+    when None), at its pick's microbatch count, the optimizer's state counted as `balance` does."""
+    if on is None:
+        return advice
+    pick = advice.candidates[0]
+    copies = _optimizer_copies(tx, optimizer_states, advice.source.loss_and_args(pick)[1][0])[0]
+    split = advise_devices(advice.source, on, pick.microbatches, memory_budget, copies, rounds)
+    return replace(advice, devices=split)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._stages import stage_sizes
 from .._trace.context import outside_context_mesh
 from ..errors import StageSplitError
+from .block_costs import fixed_cell_seconds, per_block_schedule
+from .device_advice import DeviceBalance, balance_on_devices
 from .optimizer import ASSUMED_STATES
 
 log = logging.getLogger("spectrax_mpmd")
@@ -154,13 +156,6 @@ def one_rank_mesh(mesh: MpmdMesh) -> MpmdMesh:
     )
 
 
-def per_block_schedule(microbatches: int, n_blocks: int):
-    """The schedule of the per-block profile: every block a stage on one rank, each cell alone."""
-    if n_blocks == 1:
-        return S.GPipe(microbatches=microbatches)
-    return S.InterleavedGPipe(microbatches=microbatches, virtual_stages=n_blocks)
-
-
 def balance_from_profile(
     profile,
     schedule,
@@ -180,7 +175,7 @@ def balance_from_profile(
     """
     cost = profile.stage_cost()
     block_s = tuple(f + b for f, b in zip(cost.F, cost.B))
-    overhead = _fixed_cell_seconds(profile) * 2
+    overhead = fixed_cell_seconds(profile) * 2
     n_stages = n * schedule.virtual_stages
     block_bytes = activations = budget = None
     if memory_budget is not None:
@@ -217,21 +212,6 @@ def _stage_times(block_s: Sequence[float], sizes: Sequence[int], overhead_s: flo
     return tuple(float(sum(block_s[a:b]) - (b - a - 1) * overhead_s) for a, b in zip(bounds, bounds[1:]))
 
 
-def _fixed_cell_seconds(profile) -> float:
-    """The fixed cost of one cell: the intercept of a least-squares line through the profile's
-    forward and backward cells' measured seconds against XLA's FLOP counts, kept within
-    [0, the fastest cell]."""
-    cells = [c for c in profile.cells if c.kind in ("F", "B") and c.seconds is not None]
-    if len(cells) < 3:
-        return 0.0
-    flops = np.array([c.flops for c in cells])
-    seconds = np.array([c.seconds for c in cells])
-    if np.ptp(flops) == 0:
-        return 0.0
-    slope, intercept = np.polyfit(flops, seconds, 1)
-    return float(min(max(intercept, 0.0), seconds.min()))
-
-
 @outside_context_mesh
 def balance(
     fn: Callable,
@@ -243,8 +223,12 @@ def balance(
     tx: optax.GradientTransformation | None = None,
     optimizer_states: float | None = None,
     rounds: int = 2,
+    devices: int | None = None,
+    device_sizes: Sequence[int] = (1, 2, 4),
+    device_axis: str = "tp",
+    cost_model: str = "measured",
     **step_kwargs,
-) -> Balance:
+) -> Balance | DeviceBalance:
     """Balance a model of `n_blocks` blocks for `schedule` on `mesh` (see `Balance`).
 
     `fn(sizes)` returns `(loss_fn, args)` for the model cut into `len(sizes)` stages
@@ -255,6 +239,15 @@ def balance(
     parameters (`jax.eval_shape`, nothing allocated); without it, Adam's two
     moments are assumed; `optimizer_states=k` sets the copies instead.
     `Balance.optimizer` says which.
+
+    With `devices` (a device count), each stage's devices are chosen too: every
+    block is profiled on a rank of each of `device_sizes` devices along
+    `device_axis` (its `rules` resolve against that submesh), and the split of
+    blocks and devices (at most `devices` in all) whose slowest stage is fastest
+    is ranked against the even split by predicted step: a `DeviceBalance`
+    (`spectrax_mpmd._planner.device_advice`; `print` it for the table and why).
+    `cost_model` is `"measured"` (each block's seconds as measured on k devices) or
+    `"work"` (its seconds on the fewest devices scaled by its FLOPs per device).
     """
 
     mesh = check_mesh("balance", mesh)
@@ -265,6 +258,20 @@ def balance(
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
     loss, args = fn((1,) * n_blocks)
+    if devices is not None:
+        copies = _optimizer_copies(tx, optimizer_states, args[0])[0]
+        on = {"devices": devices, "sizes": device_sizes, "axis": device_axis, "blocks": n_blocks}
+        return balance_on_devices(
+            loss,
+            args,
+            mesh,
+            schedule,
+            {**on, "cost_model": cost_model},
+            memory_budget=memory_budget,
+            optimizer_states=copies,
+            rounds=rounds,
+            **step_kwargs,
+        )
     step = sxvalue_and_grad(
         loss,
         mesh=one_rank_mesh(mesh),
