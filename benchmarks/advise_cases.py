@@ -5,7 +5,9 @@ cut into half-blocks (attention, then MLP, each its own stage), a two-tower mode
 (two MLP towers, each block updating one, joined by a contrastive loss) and a deep
 narrow MLP. For each budget `mp.advise` (AdamW, the update timed) picks a step;
 the pick, the top fitting candidates by prediction and plain Std1F1B are then
-built and run in interleaved rounds (`_timing.interleaved`). Per case: (a)
+built and run in interleaved rounds (`_timing.interleaved`), their order shuffled
+anew each round (seeded): on shared cores a step's place in a fixed order skews
+its time (measured: steps predicted alike up to 1.33x apart). Per case: (a)
 whether the pick fits, measured (`measure_peak_bytes`, device bytes); (b) its
 measured time relative to plain Std1F1B against the predicted ratio (within
 25%?); (c) whether any measured fitting candidate is more than 10% faster than
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import random
 import statistics
 import tempfile
 
@@ -194,7 +197,7 @@ def _run(advice, candidates: list, rounds: int) -> dict:
         peaks[k] = max(step.measure_peak_bytes(*state, *batch))  # copies what it donates
         calls[k] = _looped(step, state, batch)
         calls[k]()  # compile
-    wall, _ = interleaved(calls, rounds)
+    wall, _ = interleaved(calls, rounds, shuffle=random.Random(0))
     return {k: (statistics.median(w), min(w), peaks[k]) for k, w in wall.items()}
 
 
@@ -235,6 +238,7 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
         rows.append(
             {
                 "label": c.brief(),
+                "memory_choice": c.memory is not None,
                 "fits_predicted": c.fits,
                 "predicted_ms": c.step_s * 1e3,
                 "limit": c.limit,
@@ -260,10 +264,20 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
         "backend": advice.backend.as_dict(),
         "summary": str(advice),
         "rows": rows,
+        "pick": pick,
+        "default": rows[default],
+        "offload_measured_ratio": _span(rows, "measured_ratio"),
+        "offload_predicted_ratio": _span(rows, "predicted_ratio"),
         "a_fits": pick["fits_measured"],
         "b_ratio_error": pick["measured_ratio"] / pick["predicted_ratio"] - 1,
         "c_faster": max((pick["measured_ms"] / r["measured_ms"] - 1 for r in fitting), default=0.0),
     }
+
+
+def _span(rows: list, key: str) -> list:
+    """`[least, most]` of `key` over the rows that offload or recompute (empty when none does)."""
+    values = [r[key] for r in rows if r["memory_choice"]]
+    return [min(values), max(values)] if values else []
 
 
 def show(result: dict) -> None:
