@@ -5,8 +5,9 @@ The simulation runs each rank's cells in table order on a device of its own, the
 the optimizer's update as the step's validation says. Two measured limits bound it
 from below: one thread issues every compiled call and host copy of the step
 (`host thread`), and ranks that share compute (fake CPU devices on a few cores)
-run their cells' total work no faster than the measured ranks-at-once allow
-(`shared devices`). The prediction is the largest of the three, named in `limit`.
+run their cells' total work (`cell_work`: each cell's time alone less its issuing)
+no faster than the measured ranks-at-once allow (`shared devices`). The
+prediction is the largest of the three, named in `limit`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from spectrax_core import schedules as S
 from spectrax_core.schedules import Timeline
 
 from .._env import configured_run_ahead
-from .backend import BackendCost
+from .backend import BackendCost, cell_work
 from .memory import run_ahead_bytes
 from .optimizer import with_sync_copy
 
@@ -53,7 +54,7 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
         bounds = (
             updated.makespan,
             calls * backend.call_issue_s + copies * backend.copy_issue_s,
-            (sum(timeline.busy) + sum(update_s)) / backend.parallelism,
+            (work(timeline, backend.call_issue_s) + sum(update_s)) / backend.parallelism,
         )
         k = max(range(3), key=lambda j: bounds[j])
         peaks = with_sync_copy(timeline.peak_bytes, memory, validation != "none")
@@ -63,3 +64,9 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
         return Predicted(peaks, bounds[k], timeline, LIMITS[k], update, updated.makespan)
 
     return predict
+
+
+def work(timeline: Timeline, issue_s: float) -> float:
+    """The `cell_work` of a simulated timeline's cells (a cell that costs nothing, as the loss
+    stage's backward fused into its forward, is not run and adds nothing)."""
+    return cell_work((e.end - e.start for row in timeline.events for e in row), issue_s)
