@@ -159,21 +159,25 @@ def cell_work(seconds: Iterable[float], issue_s: float) -> float:
 
 def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, float]:
     """`(cells' work, step's wall seconds, issuing seconds per cell)` of the training step `step`
-    on `args`: the issuing thread's CPU time of a call over its cells; its cells timed one at a
-    time (`measure_timeline`), their `cell_work` summed; and the whole step run as it runs, each
-    the least of `rounds` after a warm-up call (which compiles)."""
+    on `args`, from the round (of `rounds`, after a warm-up call which compiles) whose work over
+    wall is the median: the whole step run as it runs, the issuing thread's CPU time of that call
+    over its cells, and its cells timed one at a time right after (`measure_timeline`), their
+    `cell_work` summed. Both sides of a ratio come from one round, so a burst of other load
+    meets both (the least of each, taken from different rounds, would pair a quiet step with
+    loaded cells)."""
     jax.block_until_ready(step(*args))
-    work = wall = issue = math.inf
+    measured = []
     for _ in range(rounds):
         start, cpu = time.perf_counter(), time.thread_time()
         out = step(*args)
         issued = time.thread_time() - cpu
         jax.block_until_ready(out)
-        wall = min(wall, time.perf_counter() - start)
+        wall = time.perf_counter() - start
         cells = [(e.end - e.start) * 1e-6 for row in step.measure_timeline(*args).events for e in row]
-        issue = min(issue, issued / max(len(cells), 1))
-        work = min(work, cell_work(cells, issue))
-    return work, wall, issue
+        issue = issued / max(len(cells), 1)
+        measured.append((cell_work(cells, issue), wall, issue))
+    measured.sort(key=lambda m: m[0] / m[1])
+    return measured[len(measured) // 2]
 
 
 def measure_backend(
