@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -141,6 +142,15 @@ def parallelism(devices: Sequence, rounds: int = 3, size: int = 192) -> tuple[fl
         jax.block_until_ready(ys)
         together = min(together, time.perf_counter() - start)
     return ranks_at_once(len(devices) * alone, together, len(devices)), statistics.median(issue)
+
+
+def compute_units(devices: Sequence) -> int:
+    """How many of one device per rank can compute at once at most: every rank, or for CPU
+    devices (which share the host's cores) no more than the cores this process may run on."""
+    if not all(d.platform == "cpu" for d in devices):
+        return len(devices)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(len(devices), cores or 1)
 
 
 def ranks_at_once(busy_s: float, wall_s: float, ranks: int) -> float:

@@ -30,7 +30,7 @@ from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
-from .backend import BackendCost, busy_and_wall, measure_backend, ranks_at_once
+from .backend import BackendCost, busy_and_wall, compute_units, measure_backend, ranks_at_once
 from .cache import ProfileCache, profile_key, program_digest, update_digest
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
 
@@ -148,7 +148,7 @@ class Profiler:
             measured = self.step_measured(microbatches)
             at_once, issue = (None, None)
             if measured is not None:
-                at_once, issue = ranks_at_once(*measured[:2], self.mesh.mpmd_dim), measured[2]
+                at_once, issue = ranks_at_once(*measured[:2], compute_units(devices)), measured[2]
             self._backend = measure_backend(devices, sizes[:2] + sizes[-4:], at_once, issue)  # least, most
         return self._backend
 
@@ -157,7 +157,8 @@ class Profiler:
         `microbatches` that splits the arguments (`ranks_at_once` of its `busy_and_wall`); None
         when none does."""
         measured = self.step_measured(microbatches)
-        return None if measured is None else ranks_at_once(*measured[:2], self.mesh.mpmd_dim)
+        devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
+        return None if measured is None else ranks_at_once(*measured[:2], compute_units(devices))
 
     def step_measured(self, microbatches: Sequence[int]) -> tuple[float, float, float] | None:
         """`busy_and_wall` of a real step of plain Std1F1B at the most of `microbatches` that
