@@ -11,9 +11,10 @@
   a real step of plain Std1F1B timed whole, against the work of its cells each timed
   alone (`busy_and_wall`, `ranks_at_once`). Separate accelerators give up to the rank count; fake
   CPU devices share the host's cores (each already spreading its own work over
-  them) and give fewer, and then a step is never shorter than its cells' total
-  work over that. Only when no step could be measured, a test program run on every
-  rank's device together against one alone stands in (`parallelism_source`).
+  them) and give fewer, never more than the cores (`compute_units`), and then a
+  step is never shorter than its cells' total work over that. Only when no step
+  could be measured, a test program run on every rank's device together against
+  one alone stands in (`parallelism_source`).
 * A cell's work is its time alone less its issuing (`cell_work`): timed alone, a cell
   also waits while the host issues it, which in a step runs on the issuing thread
   ahead of the devices. So a table of many short cells (more stages, a split
@@ -169,25 +170,22 @@ def cell_work(seconds: Iterable[float], issue_s: float) -> float:
 
 def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, float]:
     """`(cells' work, step's wall seconds, issuing seconds per cell)` of the training step `step`
-    on `args`, from the round (of `rounds`, after a warm-up call which compiles) whose work over
-    wall is the median: the whole step run as it runs, the issuing thread's CPU time of that call
-    over its cells, and its cells timed one at a time right after (`measure_timeline`), their
-    `cell_work` summed. Both sides of a ratio come from one round, so a burst of other load
-    meets both (the least of each, taken from different rounds, would pair a quiet step with
-    loaded cells)."""
+    on `args`, each the least of `rounds` after a warm-up call (which compiles), as a profile
+    takes its cells' least times (other load only ever adds time): the whole step run as it
+    runs; the issuing thread's CPU time of a call over its cells; its cells timed one at a time
+    (`measure_timeline`), their `cell_work` summed."""
     jax.block_until_ready(step(*args))
-    measured = []
+    work = wall = issue = math.inf
     for _ in range(rounds):
         start, cpu = time.perf_counter(), time.thread_time()
         out = step(*args)
         issued = time.thread_time() - cpu
         jax.block_until_ready(out)
-        wall = time.perf_counter() - start
+        wall = min(wall, time.perf_counter() - start)
         cells = [(e.end - e.start) * 1e-6 for row in step.measure_timeline(*args).events for e in row]
-        issue = issued / max(len(cells), 1)
-        measured.append((cell_work(cells, issue), wall, issue))
-    measured.sort(key=lambda m: m[0] / m[1])
-    return measured[len(measured) // 2]
+        issue = min(issue, issued / max(len(cells), 1))
+        work = min(work, cell_work(cells, issue))
+    return work, wall, issue
 
 
 def measure_backend(
