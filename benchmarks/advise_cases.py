@@ -5,13 +5,17 @@ cut into half-blocks (attention, then MLP, each its own stage), a two-tower mode
 (two MLP towers, each block updating one, joined by a contrastive loss) and a deep
 narrow MLP. For each budget `mp.advise` (AdamW, the update timed) picks a step;
 the pick, the top fitting candidates by prediction and plain Std1F1B are then
-built and run in interleaved rounds (`_timing.interleaved`). Per case: (a)
-whether the pick fits, measured (`measure_peak_bytes`, device bytes); (b) its
-measured time relative to plain Std1F1B against the predicted ratio (within
-25%?); (c) whether any measured fitting candidate is more than 10% faster than
-the pick. `advise`'s own time is reported for a cold profile cache and a warm
-one (the second and later budgets of a model reuse its profiles). Prints one
-table per case and writes benchmarks/results/advise_cases.json.
+built and run in interleaved rounds (`_timing.interleaved`), their order shuffled
+anew each round (seeded): on shared cores a step's place in a fixed order skews
+its time (measured: steps predicted alike up to 1.33x apart). A step's measured
+time is the least over the rounds (other work on the shared cores only ever adds
+time, in bursts that a median of a few rounds does not always outlast; the
+median is reported next to it). Per case: (a) whether the pick fits, measured
+(`measure_peak_bytes`, device bytes); (b) its measured time relative to plain
+Std1F1B against the predicted ratio (within 25%?); (c) whether any measured
+fitting candidate is more than 10% faster than the pick. `advise`'s own time is
+reported for a cold profile cache and a warm one (the second and later budgets
+of a model reuse its profiles). Prints one table per case and writes benchmarks/results/advise_cases.json.
 
     python benchmarks/advise_cases.py                    # every model, budgets 0.4 0.55 0.7
     python benchmarks/advise_cases.py --models mlp --budgets 0.5 --top 3
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import random
 import statistics
 import tempfile
 
@@ -194,7 +199,7 @@ def _run(advice, candidates: list, rounds: int) -> dict:
         peaks[k] = max(step.measure_peak_bytes(*state, *batch))  # copies what it donates
         calls[k] = _looped(step, state, batch)
         calls[k]()  # compile
-    wall, _ = interleaved(calls, rounds)
+    wall, _ = interleaved(calls, rounds, shuffle=random.Random(0))
     return {k: (statistics.median(w), min(w), peaks[k]) for k, w in wall.items()}
 
 
@@ -228,20 +233,22 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
     candidates = _contenders(advice, args.top)
     measured = _run(advice, candidates, args.rounds)
     default = candidates.index(advice.default)
-    base_pred, base_meas = advice.default.step_s, measured[default][0]
+    base_pred, (base_med, base_low, _) = advice.default.step_s, measured[default]
     rows = []
     for k, c in enumerate(candidates):
         med, low, peak = measured[k]
         rows.append(
             {
                 "label": c.brief(),
+                "memory_choice": c.memory is not None,
                 "fits_predicted": c.fits,
                 "predicted_ms": c.step_s * 1e3,
                 "limit": c.limit,
-                "measured_ms": med * 1e3,
-                "measured_min_ms": low * 1e3,
+                "measured_ms": low * 1e3,
+                "measured_median_ms": med * 1e3,
                 "predicted_ratio": c.step_s / base_pred,
-                "measured_ratio": med / base_meas,
+                "measured_ratio": low / base_low,
+                "measured_median_ratio": med / base_med,
                 "peak_predicted": max(c.peak_bytes),
                 "peak_measured": peak,
                 "fits_measured": peak <= budget,
@@ -260,10 +267,20 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
         "backend": advice.backend.as_dict(),
         "summary": str(advice),
         "rows": rows,
+        "pick": pick,
+        "default": rows[default],
+        "offload_measured_ratio": _span(rows, "measured_ratio"),
+        "offload_predicted_ratio": _span(rows, "predicted_ratio"),
         "a_fits": pick["fits_measured"],
         "b_ratio_error": pick["measured_ratio"] / pick["predicted_ratio"] - 1,
         "c_faster": max((pick["measured_ms"] / r["measured_ms"] - 1 for r in fitting), default=0.0),
     }
+
+
+def _span(rows: list, key: str) -> list:
+    """`[least, most]` of `key` over the rows that offload or recompute (empty when none does)."""
+    values = [r[key] for r in rows if r["memory_choice"]]
+    return [min(values), max(values)] if values else []
 
 
 def show(result: dict) -> None:
@@ -279,12 +296,13 @@ def show(result: dict) -> None:
         f"({result['cached']}/{result['profiles']} profiles from the cache); ranks at once "
         f"{result['backend']['parallelism']:.2f} ({result['backend']['parallelism_source']})"
     )
-    columns = f"{'pred ms':>8} {'ratio':>6} {'meas ms':>8} {'ratio':>6} {'peak MiB':>8}"
+    columns = f"{'pred ms':>8} {'ratio':>6} {'meas ms':>8} {'ratio':>6} {'median':>6} {'peak MiB':>8}"
     print(f"{'candidate':44} {columns} fits limit")
     for r in result["rows"]:
         print(
             f"{r['label'][:44]:44} {r['predicted_ms']:>8.2f} {r['predicted_ratio']:>6.2f} "
-            f"{r['measured_ms']:>8.2f} {r['measured_ratio']:>6.2f} {r['peak_measured'] / 2**20:>8.2f} "
+            f"{r['measured_ms']:>8.2f} {r['measured_ratio']:>6.2f} {r['measured_median_ratio']:>6.2f} "
+            f"{r['peak_measured'] / 2**20:>8.2f} "
             f"{'yes' if r['fits_measured'] else 'no':4} {r['limit']}"
         )
     print(

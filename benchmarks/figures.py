@@ -115,8 +115,8 @@ SOURCES = {
             ("planner_devices", "--rounds 5", "devices per stage chosen for an LM with a heavy last stage"),
             (
                 "advise_cases",
-                "--models two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 5",
-                "the advisor's picks on two new models: fit, predicted against measured ratio",
+                "--models byte_lm two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 7",
+                "the advisor's picks on three new models: fit, predicted against measured ratio",
             ),
             (
                 "mpmd_overhead",

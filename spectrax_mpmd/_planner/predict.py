@@ -1,23 +1,25 @@
 """A candidate's predicted step: the schedule simulated with its measured cells, and the two
 limits the backend sets on top of it (`spectrax_mpmd._planner.backend`).
 
-The simulation runs each rank's cells in table order on a device of its own, then
-the optimizer's update as the step's validation says. Two measured limits bound it
-from below: one thread issues every compiled call and host copy of the step
-(`host thread`), and ranks that share compute (fake CPU devices on a few cores)
-run their cells' total work no faster than the measured ranks-at-once allow
-(`shared devices`). The prediction is the largest of the three, named in `limit`.
+The simulation runs each rank's cells in table order on a device of its own, each
+cell for its work (`worked`: its measured time alone less its issuing, which the
+issuing thread does ahead of the devices), then the optimizer's update as the
+step's validation says. Two measured limits bound it from below: one thread
+issues every compiled call and host copy of the step (`host thread`), and ranks
+that share compute (fake CPU devices on a few cores) run their cells' total work
+no faster than the measured ranks-at-once allow (`shared devices`). The
+prediction is the largest of the three, named in `limit`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spectrax_core import schedules as S
-from spectrax_core.schedules import Timeline
+from spectrax_core.schedules import StageCost, Timeline
 
 from .._env import configured_run_ahead
-from .backend import BackendCost
+from .backend import BackendCost, cell_work
 from .memory import run_ahead_bytes
 from .optimizer import with_sync_copy
 
@@ -47,9 +49,9 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
     bound = configured_run_ahead()
 
     def predict(memory, cost, copies: int = 0) -> Predicted:
-        timeline = S.simulate(schedule, n, cost, memory=memory)
+        timeline = S.simulate(schedule, n, worked(cost, backend.call_issue_s), memory=memory)
         updated = S.with_update(timeline, update_s, validation=validation)
-        calls = sum(len(row) for row in timeline.events) + n
+        calls = sum(cost.of(e.cell) > 0 for row in timeline.events for e in row) + n
         bounds = (
             updated.makespan,
             calls * backend.call_issue_s + copies * backend.copy_issue_s,
@@ -63,3 +65,9 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
         return Predicted(peaks, bounds[k], timeline, LIMITS[k], update, updated.makespan)
 
     return predict
+
+
+def worked(cost: StageCost, issue_s: float) -> StageCost:
+    """`cost` with each cell's work in place of its time alone: less `issue_s`, the issuing of
+    its call, and at least 0 (`cell_work`; a cell that costs nothing stays at 0)."""
+    return replace(cost, **{k: tuple(cell_work((t,), issue_s) for t in getattr(cost, k)) for k in "FBIW"})

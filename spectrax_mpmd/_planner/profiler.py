@@ -14,8 +14,9 @@ A `Profiler` makes and keeps them: each profile is the step's `profile_stages`
 (`UpdateCost`). Its steps share one `Compiler` (a program two of them have in
 common compiles once), the update is timed once per stage count, and the
 backend's costs (`spectrax_mpmd._planner.backend`) measured once, when asked: how
-many ranks compute at once from one real step of plain Std1F1B, timed whole
-against its cells timed alone (kept in the disk cache too).
+many ranks compute at once and the issuing seconds per cell from one real step of
+plain Std1F1B, timed whole against its cells' work timed alone (kept in the disk
+cache too).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
-from .backend import BackendCost, busy_and_wall, measure_backend, ranks_at_once
+from .backend import BackendCost, busy_and_wall, compute_units, measure_backend, ranks_at_once
 from .cache import ProfileCache, profile_key, program_digest, update_digest
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
 
@@ -137,25 +138,36 @@ class Profiler:
 
     def backend(self, profile: StageProfile | None = None, microbatches: Sequence[int] = ()) -> BackendCost:
         """What the backend charges beyond the cells (`measure_backend`: copies fitted over sizes
-        that include the values `profile` saves, the issuing thread, ranks computing at once as
-        `at_once(microbatches)` measures them), measured once, on each rank's first device."""
+        that include the values `profile` saves; the issuing thread's seconds per call and ranks
+        computing at once as `step_measured(microbatches)` measures them), measured once, on each
+        rank's first device."""
         if self._backend is None:
             saved = () if profile is None else profile.saved_values
             sizes = sorted({b for stage in saved for kind in stage for _, b in kind})
             devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
-            at_once = self.at_once(microbatches)
-            self._backend = measure_backend(devices, sizes[:2] + sizes[-4:], at_once)  # least and most
+            measured = self.step_measured(microbatches)
+            at_once, issue = (None, None)
+            if measured is not None:
+                at_once, issue = ranks_at_once(*measured[:2], compute_units(devices)), measured[2]
+            self._backend = measure_backend(devices, sizes[:2] + sizes[-4:], at_once, issue)  # least, most
         return self._backend
 
     def at_once(self, microbatches: Sequence[int]) -> float | None:
         """How many ranks compute at once in a real step of plain Std1F1B at the most of
-        `microbatches` that splits the arguments (`ranks_at_once` of its `busy_and_wall`, over
-        `rounds`, at least 3); None when none does. What was measured is kept in the disk cache
-        next to the profiles."""
+        `microbatches` that splits the arguments (`ranks_at_once` of its `busy_and_wall`); None
+        when none does."""
+        measured = self.step_measured(microbatches)
+        devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
+        return None if measured is None else ranks_at_once(*measured[:2], compute_units(devices))
+
+    def step_measured(self, microbatches: Sequence[int]) -> tuple[float, float, float] | None:
+        """`busy_and_wall` of a real step of plain Std1F1B at the most of `microbatches` that
+        splits the arguments (over `rounds`, at least 3); None when none does. Kept in the disk
+        cache next to the profiles."""
         for m in sorted(microbatches, reverse=True):
             schedule = S.Std1F1B(microbatches=m)
             loss, loss_args = self._loss(schedule)
-            key = self._key(loss, loss_args, ("busy and wall", repr(schedule)), self.step_kwargs, True)
+            key = self._key(loss, loss_args, ("work, wall and issue", repr(schedule)), self.step_kwargs, True)
             measured = None if self.cache is None else self.cache.get(key)
             if measured is None:
                 kwargs = {"mesh": self.mesh, "schedule": schedule, "compiler": self.compiler}
@@ -166,7 +178,7 @@ class Profiler:
                     continue  # e.g. the batch does not split into m microbatches, or cut for v > 1
                 if self.cache is not None:
                     self.cache.put(key, measured)
-            return ranks_at_once(*measured, self.mesh.mpmd_dim)
+            return tuple(measured)
         return None
 
     def _loss(self, schedule) -> tuple[Callable, tuple]:

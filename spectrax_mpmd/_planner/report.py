@@ -22,16 +22,16 @@ def summary(advice) -> str:
     if default is not None and default is not pick:
         fit = "fits" if default.fits else f"does not fit ({max(default.peak_bytes) / 2**20:.2f} MiB)"
         lines.append(f"default: {default.brief()}: {_cost(default)}, {fit}")
-    if advice.confidence:
-        lines.append(f"confidence: {advice.confidence}")
+    return "\n".join([*lines, *_footer(advice)])
+
+
+def _footer(advice) -> list[str]:
+    """The lines that close both the summary and the table: how sure the advice is, and what it took."""
+    lines = [f"confidence: {advice.confidence}"] if advice.confidence else []
     if advice.seconds:
-        lines.append(_took(advice))
-    return "\n".join(lines)
-
-
-def _took(advice) -> str:
-    cached = f", {advice.cached} from the disk cache" if advice.cached else ""
-    return f"advised in {advice.seconds:.1f} s ({advice.profiles} profiled steps{cached})"
+        cached = f", {advice.cached} from the disk cache" if advice.cached else ""
+        lines.append(f"advised in {advice.seconds:.1f} s ({advice.profiles} profiled steps{cached})")
+    return lines
 
 
 def table(advice) -> str:
@@ -63,11 +63,7 @@ def table(advice) -> str:
         lines.append(f"no configuration fits: {advice.least_budget(lambda b: f'{b / 2**20:.3f} MiB')}")
     for s in advice.skipped:
         lines.append(f"skipped {s.name}, m={s.microbatches}, v={s.virtual_stages}: {s.reason}")
-    if advice.confidence:
-        lines.append(f"confidence: {advice.confidence}")
-    if advice.seconds:
-        lines.append(_took(advice))
-    return "\n".join(lines)
+    return "\n".join([*lines, *_footer(advice)])
 
 
 def as_dict(advice) -> dict:
@@ -79,9 +75,7 @@ def as_dict(advice) -> dict:
         "cached": advice.cached,
         "candidates": [
             {
-                "schedule": c.name,
-                "microbatches": c.microbatches,
-                "virtual_stages": c.virtual_stages,
+                **_configuration(c),
                 "step_s": c.step_s,
                 "update_s": c.update_s,
                 "bubble": c.bubble,
@@ -97,16 +91,13 @@ def as_dict(advice) -> dict:
         "measured": [{"label": c.brief(), "step_s": t} for c, t in advice.measured],
         "confidence": advice.confidence,
         "backend": None if advice.backend is None else advice.backend.as_dict(),
-        "skipped": [
-            {
-                "schedule": s.name,
-                "microbatches": s.microbatches,
-                "virtual_stages": s.virtual_stages,
-                "reason": s.reason,
-            }
-            for s in advice.skipped
-        ],
+        "skipped": [{**_configuration(s), "reason": s.reason} for s in advice.skipped],
     }
+
+
+def _configuration(row) -> dict:
+    """A candidate's or a skipped configuration's schedule, microbatches and virtual stages."""
+    return {"schedule": row.name, "microbatches": row.microbatches, "virtual_stages": row.virtual_stages}
 
 
 def _cost(c) -> str:

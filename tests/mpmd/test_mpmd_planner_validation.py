@@ -15,6 +15,7 @@ from planner_cases import MESH, TXS, init, lm_loss
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
+from spectrax_mpmd._planner.predict import worked
 from spectrax_mpmd._planner.profiler import Profiler, UpdateCost
 
 ADVISE = sys.modules["spectrax_mpmd._planner.advise"]
@@ -53,21 +54,23 @@ def posted():
     return advice, profiler
 
 
-def simulated(profiler):
+def simulated(profiler, issue_s: float):
     """The candidate's simulated step (no update) and its update's seconds per rank, rebuilt from
-    the profiles `advise` used: cells timed by one, bytes held by the other (its optimizer state
-    included; an unsplit backward holds no stash)."""
+    the profiles `advise` used: cells timed by one (each for its work: its time alone less the
+    issuing `issue_s`), bytes held by the other (its optimizer state included; an unsplit backward
+    holds no stash)."""
     timing, holding = profiler.pair(SCHEDULE)
     memory = replace(holding.stages.memory, optimizer=holding.update.state)
     memory = replace(memory, stash=(0,) * memory.stages)
-    timeline = S.simulate(SCHEDULE, 4, timing.stages.stage_cost(comm=COMM), memory=memory)
+    cost = worked(timing.stages.stage_cost(comm=COMM), issue_s)
+    timeline = S.simulate(SCHEDULE, 4, cost, memory=memory)
     return timeline, holding.update
 
 
 def test_a_post_validated_update_is_timed_by_the_post_model(posted):
     advice, profiler = posted
     (candidate,) = advice.candidates
-    timeline, update = simulated(profiler)
+    timeline, update = simulated(profiler, advice.backend.call_issue_s)
     assert not update.crosses_ranks  # adamw reads its own leaves; the guard needs the global norm
     post = S.with_update(timeline, update.seconds, validation="post")
     sync = S.with_update(timeline, update.seconds, validation="sync")
@@ -86,7 +89,7 @@ def test_each_validation_is_modelled_on_the_same_profiles(posted):
     for name in ("sync", "post", "none"):
         inputs = ADVISE._inputs(SCHEDULE, timing, holding, COMM, name)
         (rows[name],) = ADVISE._rows(SCHEDULE, 4, inputs, None, profiler.backend(holding.stages), None)
-    timeline, update = simulated(profiler)
+    timeline, update = simulated(profiler, profiler.backend().call_issue_s)
     for name, row in rows.items():
         assert row.schedule_s == S.with_update(timeline, update.seconds, validation=name).makespan
     assert rows["none"].schedule_s <= rows["post"].schedule_s < rows["sync"].schedule_s
