@@ -28,21 +28,28 @@ from ._validate import check_mask, check_ndim
 class KVCache(eqx.Module):
     """Key/value buffers for step-by-step decoding of one attention layer.
 
-    `index` is the number of positions already written (shared by the batch);
-    the next call writes at `index` and attends to slots `< index + length`.
-    A stack of caches (one per layer, for `BlockStack`) has one more leading axis
-    on every field.
+    `index` is the number of positions already written, shared by the batch
+    (a scalar) or one per sequence (`(batch,)`, see `per_row`);
+    the next call writes each sequence's tokens at its `index` and attends to
+    slots `< index + length`. A stack of caches (one per layer, for
+    `BlockStack`) has one more leading axis on every field.
     """
 
     k: Float[Array, "*layers batch max_len kv_heads head_dim"]
     v: Float[Array, "*layers batch max_len kv_heads head_dim"]
-    index: Int[Array, "*layers"]
+    index: Int[Array, "*layers"] | Int[Array, "*layers batch"]
 
     @classmethod
     def init(cls, batch: int, max_len: int, n_kv_heads: int, head_dim: int, dtype=jnp.float32) -> "KVCache":
         """Empty buffers of shape `(batch, max_len, n_kv_heads, head_dim)`, `index = 0`."""
         shape = (batch, max_len, n_kv_heads, head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), index=jnp.zeros((), jnp.int32))
+
+    def per_row(self) -> "KVCache":
+        """This (shared-index) cache with one index per sequence, each the shared one: `index`
+        `(*layers, batch)`."""
+        index = jnp.broadcast_to(self.index[..., None], (*self.index.shape, self.k.shape[-4]))
+        return KVCache(k=self.k, v=self.v, index=index)
 
     @property
     def max_len(self) -> int:
@@ -66,7 +73,7 @@ class KVCacheSlot(eqx.Module):
 
     k: Float[Array, "layers batch max_len kv_heads head_dim"]
     v: Float[Array, "layers batch max_len kv_heads head_dim"]
-    index: Int[Array, ""]
+    index: Int[Array, ""] | Int[Array, " batch"]
     layer: Int[Array, ""]
 
     @property
@@ -158,13 +165,18 @@ class Attention(eqx.Module):
 
 @typechecked
 def rope(
-    x: Float[Array, "batch length heads head_dim"], positions: Int[Array, " length"], theta: float
+    x: Float[Array, "batch length heads head_dim"],
+    positions: Int[Array, " length"] | Int[Array, "batch length"],
+    theta: float,
 ) -> Float[Array, "batch length heads head_dim"]:
-    """Rotate feature pairs `(i, i + head_dim/2)` of `x` by `position * theta**(-2i/head_dim)`."""
+    """Rotate feature pairs `(i, i + head_dim/2)` of `x` by `position * theta**(-2i/head_dim)`;
+    `positions` shared by the batch or one row per sequence."""
     half = x.shape[-1] // 2
     inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
-    angle = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    angle = positions.astype(jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]
+    if positions.ndim == 1:
+        cos, sin = cos[None], sin[None]
     xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     x1, x2 = xf[..., :half], xf[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -206,8 +218,9 @@ def apply_attention(
     causal mask. `kv_len` is `length` without a cache and `cache.max_len` with one.
 
     With `cache`, the new keys/values are written at `cache.index`, positions
-    (for RoPE and the causal mask) start at `cache.index`, attention covers the
-    slots written so far, and `(y, new_cache)` is returned. The caller keeps
+    (for RoPE and the causal mask) start at `cache.index` (each sequence at its
+    own with a per-row index), attention covers the slots written so far, and
+    `(y, new_cache)` is returned. The caller keeps
     `cache.index + length <= cache.max_len`; it is checked when `index` is concrete.
     A `KVCacheSlot` is written and read in its stack (see `_write_cache`).
     """
@@ -224,7 +237,7 @@ def apply_attention(
     v = _linear(params.v, x).reshape(b, length, params.n_kv_heads, params.head_dim)
 
     offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
-    positions = offset + jnp.arange(length, dtype=jnp.int32)
+    positions = offset[..., None] + jnp.arange(length, dtype=jnp.int32)  # (length,) or (batch, length)
     if params.rope:
         q = rope(q, positions, params.rope_theta)
         k = rope(k, positions, params.rope_theta)
@@ -235,7 +248,7 @@ def apply_attention(
     else:
         k, v, cache = _write_cache(cache, k, v)
         key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
-        written = key_pos < cache.index
+        written = key_pos < cache.index[..., None]
 
     allowed = _position_mask(positions, key_pos, params.causal, written)
     if mask is not None:
@@ -251,6 +264,8 @@ def _write_cache(
     """Write `k`, `v` `(batch, length, kv_heads, head_dim)` at `cache.index`: the layer's full
     buffers to attend to, and the cache with `index` advanced by `length`."""
     index = cache.index + k.shape[1]
+    if cache.index.ndim == 1:
+        return _write_rows(cache, k, v, index)
     if isinstance(cache, KVCache):
         k = lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.index, axis=1)
         v = lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.index, axis=1)
@@ -263,14 +278,31 @@ def _write_cache(
     return k_all[cache.layer], v_all[cache.layer], new
 
 
+def _write_rows(cache: KVCache | KVCacheSlot, k: Array, v: Array, index: Array) -> tuple:
+    """`_write_cache` with one index per sequence: row b's tokens go to slots `cache.index[b] + j`."""
+    rows = jnp.arange(k.shape[0])[:, None]
+    slots = cache.index[:, None] + jnp.arange(k.shape[1])[None, :]
+    if isinstance(cache, KVCache):
+        k_all = cache.k.at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
+        v_all = cache.v.at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+        return k_all, v_all, KVCache(k=k_all, v=v_all, index=index)
+    k_all = cache.k.at[cache.layer, rows, slots].set(k.astype(cache.k.dtype), mode="drop")
+    v_all = cache.v.at[cache.layer, rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+    new = KVCacheSlot(k=k_all, v=v_all, index=index, layer=cache.layer)
+    return k_all[cache.layer], v_all[cache.layer], new
+
+
 def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | None) -> Array | None:
-    """`(1, 1, q_len, kv_len)` mask from causality and cache occupancy, or None when all may attend."""
+    """`(1 or batch, 1, q_len, kv_len)` mask from causality and cache occupancy (`q_pos` and `written`
+    shared or per row), or None when all may attend."""
     allowed = None
     if causal:
-        allowed = key_pos[None, :] <= q_pos[:, None]
+        allowed = key_pos <= q_pos[..., None]
     elif written is not None:
-        allowed = jnp.broadcast_to(written[None, :], (q_pos.shape[0], key_pos.shape[0]))
-    return None if allowed is None else allowed[None, None]
+        allowed = jnp.broadcast_to(written[..., None, :], (*q_pos.shape, key_pos.shape[0]))
+    if allowed is None:
+        return None
+    return allowed[:, None] if allowed.ndim == 3 else allowed[None, None]
 
 
 def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, length: int) -> None:
@@ -278,16 +310,17 @@ def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, le
     layout = "(batch, max_len, n_kv_heads, head_dim)"
     if isinstance(cache, KVCacheSlot):
         expected, layout = (cache.k.shape[0], *expected), "(layers, batch, max_len, n_kv_heads, head_dim)"
-    if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape != ():
+    if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape not in ((), (batch,)):
         raise ValueError(
             f"Attention: cache buffers of shape {tuple(cache.k.shape)} / index {tuple(cache.index.shape)} "
             f"do not fit this layer and input; expected {layout} = {expected} "
-            "and a scalar index. Build one with `attn.init_cache(batch, max_len)`."
+            f"and a scalar index (or one per sequence, ({batch},)). Build one with "
+            "`attn.init_cache(batch, max_len)`."
         )
     if length > cache.max_len:
         raise ValueError(f"Attention: input length {length} exceeds the cache's max_len {cache.max_len}.")
-    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + length > cache.max_len:
+    if not isinstance(cache.index, jax.core.Tracer) and int(jnp.max(cache.index)) + length > cache.max_len:
         raise ValueError(
-            f"Attention: writing {length} positions at cache index {int(cache.index)} overflows "
+            f"Attention: writing {length} positions at cache index {int(jnp.max(cache.index))} overflows "
             f"max_len {cache.max_len}; allocate a longer cache."
         )

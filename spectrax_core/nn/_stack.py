@@ -92,10 +92,11 @@ def apply_block_stack(
     if cache is None:
         y, _ = lax.scan(lambda h, blk: (apply(blk, h, mask=mask), None), x, params.layers)
         return y
-    if cache.index.shape != (params.n_layers,):
+    if cache.index.shape not in ((params.n_layers,), (params.n_layers, x.shape[0])):
         raise ValueError(
             f"BlockStack: cache index of shape {tuple(cache.index.shape)} is not a stack of "
-            f"{params.n_layers} caches; build one with `stack.init_cache(batch, max_len)`."
+            f"{params.n_layers} caches (one index each, or one per sequence); build one with "
+            "`stack.init_cache(batch, max_len)`."
         )
     max_len = cache.k.shape[-3]
     if not isinstance(cache.index, jax.core.Tracer) and int(cache.index.max()) + x.shape[1] > max_len:
