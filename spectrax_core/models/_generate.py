@@ -165,9 +165,11 @@ def generate(
 
 
 def right_aligned(prompt: Array, starts) -> tuple[Array, Array]:
-    """The left-padded `prompt` with each row's real tokens moved to the front: `(tokens, lengths)`."""
+    """The left-padded `prompt` with each row's real tokens moved to the front, padded on the right
+    to the longest: `(tokens, lengths)`."""
     tokens, starts = np.asarray(prompt, np.int32), np.asarray(starts)
-    out = np.zeros_like(tokens)
+    lengths = tokens.shape[1] - starts
+    out = np.zeros((tokens.shape[0], int(lengths.max())), np.int32)
     for b, s in enumerate(starts):
-        out[b, : tokens.shape[1] - s] = tokens[b, s:]
-    return jnp.asarray(out), jnp.asarray(tokens.shape[1] - starts, jnp.int32)
+        out[b, : lengths[b]] = tokens[b, s:]
+    return jnp.asarray(out), jnp.asarray(lengths, jnp.int32)
