@@ -1,17 +1,17 @@
-"""Generation with a KV cache: ragged (left-padded) prompts, sampling, stop tokens, per-sequence budgets.
+"""Generation with a KV cache: ragged prompts, sampling, stop tokens, per-sequence budgets.
 
-A step is three public pieces so a pipeline can cut it between blocks, exactly
-as the forward is cut: `lm_embed`, `lm_blocks` (the blocks with the padding
-mask and the cache) and `lm_sample_head` (final norm and head on the last
-position, then `next_tokens`). `generate` runs them unsplit on one device and
-is the reference a pipelined generator is checked against.
+`generate` is the unsplit reference a pipelined generator is checked against,
+and runs the same decode step a pipeline cuts: `lm_step(lm, cache, tokens,
+positions)`, with one position per sequence (a `row_cache`). Ragged prompts
+come left-padded (`left_pad`) and are moved to the front of their rows
+(`right_aligned`): each sequence's tokens sit at positions `0, 1, ...` from its
+own first token, exactly as the prompt decoded alone, its new tokens follow
+its own last one, and the slots after a short prompt are never seen (a query
+at position p sees only positions <= p; the next token overwrites them).
 
-Ragged prompts are left-padded to one length `L`: sequence `b`'s real tokens
-sit at `L - lengths[b] .. L - 1` and its new tokens follow at `L, L + 1, ...`,
-as for every other sequence, so the batch shares one cache index. The padding
-slots are masked out of every attention; positions (for RoPE) count from the
-padded start, which shifts all of a sequence's positions alike and so leaves
-its attention scores unchanged up to rounding.
+`lm_embed`, `lm_blocks` (the blocks with a left-padding mask over a shared
+cache index) and `lm_sample_head` are the left-padded form of one step, kept
+for callers that decode a shared-index cache themselves (`lm_generate_step`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .stages import StageLayout, local_stages
+from .stages import local_stages
 
 
 @dataclass
