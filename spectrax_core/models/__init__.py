@@ -9,8 +9,7 @@ from ._generate import (
     lm_sample_head,
     lm_step,
     pad_mask,
-    right_aligned,
-    row_cache,
+    right_padded,
 )
 from ._lm import TransformerLM, greedy_decode, init_cache, lm_embed, lm_head, lm_loss
 from ._sample import GenState, Sampler, gen_state, next_tokens, sample_tokens
@@ -35,6 +34,5 @@ __all__ = [
     "lm_sample_head",
     "lm_generate_step",
     "lm_step",
-    "row_cache",
-    "right_aligned",
+    "right_padded",
 ]

@@ -2,9 +2,9 @@
 
 `generate` is the unsplit reference a pipelined generator is checked against,
 and runs the same decode step a pipeline cuts: `lm_step(lm, cache, tokens,
-positions)`, with one position per sequence (a `row_cache`). Ragged prompts
+positions)`, with one position per sequence. Ragged prompts
 come left-padded (`left_pad`) and are moved to the front of their rows
-(`right_aligned`): each sequence's tokens sit at positions `0, 1, ...` from its
+(`right_padded`): each sequence's tokens sit at positions `0, 1, ...` from its
 own first token, exactly as the prompt decoded alone, its new tokens follow
 its own last one, and the slots after a short prompt are never seen (a query
 at position p sees only positions <= p; the next token overwrites them).
@@ -25,7 +25,6 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from .._apply import apply
-from ..nn import KVCache
 from ._lm import TransformerLM, _check_tokens, init_cache, lm_embed, lm_head
 from ._sample import GenState, Sampler, gen_state, next_tokens
 
@@ -94,39 +93,26 @@ def lm_generate_step(lm: TransformerLM, tokens: Array, cache, starts, state: Gen
     return token, cache, state
 
 
-def row_cache(lm: TransformerLM, batch: int, max_len: int):
-    """Empty caches with one index per sequence (`KVCache.per_row`), the cache of `lm_step`."""
-    return jax.tree.map(lambda c: c.per_row(), init_cache(lm, batch, max_len), is_leaf=_is_cache)
-
-
 def lm_step(lm: TransformerLM, cache, tokens: Array, positions: Array):
     """`(logits (batch, length, vocab), cache)`: the decode step with one position per sequence.
 
-    `tokens` and `positions` are `(batch, length)`, each row's positions
-    consecutive (a prompt at `0 .. length - 1`, then one token at a time); every
-    token's keys and values are written at its position of `cache` (a
-    `row_cache`), and a query at position p sees the entries at positions <= p.
+    `tokens` and `positions` are `(batch, length)` (a prompt at `0 .. length -
+    1`, then one token at a time, each sequence at its own position); every
+    token's keys and values are written at its position of `cache` (from
+    `init_cache`), and a query at position p sees the entries at positions <= p.
     The blocks' stage markers (a `StagedStack`) cut it for a pipeline.
     """
-    at = positions[:, 0]
-    cache = jax.tree.map(
-        lambda c: KVCache(c.k, c.v, jnp.broadcast_to(at, c.index.shape)), cache, is_leaf=_is_cache
-    )
-    return apply(lm, tokens, cache=cache)
+    x, cache = apply(lm.blocks, lm_embed(lm, tokens), cache=cache, positions=positions)
+    return lm_head(lm, x), cache
 
 
-def _is_cache(x) -> bool:
-    return isinstance(x, KVCache)
-
-
-_jit_step = jax.jit(lm_step, donate_argnums=1)
-
-
-@functools.partial(jax.jit, static_argnames=("sampler", "pad_id"))
-def _sample(logits: Array, state: GenState, at: Array, sampler: Sampler, pad_id: int):
-    """Each row's next token from its logits at position `at[b]` of the chunk."""
+@functools.partial(jax.jit, static_argnames=("sampler", "pad_id"), donate_argnums=1)
+def _generate_step(lm, cache, tokens, positions, at, state: GenState, sampler: Sampler, pad_id: int):
+    """One step of `generate`: `lm_step`, then each row's next token from its logits at `at[b]`."""
+    logits, cache = lm_step(lm, cache, tokens, positions)
     rows = jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0]
-    return next_tokens(rows, state, sampler, pad_id)
+    token, state = next_tokens(rows, state, sampler, pad_id)
+    return token, cache, state
 
 
 def generate(
@@ -150,21 +136,20 @@ def generate(
     """
     starts, steps, max_len = check_generate(prompt, lengths, max_new_tokens, max_len)
     state = gen_state(prompt.shape[0], max_new_tokens, keys, stop_tokens)
-    tokens, lengths = right_aligned(prompt, starts)
-    cache = row_cache(lm, prompt.shape[0], max_len)
+    tokens, lengths = right_padded(prompt, starts)
+    cache = init_cache(lm, prompt.shape[0], max_len)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    logits, cache = _jit_step(lm, cache, tokens, positions)
-    token, state = _sample(logits, state, lengths - 1, sampler, pad_id)
-    out, pos = [token], lengths
+    step = functools.partial(_generate_step, sampler=sampler, pad_id=pad_id)
+    token, cache, state = step(lm, cache, tokens, positions, lengths - 1, state)
+    out, pos, first = [token], lengths, jnp.zeros_like(lengths)
     for _ in range(steps - 1):
-        logits, cache = _jit_step(lm, cache, token[:, None], pos[:, None])
-        token, state = _sample(logits, state, jnp.zeros_like(pos), sampler, pad_id)
+        token, cache, state = step(lm, cache, token[:, None], pos[:, None], first, state)
         out.append(token)
         pos = pos + 1
     return jnp.stack(out, axis=1)
 
 
-def right_aligned(prompt: Array, starts) -> tuple[Array, Array]:
+def right_padded(prompt: Array, starts) -> tuple[Array, Array]:
     """The left-padded `prompt` with each row's real tokens moved to the front, padded on the right
     to the longest: `(tokens, lengths)`."""
     tokens, starts = np.asarray(prompt, np.int32), np.asarray(starts)

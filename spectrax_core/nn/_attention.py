@@ -28,28 +28,21 @@ from ._validate import check_mask, check_ndim
 class KVCache(eqx.Module):
     """Key/value buffers for step-by-step decoding of one attention layer.
 
-    `index` is the number of positions already written, shared by the batch
-    (a scalar) or one per sequence (`(batch,)`, see `per_row`);
-    the next call writes each sequence's tokens at its `index` and attends to
-    slots `< index + length`. A stack of caches (one per layer, for
-    `BlockStack`) has one more leading axis on every field.
+    `index` is the number of positions already written (shared by the batch);
+    the next call writes at `index` and attends to slots `< index + length`.
+    A stack of caches (one per layer, for `BlockStack`) has one more leading axis
+    on every field.
     """
 
     k: Float[Array, "*layers batch max_len kv_heads head_dim"]
     v: Float[Array, "*layers batch max_len kv_heads head_dim"]
-    index: Int[Array, "*layers"] | Int[Array, "*layers batch"]
+    index: Int[Array, "*layers"]
 
     @classmethod
     def init(cls, batch: int, max_len: int, n_kv_heads: int, head_dim: int, dtype=jnp.float32) -> "KVCache":
         """Empty buffers of shape `(batch, max_len, n_kv_heads, head_dim)`, `index = 0`."""
         shape = (batch, max_len, n_kv_heads, head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), index=jnp.zeros((), jnp.int32))
-
-    def per_row(self) -> "KVCache":
-        """This (shared-index) cache with one index per sequence, each the shared one: `index`
-        `(*layers, batch)`."""
-        index = jnp.broadcast_to(self.index[..., None], (*self.index.shape, self.k.shape[-4]))
-        return KVCache(k=self.k, v=self.v, index=index)
 
     @property
     def max_len(self) -> int:
@@ -73,7 +66,7 @@ class KVCacheSlot(eqx.Module):
 
     k: Float[Array, "layers batch max_len kv_heads head_dim"]
     v: Float[Array, "layers batch max_len kv_heads head_dim"]
-    index: Int[Array, ""] | Int[Array, " batch"]
+    index: Int[Array, ""]
     layer: Int[Array, ""]
 
     @property
@@ -209,7 +202,12 @@ def dot_product_attention(
 
 @register_apply(Attention)
 def apply_attention(
-    params: Attention, x: Array, *, mask: Array | None = None, cache: KVCache | KVCacheSlot | None = None
+    params: Attention,
+    x: Array,
+    *,
+    mask: Array | None = None,
+    cache: KVCache | KVCacheSlot | None = None,
+    positions: Array | None = None,
 ) -> Array | tuple[Array, KVCache | KVCacheSlot]:
     """Self-attention over `x` of shape `(batch, length, d_model)`.
 
@@ -218,17 +216,23 @@ def apply_attention(
     causal mask. `kv_len` is `length` without a cache and `cache.max_len` with one.
 
     With `cache`, the new keys/values are written at `cache.index`, positions
-    (for RoPE and the causal mask) start at `cache.index` (each sequence at its
-    own with a per-row index), attention covers the slots written so far, and
-    `(y, new_cache)` is returned. The caller keeps
+    (for RoPE and the causal mask) start at `cache.index`, attention covers the
+    slots written so far, and `(y, new_cache)` is returned. The caller keeps
     `cache.index + length <= cache.max_len`; it is checked when `index` is concrete.
     A `KVCacheSlot` is written and read in its stack (see `_write_cache`).
+
+    `positions` `(batch, length)` (with a cache only) gives each token its own
+    position instead: row b's keys/values are written at `positions[b]`, RoPE
+    and the causal mask use them (a query at p sees the slots <= p), and the
+    returned index is one past the largest position written. The caller keeps
+    them below `max_len` (a write past it is dropped).
     """
     check_ndim("Attention", x, 3, "(batch, length, d_model)")
     check_last_dim("Attention", x, params.d_model)
     b, length, _ = x.shape
     if cache is not None:
         _check_cache(params, cache, b, length)
+    _check_positions(positions, cache, b, length)
     if mask is not None:
         kv_len = length if cache is None else cache.max_len
         check_mask("Attention", mask, (b, params.n_heads, length, kv_len), "(batch, n_heads, length, kv_len)")
@@ -236,8 +240,9 @@ def apply_attention(
     k = _linear(params.k, x).reshape(b, length, params.n_kv_heads, params.head_dim)
     v = _linear(params.v, x).reshape(b, length, params.n_kv_heads, params.head_dim)
 
-    offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
-    positions = offset[..., None] + jnp.arange(length, dtype=jnp.int32)  # (length,) or (batch, length)
+    if positions is None:
+        offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
+        positions = offset + jnp.arange(length, dtype=jnp.int32)
     if params.rope:
         q = rope(q, positions, params.rope_theta)
         k = rope(k, positions, params.rope_theta)
@@ -246,9 +251,10 @@ def apply_attention(
         key_pos = positions
         written = None
     else:
-        k, v, cache = _write_cache(cache, k, v)
+        k, v, cache = _write_cache(cache, k, v) if positions.ndim == 1 else _write_rows(cache, k, v, positions)
         key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
-        written = key_pos < cache.index[..., None]
+        seen = cache.index if positions.ndim == 1 else jnp.max(positions, axis=1, keepdims=True) + 1
+        written = key_pos < seen
 
     allowed = _position_mask(positions, key_pos, params.causal, written)
     if mask is not None:
@@ -264,8 +270,6 @@ def _write_cache(
     """Write `k`, `v` `(batch, length, kv_heads, head_dim)` at `cache.index`: the layer's full
     buffers to attend to, and the cache with `index` advanced by `length`."""
     index = cache.index + k.shape[1]
-    if cache.index.ndim == 1:
-        return _write_rows(cache, k, v, index)
     if isinstance(cache, KVCache):
         k = lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), cache.index, axis=1)
         v = lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), cache.index, axis=1)
@@ -278,23 +282,24 @@ def _write_cache(
     return k_all[cache.layer], v_all[cache.layer], new
 
 
-def _write_rows(cache: KVCache | KVCacheSlot, k: Array, v: Array, index: Array) -> tuple:
-    """`_write_cache` with one index per sequence: row b's tokens go to slots `cache.index[b] + j`."""
+def _write_rows(cache: KVCache | KVCacheSlot, k: Array, v: Array, positions: Array) -> tuple:
+    """`_write_cache` at each token's own position: row b's token j goes to slot `positions[b, j]`;
+    the index becomes one past the largest position written."""
     rows = jnp.arange(k.shape[0])[:, None]
-    slots = cache.index[:, None] + jnp.arange(k.shape[1])[None, :]
+    index = jnp.max(positions) + 1
     if isinstance(cache, KVCache):
-        k_all = cache.k.at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
-        v_all = cache.v.at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+        k_all = cache.k.at[rows, positions].set(k.astype(cache.k.dtype), mode="drop")
+        v_all = cache.v.at[rows, positions].set(v.astype(cache.v.dtype), mode="drop")
         return k_all, v_all, KVCache(k=k_all, v=v_all, index=index)
-    k_all = cache.k.at[cache.layer, rows, slots].set(k.astype(cache.k.dtype), mode="drop")
-    v_all = cache.v.at[cache.layer, rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+    k_all = cache.k.at[cache.layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop")
+    v_all = cache.v.at[cache.layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop")
     new = KVCacheSlot(k=k_all, v=v_all, index=index, layer=cache.layer)
     return k_all[cache.layer], v_all[cache.layer], new
 
 
 def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | None) -> Array | None:
-    """`(1 or batch, 1, q_len, kv_len)` mask from causality and cache occupancy (`q_pos` and `written`
-    shared or per row), or None when all may attend."""
+    """`(1 or batch, 1, q_len, kv_len)` mask from causality (`q_pos` shared or per row) and cache
+    occupancy, or None when all may attend."""
     allowed = None
     if causal:
         allowed = key_pos <= q_pos[..., None]
@@ -305,22 +310,32 @@ def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | 
     return allowed[:, None] if allowed.ndim == 3 else allowed[None, None]
 
 
+def _check_positions(positions: Array | None, cache, batch: int, length: int) -> None:
+    if positions is None:
+        return
+    if cache is None or jnp.shape(positions) != (batch, length):
+        raise ValueError(
+            f"Attention: positions= must be (batch, length) = {(batch, length)} and come with a cache, "
+            f"received shape {jnp.shape(positions)}{'' if cache is not None else ' without a cache'}; "
+            "leave positions out to count them from the cache's index."
+        )
+
+
 def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, length: int) -> None:
     expected = (batch, cache.max_len, params.n_kv_heads, params.head_dim)
     layout = "(batch, max_len, n_kv_heads, head_dim)"
     if isinstance(cache, KVCacheSlot):
         expected, layout = (cache.k.shape[0], *expected), "(layers, batch, max_len, n_kv_heads, head_dim)"
-    if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape not in ((), (batch,)):
+    if cache.k.shape != expected or cache.v.shape != expected or cache.index.shape != ():
         raise ValueError(
             f"Attention: cache buffers of shape {tuple(cache.k.shape)} / index {tuple(cache.index.shape)} "
             f"do not fit this layer and input; expected {layout} = {expected} "
-            f"and a scalar index (or one per sequence, ({batch},)). Build one with "
-            "`attn.init_cache(batch, max_len)`."
+            "and a scalar index. Build one with `attn.init_cache(batch, max_len)`."
         )
     if length > cache.max_len:
         raise ValueError(f"Attention: input length {length} exceeds the cache's max_len {cache.max_len}.")
-    if not isinstance(cache.index, jax.core.Tracer) and int(jnp.max(cache.index)) + length > cache.max_len:
+    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + length > cache.max_len:
         raise ValueError(
-            f"Attention: writing {length} positions at cache index {int(jnp.max(cache.index))} overflows "
+            f"Attention: writing {length} positions at cache index {int(cache.index)} overflows "
             f"max_len {cache.max_len}; allocate a longer cache."
         )

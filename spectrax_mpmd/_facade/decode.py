@@ -2,7 +2,7 @@
 
 The LM's blocks are cut into stages (`stage_blocks`), whose markers cut its
 decode step `spectrax_core.models.lm_step` (one position per sequence, KV
-caches from `row_cache`). `generate` runs that step through `StepDecoder`:
+the model's KV caches, written at each sequence's own positions). `generate` runs that step through `StepDecoder`:
 the same traced cells, wavefront, sampling and transfers as a user's own
 step; `step` runs one prefill or one-token step of a caller-held cache through
 `sxjit`. Either way a stage's KV caches are read and written by that stage
@@ -25,7 +25,7 @@ import numpy as np
 from jaxtyping import Array
 
 from spectrax_core import apply
-from spectrax_core.models import Sampler, check_generate, init_cache, lm_step, row_cache
+from spectrax_core.models import Sampler, check_generate, init_cache, lm_step
 from spectrax_core.nn import KVCache
 
 from .._api import sxjit
@@ -54,7 +54,7 @@ class PipelineDecoder:
         mesh = as_mpmd_mesh(mesh)
         v = schedule.virtual_stages if schedule is not None else 1
         self.lm = stage_blocks(lm, mesh.mpmd_dim * v, stage_sizes)
-        self._steps = StepDecoder(lm_step, self.lm, self._row_cache, mesh=mesh, schedule=schedule)
+        self._steps = StepDecoder(lm_step, self.lm, self._new_cache, mesh=mesh, schedule=schedule)
         self._step = sxjit(_decode_step, mesh=mesh, schedule=schedule, donate_argnums=2)
         self._written: dict[int, tuple[weakref.ref, int]] = {}  # id(cache index) -> (its ref, positions)
 
@@ -76,8 +76,8 @@ class PipelineDecoder:
         (empty before the first generation)."""
         return self._steps.weights()
 
-    def _row_cache(self, batch: int, max_len: int):
-        return row_cache(self.lm, batch, max_len)
+    def _new_cache(self, batch: int, max_len: int):
+        return init_cache(self.lm, batch, max_len)
 
     def init_cache(self, batch: int, max_len: int):
         """Empty caches, one per stage's blocks."""

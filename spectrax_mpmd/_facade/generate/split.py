@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from spectrax_core.models import Sampler, gen_state, lm_step, row_cache
+from spectrax_core.models import Sampler, gen_state, init_cache, lm_step
 
 from ..._mesh import as_mpmd_mesh
 from ..._stages import StagedStack, unstage_blocks
@@ -61,7 +61,7 @@ def _cell(lm, kind: int, blocks: int, size: int, max_len: int, sampler, device) 
     """A timer of one decode cell (the host waits for it) of a `kind` stage with `blocks` blocks: the
     program `PipelineDecoder.generate` runs for it (`lm_step` cut at its markers)."""
     staged, s = _staged(lm, kind, blocks)
-    cache0 = jax.eval_shape(lambda: row_cache(staged, size, max_len))
+    cache0 = jax.eval_shape(lambda: init_cache(staged, size, max_len))
     ints = jax.ShapeDtypeStruct((size, 1), jnp.int32)
     plan = trace_step(lm_step, abstract(staged), cache0, ints, ints, len(staged.blocks.parts), "decode_split")
     leaves = jax.tree.leaves(staged)
