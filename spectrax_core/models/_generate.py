@@ -108,11 +108,14 @@ def lm_step(lm: TransformerLM, cache, tokens: Array, positions: Array):
 
 @functools.partial(jax.jit, static_argnames=("sampler", "pad_id"), donate_argnums=1)
 def _generate_step(lm, cache, tokens, positions, at, state: GenState, sampler: Sampler, pad_id: int):
-    """One step of `generate`: `lm_step`, then each row's next token from its logits at `at[b]`."""
+    """One step of `generate` (tokens and positions `(batch, length)`, or `(batch,)` for one token
+    each): `lm_step`, each row's next token from its logits at `at[b]`, and its next position."""
+    if tokens.ndim == 1:
+        tokens, positions = tokens[:, None], positions[:, None]
     logits, cache = lm_step(lm, cache, tokens, positions)
     rows = jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0]
     token, state = next_tokens(rows, state, sampler, pad_id)
-    return token, cache, state
+    return token, cache, state, jnp.take_along_axis(positions, at[:, None], axis=1)[:, 0] + 1
 
 
 def generate(
@@ -140,12 +143,11 @@ def generate(
     cache = init_cache(lm, prompt.shape[0], max_len)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     step = functools.partial(_generate_step, sampler=sampler, pad_id=pad_id)
-    token, cache, state = step(lm, cache, tokens, positions, lengths - 1, state)
-    out, pos, first = [token], lengths, jnp.zeros_like(lengths)
+    token, cache, state, pos = step(lm, cache, tokens, positions, lengths - 1, state)
+    out, first = [token], jnp.zeros_like(lengths)
     for _ in range(steps - 1):
-        token, cache, state = step(lm, cache, token[:, None], pos[:, None], first, state)
+        token, cache, state, pos = step(lm, cache, token, pos, first, state)
         out.append(token)
-        pos = pos + 1
     return jnp.stack(out, axis=1)
 
 
