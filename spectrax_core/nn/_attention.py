@@ -251,7 +251,9 @@ def apply_attention(
         key_pos = positions
         written = None
     else:
-        k, v, cache = _write_cache(cache, k, v) if positions.ndim == 1 else _write_rows(cache, k, v, positions)
+        k, v, cache = (
+            _write_cache(cache, k, v) if positions.ndim == 1 else _write_rows(cache, k, v, positions)
+        )
         key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
         seen = cache.index if positions.ndim == 1 else jnp.max(positions, axis=1, keepdims=True) + 1
         written = key_pos < seen

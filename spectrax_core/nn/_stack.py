@@ -96,7 +96,9 @@ def apply_block_stack(
     check_ndim("BlockStack", x, 3, "(batch, length, d_model)")
     check_last_dim("BlockStack", x, params.d_model)
     if cache is None:
-        y, _ = lax.scan(lambda h, blk: (apply(blk, h, mask=mask, positions=positions), None), x, params.layers)
+        y, _ = lax.scan(
+            lambda h, blk: (apply(blk, h, mask=mask, positions=positions), None), x, params.layers
+        )
         return y
     if cache.index.shape != (params.n_layers,):
         raise ValueError(

@@ -1,10 +1,10 @@
 """Pipelined decoding and generation: each rank keeps its own blocks and their KV caches.
 
 The LM's blocks are cut into stages (`stage_blocks`), whose markers cut its
-decode step `spectrax_core.models.lm_step` (one position per sequence, KV
-the model's KV caches, written at each sequence's own positions). `generate` runs that step through `StepDecoder`:
-the same traced cells, wavefront, sampling and transfers as a user's own
-step; `step` runs one prefill or one-token step of a caller-held cache through
+decode step `spectrax_core.models.lm_step` (the model's KV caches, each
+token's entry written at its sequence's own position). `generate` runs that
+step through `StepDecoder`: the same traced cells, wavefront, sampling and
+transfers as a user's own step; `step` runs one prefill or one-token step of a caller-held cache through
 `sxjit`. Either way a stage's KV caches are read and written by that stage
 only, so they are placed on its rank once and never move; only the residual
 stream of the new tokens crosses ranks.

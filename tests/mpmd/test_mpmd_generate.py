@@ -21,7 +21,15 @@ from mpmd_cases import pipeline_mesh
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_core.losses import softmax_cross_entropy
-from spectrax_core.models import Sampler, TransformerLM, generate, greedy_decode, init_cache, left_pad, lm_step
+from spectrax_core.models import (
+    Sampler,
+    TransformerLM,
+    generate,
+    greedy_decode,
+    init_cache,
+    left_pad,
+    lm_step,
+)
 from spectrax_mpmd._facade.generate.simulate import simulate_wavefront
 from spectrax_mpmd._facade.generate.wavefront import issue_order
 
