@@ -98,15 +98,21 @@ class StagedStack(eqx.Module):
 
 @register_apply(StagedStack)
 def apply_staged_stack(
-    params: StagedStack, x: Array, *, mask: Array | None = None, cache: Sequence[KVCache] | None = None
+    params: StagedStack,
+    x: Array,
+    *,
+    mask: Array | None = None,
+    cache: Sequence[KVCache] | None = None,
+    positions: Array | None = None,
 ):
-    """Run every part in order, with a stage marker between parts (the identity outside a pipeline)."""
+    """Run every part in order, with a stage marker between parts (the identity outside a pipeline);
+    `positions` as `BlockStack`'s."""
     new_caches = []
     for k, part in enumerate(params.parts):
         if cache is None:
-            x = apply(part, x, mask=mask)
+            x = apply(part, x, mask=mask, positions=positions)
         else:
-            x, c = apply(part, x, mask=mask, cache=cache[k])
+            x, c = apply(part, x, mask=mask, cache=cache[k], positions=positions)
             new_caches.append(c)
         if k < len(params.parts) - 1:
             x = sxstage_iter(x)

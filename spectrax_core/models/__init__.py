@@ -7,7 +7,9 @@ from ._generate import (
     lm_blocks,
     lm_generate_step,
     lm_sample_head,
+    lm_step,
     pad_mask,
+    right_padded,
 )
 from ._lm import TransformerLM, greedy_decode, init_cache, lm_embed, lm_head, lm_loss
 from ._sample import GenState, Sampler, gen_state, next_tokens, sample_tokens
@@ -31,4 +33,6 @@ __all__ = [
     "lm_blocks",
     "lm_sample_head",
     "lm_generate_step",
+    "lm_step",
+    "right_padded",
 ]

@@ -1,17 +1,17 @@
-"""Generation with a KV cache: ragged (left-padded) prompts, sampling, stop tokens, per-sequence budgets.
+"""Generation with a KV cache: ragged prompts, sampling, stop tokens, per-sequence budgets.
 
-A step is three public pieces so a pipeline can cut it between blocks, exactly
-as the forward is cut: `lm_embed`, `lm_blocks` (the blocks with the padding
-mask and the cache) and `lm_sample_head` (final norm and head on the last
-position, then `next_tokens`). `generate` runs them unsplit on one device and
-is the reference a pipelined generator is checked against.
+`generate` is the unsplit reference a pipelined generator is checked against,
+and runs the same decode step a pipeline cuts: `lm_step(lm, cache, tokens,
+positions)`, with one position per sequence. Ragged prompts
+come left-padded (`left_pad`) and are moved to the front of their rows
+(`right_padded`): each sequence's tokens sit at positions `0, 1, ...` from its
+own first token, exactly as the prompt decoded alone, its new tokens follow
+its own last one, and the slots after a short prompt are never seen (a query
+at position p sees only positions <= p; the next token overwrites them).
 
-Ragged prompts are left-padded to one length `L`: sequence `b`'s real tokens
-sit at `L - lengths[b] .. L - 1` and its new tokens follow at `L, L + 1, ...`,
-as for every other sequence, so the batch shares one cache index. The padding
-slots are masked out of every attention; positions (for RoPE) count from the
-padded start, which shifts all of a sequence's positions alike and so leaves
-its attention scores unchanged up to rounding.
+`lm_embed`, `lm_blocks` (the blocks with a left-padding mask over a shared
+cache index) and `lm_sample_head` are the left-padded form of one step, kept
+for callers that decode a shared-index cache themselves (`lm_generate_step`).
 """
 
 from __future__ import annotations
@@ -93,6 +93,31 @@ def lm_generate_step(lm: TransformerLM, tokens: Array, cache, starts, state: Gen
     return token, cache, state
 
 
+def lm_step(lm: TransformerLM, cache, tokens: Array, positions: Array):
+    """`(logits (batch, length, vocab), cache)`: the decode step with one position per sequence.
+
+    `tokens` and `positions` are `(batch, length)` (a prompt at `0 .. length -
+    1`, then one token at a time, each sequence at its own position); every
+    token's keys and values are written at its position of `cache` (from
+    `init_cache`), and a query at position p sees the entries at positions <= p.
+    The blocks' stage markers (a `StagedStack`) cut it for a pipeline.
+    """
+    x, cache = apply(lm.blocks, lm_embed(lm, tokens), cache=cache, positions=positions)
+    return lm_head(lm, x), cache
+
+
+@functools.partial(jax.jit, static_argnames=("sampler", "pad_id"), donate_argnums=1)
+def _generate_step(lm, cache, tokens, positions, at, state: GenState, sampler: Sampler, pad_id: int):
+    """One step of `generate` (tokens and positions `(batch, length)`, or `(batch,)` for one token
+    each): `lm_step`, each row's next token from its logits at `at[b]`, and its next position."""
+    if tokens.ndim == 1:
+        tokens, positions = tokens[:, None], positions[:, None]
+    logits, cache = lm_step(lm, cache, tokens, positions)
+    rows = jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0]
+    token, state = next_tokens(rows, state, sampler, pad_id)
+    return token, cache, state, jnp.take_along_axis(positions, at[:, None], axis=1)[:, 0] + 1
+
+
 def generate(
     lm: TransformerLM,
     prompt: Array,
@@ -114,9 +139,24 @@ def generate(
     """
     starts, steps, max_len = check_generate(prompt, lengths, max_new_tokens, max_len)
     state = gen_state(prompt.shape[0], max_new_tokens, keys, stop_tokens)
-    cache, starts, tokens = init_cache(lm, prompt.shape[0], max_len), jnp.asarray(starts), prompt
-    out = []
-    for _ in range(steps):
-        tokens, cache, state = lm_generate_step(lm, tokens, cache, starts, state, sampler, pad_id)
-        out.append(tokens)
+    tokens, lengths = right_padded(prompt, starts)
+    cache = init_cache(lm, prompt.shape[0], max_len)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    step = functools.partial(_generate_step, sampler=sampler, pad_id=pad_id)
+    token, cache, state, pos = step(lm, cache, tokens, positions, lengths - 1, state)
+    out, first = [token], jnp.zeros_like(lengths)
+    for _ in range(steps - 1):
+        token, cache, state, pos = step(lm, cache, token, pos, first, state)
+        out.append(token)
     return jnp.stack(out, axis=1)
+
+
+def right_padded(prompt: Array, starts) -> tuple[Array, Array]:
+    """The left-padded `prompt` with each row's real tokens moved to the front, padded on the right
+    to the longest: `(tokens, lengths)`."""
+    tokens, starts = np.asarray(prompt, np.int32), np.asarray(starts)
+    lengths = tokens.shape[1] - starts
+    out = np.zeros((tokens.shape[0], int(lengths.max())), np.int32)
+    for b, s in enumerate(starts):
+        out[b, : lengths[b]] = tokens[b, s:]
+    return jnp.asarray(out), jnp.asarray(lengths, jnp.int32)

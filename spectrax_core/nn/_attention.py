@@ -158,13 +158,18 @@ class Attention(eqx.Module):
 
 @typechecked
 def rope(
-    x: Float[Array, "batch length heads head_dim"], positions: Int[Array, " length"], theta: float
+    x: Float[Array, "batch length heads head_dim"],
+    positions: Int[Array, " length"] | Int[Array, "batch length"],
+    theta: float,
 ) -> Float[Array, "batch length heads head_dim"]:
-    """Rotate feature pairs `(i, i + head_dim/2)` of `x` by `position * theta**(-2i/head_dim)`."""
+    """Rotate feature pairs `(i, i + head_dim/2)` of `x` by `position * theta**(-2i/head_dim)`;
+    `positions` shared by the batch or one row per sequence."""
     half = x.shape[-1] // 2
     inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
-    angle = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    angle = positions.astype(jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]
+    if positions.ndim == 1:
+        cos, sin = cos[None], sin[None]
     xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     x1, x2 = xf[..., :half], xf[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -197,7 +202,12 @@ def dot_product_attention(
 
 @register_apply(Attention)
 def apply_attention(
-    params: Attention, x: Array, *, mask: Array | None = None, cache: KVCache | KVCacheSlot | None = None
+    params: Attention,
+    x: Array,
+    *,
+    mask: Array | None = None,
+    cache: KVCache | KVCacheSlot | None = None,
+    positions: Array | None = None,
 ) -> Array | tuple[Array, KVCache | KVCacheSlot]:
     """Self-attention over `x` of shape `(batch, length, d_model)`.
 
@@ -210,12 +220,19 @@ def apply_attention(
     slots written so far, and `(y, new_cache)` is returned. The caller keeps
     `cache.index + length <= cache.max_len`; it is checked when `index` is concrete.
     A `KVCacheSlot` is written and read in its stack (see `_write_cache`).
+
+    `positions` `(batch, length)` (with a cache only) gives each token its own
+    position instead: row b's keys/values are written at `positions[b]`, RoPE
+    and the causal mask use them (a query at p sees the slots <= p), and the
+    returned index is one past the largest position written. The caller keeps
+    them below `max_len` (a write past it is dropped).
     """
     check_ndim("Attention", x, 3, "(batch, length, d_model)")
     check_last_dim("Attention", x, params.d_model)
     b, length, _ = x.shape
     if cache is not None:
         _check_cache(params, cache, b, length)
+    _check_positions(positions, cache, b, length)
     if mask is not None:
         kv_len = length if cache is None else cache.max_len
         check_mask("Attention", mask, (b, params.n_heads, length, kv_len), "(batch, n_heads, length, kv_len)")
@@ -223,8 +240,9 @@ def apply_attention(
     k = _linear(params.k, x).reshape(b, length, params.n_kv_heads, params.head_dim)
     v = _linear(params.v, x).reshape(b, length, params.n_kv_heads, params.head_dim)
 
-    offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
-    positions = offset + jnp.arange(length, dtype=jnp.int32)
+    if positions is None:
+        offset = jnp.zeros((), jnp.int32) if cache is None else cache.index
+        positions = offset + jnp.arange(length, dtype=jnp.int32)
     if params.rope:
         q = rope(q, positions, params.rope_theta)
         k = rope(k, positions, params.rope_theta)
@@ -233,9 +251,12 @@ def apply_attention(
         key_pos = positions
         written = None
     else:
-        k, v, cache = _write_cache(cache, k, v)
+        k, v, cache = (
+            _write_cache(cache, k, v) if positions.ndim == 1 else _write_rows(cache, k, v, positions)
+        )
         key_pos = jnp.arange(cache.max_len, dtype=jnp.int32)
-        written = key_pos < cache.index
+        seen = cache.index if positions.ndim == 1 else jnp.max(positions, axis=1, keepdims=True) + 1
+        written = key_pos < seen
 
     allowed = _position_mask(positions, key_pos, params.causal, written)
     if mask is not None:
@@ -263,14 +284,43 @@ def _write_cache(
     return k_all[cache.layer], v_all[cache.layer], new
 
 
+def _write_rows(cache: KVCache | KVCacheSlot, k: Array, v: Array, positions: Array) -> tuple:
+    """`_write_cache` at each token's own position: row b's token j goes to slot `positions[b, j]`;
+    the index becomes one past the largest position written."""
+    rows = jnp.arange(k.shape[0])[:, None]
+    index = jnp.max(positions) + 1
+    if isinstance(cache, KVCache):
+        k_all = cache.k.at[rows, positions].set(k.astype(cache.k.dtype), mode="drop")
+        v_all = cache.v.at[rows, positions].set(v.astype(cache.v.dtype), mode="drop")
+        return k_all, v_all, KVCache(k=k_all, v=v_all, index=index)
+    k_all = cache.k.at[cache.layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop")
+    v_all = cache.v.at[cache.layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop")
+    new = KVCacheSlot(k=k_all, v=v_all, index=index, layer=cache.layer)
+    return k_all[cache.layer], v_all[cache.layer], new
+
+
 def _position_mask(q_pos: Array, key_pos: Array, causal: bool, written: Array | None) -> Array | None:
-    """`(1, 1, q_len, kv_len)` mask from causality and cache occupancy, or None when all may attend."""
+    """`(1 or batch, 1, q_len, kv_len)` mask from causality (`q_pos` shared or per row) and cache
+    occupancy, or None when all may attend."""
     allowed = None
     if causal:
-        allowed = key_pos[None, :] <= q_pos[:, None]
+        allowed = key_pos <= q_pos[..., None]
     elif written is not None:
-        allowed = jnp.broadcast_to(written[None, :], (q_pos.shape[0], key_pos.shape[0]))
-    return None if allowed is None else allowed[None, None]
+        allowed = jnp.broadcast_to(written[..., None, :], (*q_pos.shape, key_pos.shape[0]))
+    if allowed is None:
+        return None
+    return allowed[:, None] if allowed.ndim == 3 else allowed[None, None]
+
+
+def _check_positions(positions: Array | None, cache, batch: int, length: int) -> None:
+    if positions is None:
+        return
+    if cache is None or jnp.shape(positions) != (batch, length):
+        raise ValueError(
+            f"Attention: positions= must be (batch, length) = {(batch, length)} and come with a cache, "
+            f"received shape {jnp.shape(positions)}{'' if cache is not None else ' without a cache'}; "
+            "leave positions out to count them from the cache's index."
+        )
 
 
 def _check_cache(params: Attention, cache: KVCache | KVCacheSlot, batch: int, length: int) -> None:

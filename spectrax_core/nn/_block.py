@@ -99,20 +99,25 @@ class Block(eqx.Module):
 
 @register_apply(Block)
 def apply_block(
-    params: Block, x: Array, *, mask: Array | None = None, cache: KVCache | None = None
+    params: Block,
+    x: Array,
+    *,
+    mask: Array | None = None,
+    cache: KVCache | None = None,
+    positions: Array | None = None,
 ) -> Array | tuple[Array, KVCache]:
     """Run the block on `x` of shape `(batch, length, d_model)`.
 
-    `mask` and `cache` go to the attention (see `apply_attention`); with a cache
+    `mask`, `cache` and `positions` go to the attention (see `apply_attention`); with a cache
     the result is `(y, new_cache)`. Each sub-layer checks its own typed math.
     """
     check_ndim("Block", x, 3, "(batch, length, d_model)")
     check_last_dim("Block", x, params.d_model)
     h = apply(params.norm1, x)
     if cache is None:
-        x = x + apply(params.attn, h, mask=mask)
+        x = x + apply(params.attn, h, mask=mask, positions=positions)
     else:
-        attn_out, cache = apply(params.attn, h, mask=mask, cache=cache)
+        attn_out, cache = apply(params.attn, h, mask=mask, cache=cache, positions=positions)
         x = x + attn_out
     x = x + apply(params.mlp, apply(params.norm2, x))
     return x if cache is None else (x, cache)

@@ -78,7 +78,12 @@ class BlockStack(eqx.Module):
 
 @register_apply(BlockStack)
 def apply_block_stack(
-    params: BlockStack, x: Array, *, mask: Array | None = None, cache: KVCache | None = None
+    params: BlockStack,
+    x: Array,
+    *,
+    mask: Array | None = None,
+    cache: KVCache | None = None,
+    positions: Array | None = None,
 ) -> Array | tuple[Array, KVCache]:
     """Run the layers in order over `x` of shape `(batch, length, d_model)` with `lax.scan`.
 
@@ -86,11 +91,14 @@ def apply_block_stack(
     carries the stacked buffers and each layer writes only its new positions into
     them (a `KVCacheSlot`), so a step costs what its layers cost: under `jit` with
     the cache donated the buffers are updated in place, not rebuilt per layer.
+    `positions` `(batch, length)`: each token's own position (see `apply_attention`).
     """
     check_ndim("BlockStack", x, 3, "(batch, length, d_model)")
     check_last_dim("BlockStack", x, params.d_model)
     if cache is None:
-        y, _ = lax.scan(lambda h, blk: (apply(blk, h, mask=mask), None), x, params.layers)
+        y, _ = lax.scan(
+            lambda h, blk: (apply(blk, h, mask=mask, positions=positions), None), x, params.layers
+        )
         return y
     if cache.index.shape != (params.n_layers,):
         raise ValueError(
@@ -98,7 +106,8 @@ def apply_block_stack(
             f"{params.n_layers} caches; build one with `stack.init_cache(batch, max_len)`."
         )
     max_len = cache.k.shape[-3]
-    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index.max()) + x.shape[1] > max_len:
+    concrete = positions is None and not isinstance(cache.index, jax.core.Tracer)
+    if concrete and int(cache.index.max()) + x.shape[1] > max_len:
         raise ValueError(
             f"BlockStack: writing {x.shape[1]} positions at cache index {int(cache.index.max())} "
             f"overflows max_len {max_len}; allocate a longer cache."
@@ -107,7 +116,8 @@ def apply_block_stack(
     def step(carry, xs):
         h, k, v = carry
         layer, i, index = xs
-        h, slot = apply(layer, h, mask=mask, cache=KVCacheSlot(k=k, v=v, index=index, layer=i))
+        slot = KVCacheSlot(k=k, v=v, index=index, layer=i)
+        h, slot = apply(layer, h, mask=mask, cache=slot, positions=positions)
         return (h, slot.k, slot.v), slot.index
 
     layer_ids = jnp.arange(params.n_layers, dtype=jnp.int32)

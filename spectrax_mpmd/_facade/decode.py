@@ -1,8 +1,10 @@
 """Pipelined decoding and generation: each rank keeps its own blocks and their KV caches.
 
-The LM's blocks are cut into stages (`stage_blocks`). `generate` runs a
-wavefront of sequence groups through one program per stage (`generate/`);
-`step` runs one prefill or one-token step of a caller-held cache through
+The LM's blocks are cut into stages (`stage_blocks`), whose markers cut its
+decode step `spectrax_core.models.lm_step` (the model's KV caches, each
+token's entry written at its sequence's own position). `generate` runs that
+step through `StepDecoder`: the same traced cells, wavefront, sampling and
+transfers as a user's own step; `step` runs one prefill or one-token step of a caller-held cache through
 `sxjit`. Either way a stage's KV caches are read and written by that stage
 only, so they are placed on its rank once and never move; only the residual
 stream of the new tokens crosses ranks.
@@ -19,12 +21,11 @@ import weakref
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
 from spectrax_core import apply
-from spectrax_core.models import GenState, Sampler, check_generate, gen_state, init_cache
+from spectrax_core.models import Sampler, check_generate, init_cache, lm_step
 from spectrax_core.nn import KVCache
 
 from .._api import sxjit
@@ -32,10 +33,8 @@ from .._mesh import as_mpmd_mesh
 from .._stages import stage_blocks
 from .._trace.context import methods_outside_context_mesh
 from ..errors import MpmdError
-from .generate.links import Transfers, make_links
-from .generate.programs import input_specs, lm_cells
-from .generate.stages import StageLayout, check_same_model, place_views, stage_views
-from .generate.wavefront import place_groups, run_wavefront
+from .generate.stages import check_same_model
+from .step_decode import StepDecoder
 
 
 def _decode_step(lm, tokens, cache):
@@ -55,10 +54,7 @@ class PipelineDecoder:
         mesh = as_mpmd_mesh(mesh)
         v = schedule.virtual_stages if schedule is not None else 1
         self.lm = stage_blocks(lm, mesh.mpmd_dim * v, stage_sizes)
-        self._layout = StageLayout.of(mesh, len(self.lm.blocks.parts), schedule)
-        self._views = None  # each stage's share of `lm`, placed on its rank at first use
-        self._links = make_links(self._layout, len(self.lm.blocks.parts))
-        self._moves = None  # the cross-process transfers (False: none), made at the first generation
+        self._steps = StepDecoder(lm_step, self.lm, self._new_cache, mesh=mesh, schedule=schedule)
         self._step = sxjit(_decode_step, mesh=mesh, schedule=schedule, donate_argnums=2)
         self._written: dict[int, tuple[weakref.ref, int]] = {}  # id(cache index) -> (its ref, positions)
 
@@ -70,15 +66,18 @@ class PipelineDecoder:
         """
         params = stage_blocks(params, len(self.lm.blocks.parts), self.lm.blocks.sizes)
         check_same_model(self.lm, params)
-        self.lm, self._views = params, None
+        self.lm = params
+        self._steps.update(params)
         return self
 
     @property
     def views(self) -> tuple:
-        """Each stage's share of the model (see `generate.stages`), on its rank."""
-        if self._views is None:
-            self._views = place_views(stage_views(self.lm), self._layout)
-        return self._views
+        """Each stage's weights (the model's leaves it reads) on its rank, as generation uses them
+        (empty before the first generation)."""
+        return self._steps.weights()
+
+    def _new_cache(self, batch: int, max_len: int):
+        return init_cache(self.lm, batch, max_len)
 
     def init_cache(self, batch: int, max_len: int):
         """Empty caches, one per stage's blocks."""
@@ -133,54 +132,25 @@ class PipelineDecoder:
         that receives each cell's `(rank, stage, group, round, start, end)`,
         waiting for every cell (a measured timeline, not the fast path).
         """
-        starts, steps, max_len = check_generate(prompt, lengths, max_new_tokens, max_len, "PipelineDecoder")
+        max_len = check_generate(prompt, lengths, max_new_tokens, max_len, "PipelineDecoder")[2]
         batch = prompt.shape[0]
         if not isinstance(groups, int) or groups < 1 or batch % groups:
             raise MpmdError(
                 f"PipelineDecoder.generate: groups={groups!r} must be a positive int dividing the batch of "
                 f"{batch} sequences; pick a divisor of {batch} (groups >= ranks keeps every rank busy)."
             )
-        transfers = self._transfers()
-        if record is not None and transfers is not None:
-            raise MpmdError("PipelineDecoder.generate: record= measures a one-process run; drop it here.")
-        state, size = gen_state(batch, max_new_tokens, keys, stop_tokens), batch // groups
-        budgets = np.broadcast_to(np.asarray(max_new_tokens), (batch,))
-        parts = [slice(i * size, (i + 1) * size) for i in range(groups)]
-        prompt = np.asarray(prompt, np.int32)
-        placed = place_groups(
-            self.views,
-            self._layout,
-            [prompt[p] for p in parts],
-            [starts[p] for p in parts],
-            [_group_state(state, p) for p in parts],
-            [budgets[p].max() for p in parts],
-            max_len,
-        )
-        specs = None
-        if transfers is not None:
-            specs = input_specs(self.views, size, prompt.shape[1], max_len)
-            transfers.begin(groups, steps)
-        tokens = run_wavefront(
-            lm_cells(self.views, placed[0].trees, sampler, pad_id),
-            self._layout,
-            placed,
-            steps,
-            pad_id,
-            links=self._links,
-            specs=specs,
-            transfers=transfers,
-            watch=transfers is None and len(stop_tokens) > 0,
+        return self._steps.generate(
+            prompt,
+            max_new_tokens,
+            groups=groups,
+            lengths=lengths,
+            max_len=max_len,
+            sampler=sampler,
+            keys=keys,
+            stop_tokens=stop_tokens,
+            pad_id=pad_id,
             record=record,
         )
-        if transfers is not None:
-            return transfers.finish(tokens, (batch, steps))
-        return jnp.asarray(tokens)
-
-    def _transfers(self) -> Transfers | None:
-        """The cross-process moves, when a link between stages crosses processes (made once)."""
-        if self._moves is None:
-            self._moves = Transfers(self._links) if any(link.cross for link in self._links) else False
-        return self._moves or None
 
     def _remember(self, cache, written: int) -> None:
         index = _first_cache(cache).index
@@ -196,17 +166,6 @@ class PipelineDecoder:
         if isinstance(index, jax.Array) and not index.is_fully_addressable:
             return None
         return int(np.max(np.asarray(index)))
-
-
-def _group_state(state: GenState, part: slice) -> GenState:
-    """The state of the sequences in `part`."""
-    return GenState(
-        step=state.step,
-        done=state.done[part],
-        keys=state.keys[part],
-        max_new=state.max_new[part],
-        stop=state.stop,
-    )
 
 
 def _first_cache(cache) -> KVCache:

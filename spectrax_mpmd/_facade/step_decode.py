@@ -32,7 +32,7 @@ from .generate.stages import StageLayout
 from .generate.stepcells import serve_program, stage_program, step_cell
 from .generate.stepgroups import Places, serve_groups, step_groups, step_input_specs
 from .generate.traced import StepSplit, abstract, trace_step
-from .generate.wavefront import run_wavefront
+from .generate.wavefront import generate_tokens, run_wavefront
 
 NAME = "StepDecoder"
 
@@ -73,6 +73,11 @@ class StepDecoder:
         self.params = params
         self._places.use(params)
         return self
+
+    def weights(self) -> tuple:
+        """Each stage's params (the leaves it reads) on its rank, as placed by the generations so far."""
+        placed = self._places.placed
+        return tuple([placed[k] for k in sorted(placed) if k[0] == s] for s in range(self.n_stages))
 
     def split(self, size: int, length: int, max_len: int) -> StepSplit:
         """The step cut into stages for groups of `size`, chunks of `length`, caches of `max_len`."""
@@ -129,21 +134,19 @@ class StepDecoder:
                 req, pre, dec, abstract(jax.tree.leaves(self.params)), jax.tree.leaves(cache)
             )
             transfers.begin(req.groups, req.steps)
-        tokens = run_wavefront(
+        return generate_tokens(
             cells,
             self._layout,
             placed,
             req.steps,
             pad_id,
+            batch=req.tokens.shape[0],
             links=self._links,
             specs=specs,
             transfers=transfers,
             watch=transfers is None and len(stop_tokens) > 0,
             record=record,
         )
-        if transfers is not None:
-            return transfers.finish(tokens, (req.tokens.shape[0], req.steps))
-        return jnp.asarray(tokens)
 
     def serve(
         self,

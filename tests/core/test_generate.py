@@ -16,14 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spectrax_core import apply
 from spectrax_core.models import (
     Sampler,
     TransformerLM,
     gen_state,
     generate,
     greedy_decode,
+    init_cache,
     left_pad,
+    lm_step,
     next_tokens,
+    right_padded,
     sample_tokens,
 )
 
@@ -107,3 +111,23 @@ def test_bad_generation_arguments_are_refused(kwargs, match):
 def test_bad_sampler_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match=r"Sampler: "):
         Sampler(**kwargs)
+
+
+def test_the_decode_step_runs_each_row_at_its_own_position():
+    """`lm_step`: rows at different positions give each row's logits decoded alone with a cache
+    counting its own index (a prompt of its own length, then one token); bad positions are refused."""
+    prompts = ([1, 2, 3, 4], [5, 6], [7, 8, 9])
+    padded, lengths = left_pad(prompts)
+    tokens, lengths = right_padded(padded, padded.shape[1] - np.asarray(lengths))  # at the front
+    positions = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), tokens.shape)
+    logits, cache = lm_step(lm(), init_cache(lm(), 3, 8), tokens, positions)
+    nxt = jnp.asarray([[11], [12], [13]], jnp.int32)
+    after, _ = lm_step(lm(), cache, nxt, lengths[:, None])
+    for b, p in enumerate(prompts):
+        alone = init_cache(lm(), 1, 8)
+        want, alone = apply(lm(), jnp.asarray([p], jnp.int32), cache=alone)
+        np.testing.assert_allclose(logits[b, : len(p)], want[0], rtol=1e-5, atol=1e-6)
+        want, _ = apply(lm(), nxt[b : b + 1], cache=alone)
+        np.testing.assert_allclose(after[b], want[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"positions= must be \(batch, length\) = \(3, 4\)"):
+        lm_step(lm(), init_cache(lm(), 3, 8), tokens, positions[:, :2])

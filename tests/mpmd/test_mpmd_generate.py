@@ -21,7 +21,15 @@ from mpmd_cases import pipeline_mesh
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_core.losses import softmax_cross_entropy
-from spectrax_core.models import Sampler, TransformerLM, generate, greedy_decode, left_pad
+from spectrax_core.models import (
+    Sampler,
+    TransformerLM,
+    generate,
+    greedy_decode,
+    init_cache,
+    left_pad,
+    lm_step,
+)
 from spectrax_mpmd._facade.generate.simulate import simulate_wavefront
 from spectrax_mpmd._facade.generate.wavefront import issue_order
 
@@ -131,3 +139,14 @@ def test_simulated_wavefront_keeps_every_rank_busy_once_groups_reach_ranks(n, gr
     assert got.utilisation == pytest.approx(expected)
     assert got.busy == (rounds * groups,) * n
     assert got.steady == pytest.approx(min(groups, n) / n)  # every rank busy once g >= n, g/n of it below
+
+
+def test_the_lm_step_runs_through_step_decoder_with_its_own_positions_and_a_queue():
+    """`PipelineDecoder` is `StepDecoder` over `lm_step`: ragged prompts without left padding and a
+    queue served 2 rows at a time each give the prompt's tokens generated alone, unsplit."""
+    staged = mp.stage_blocks(lm(), 2)
+    dec = mp.StepDecoder(lm_step, staged, lambda b, n: init_cache(staged, b, n), mesh=pipeline_mesh(2))
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [3], [9, 8], [2, 2, 2]]
+    alone = [generate(lm(), jnp.asarray([p]), STEPS, max_len=9)[0] for p in prompts]
+    np.testing.assert_array_equal(dec.generate(prompts[:4], STEPS, groups=2, max_len=9), alone[:4])
+    np.testing.assert_array_equal(dec.serve(prompts, STEPS, batch=2, max_len=9), alone)

@@ -9,7 +9,8 @@ row by row.
 
 from __future__ import annotations
 
-import equinox as eqx
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
@@ -17,9 +18,9 @@ from jaxtyping import Array
 from spectrax_core.models import GenState, Sampler, sample_tokens
 
 
-class RowState(eqx.Module):
+class RowState(NamedTuple):
     """Per sequence: tokens produced `step`, finished `done`, PRNG `keys`, budgets `max_new`; the
-    stop tokens `stop`."""
+    stop tokens `stop`. A named tuple: a cell's call flattens it in JAX's C++ dispatch."""
 
     step: Array
     done: Array
@@ -45,4 +46,4 @@ def next_rows(logits: Array, state: RowState, sampler: Sampler, pad_id: int) -> 
     token = jnp.where(state.done, pad_id, jax.vmap(one)(logits, state.keys, state.step))
     stopped = jnp.any(token[:, None] == state.stop[None, :], axis=-1)
     done = state.done | stopped | (state.step + 1 >= state.max_new)
-    return token, eqx.tree_at(lambda s: (s.step, s.done), state, (state.step + 1, done))
+    return token, state._replace(step=state.step + 1, done=done)

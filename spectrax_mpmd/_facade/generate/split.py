@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from spectrax_core.models import Sampler, gen_state, lm_embed
+from spectrax_core.models import Sampler, gen_state, init_cache, lm_step
 
 from ..._mesh import as_mpmd_mesh
-from ..._stages import unstage_blocks
+from ..._stages import StagedStack, unstage_blocks
 from ...errors import StageSplitError
-from .programs import flat_step
+from .rows import row_state
+from .stepcells import stage_program
+from .traced import abstract, trace_step
 
 KINDS = ("first", "middle", "last")
 
@@ -47,43 +49,38 @@ def _kind(stage: int, n_stages: int) -> int:
     return 0 if stage == 0 else 2 if stage == n_stages - 1 else 1
 
 
-def _view(lm, kind: int, blocks: int):
-    first, last, tied = kind == 0, kind == 2, lm.head is None
-    return dataclasses.replace(
-        lm,
-        embed=lm.embed if first or (last and tied) else None,
-        blocks=lm.blocks.slice(0, blocks),
-        norm=lm.norm if last else None,
-        head=lm.head if last else None,
-    )
+def _staged(lm, kind: int, blocks: int) -> tuple:
+    """`(staged LM, stage)`: the first `blocks` (+1 or +2) of `lm`'s blocks staged so that `stage` is
+    a `kind` stage of `blocks` blocks (its neighbours one block each)."""
+    sizes = ((blocks, 1), (1, blocks, 1), (1, blocks))[kind]
+    stack = lm.blocks.slice(0, sum(sizes))
+    return dataclasses.replace(lm, blocks=StagedStack.from_stack(stack, sizes)), min(kind, 1)
 
 
 def _cell(lm, kind: int, blocks: int, size: int, max_len: int, sampler, device) -> Callable[[], float]:
-    """A timer of one decode cell (the host waits for it) of a `kind` stage with `blocks` blocks."""
-    view = jax.device_put(_view(lm, kind, blocks), device)
-    leaves, view_def = jax.tree.flatten(view)
-    if kind == 0:
-        x = jnp.zeros((size,), jnp.int32)
-    else:
-        spec = jax.eval_shape(lm_embed, lm, jax.ShapeDtypeStruct((size, 1), jnp.int32))
-        x = jnp.zeros(spec.shape, spec.dtype)
-    x, starts = jax.device_put((x, jnp.zeros((size,), jnp.int32)), device)
-    state = jax.device_put(gen_state(size, max_len), device) if kind == 2 else None
-    cache0 = jax.eval_shape(lambda: view.blocks.init_cache(size, max_len))
-    call = dict(first=kind == 0, last=kind == 2)
-    if kind == 2:
-        call.update(sampler=sampler, pad_id=0)
+    """A timer of one decode cell (the host waits for it) of a `kind` stage with `blocks` blocks: the
+    program `PipelineDecoder.generate` runs for it (`lm_step` cut at its markers)."""
+    staged, s = _staged(lm, kind, blocks)
+    cache0 = jax.eval_shape(lambda: init_cache(staged, size, max_len))
+    ints = jax.ShapeDtypeStruct((size, 1), jnp.int32)
+    plan = trace_step(lm_step, abstract(staged), cache0, ints, ints, len(staged.blocks.parts), "decode_split")
+    leaves = jax.tree.leaves(staged)
+    programs = [stage_program(plan, k, plan.params[k], False, sampler, 0) for k in range(s + 1)]
+    owned = [[jax.tree.leaves(cache0)[c] for c in plan.owned[k]] for k in range(s + 1)]
+    pos, x = jax.ShapeDtypeStruct((size,), jnp.int32), jax.ShapeDtypeStruct((size,), jnp.int32)
+    for k in range(s):  # the input's shape: the stages before it, abstractly
+        x = jax.eval_shape(programs[k], [leaves[i] for i in plan.params[k]], x, owned[k], pos, None)[0]
+    weights = jax.device_put([leaves[i] for i in plan.params[s]], device)
+    x = jax.device_put(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), x), device)
+    pos = jax.device_put(jnp.zeros((size,), jnp.int32), device)
+    state = row_state(gen_state(size, max_len)) if kind == 2 else None
 
     def seconds() -> float:
-        cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=device), cache0)  # donated
-        cache_leaves, cache_def = jax.tree.flatten(cache)
-        state_leaves, state_def = jax.tree.flatten(jax.tree.map(lambda a: a.copy(), state))  # donated
-        jax.block_until_ready((cache_leaves, state_leaves))
+        cache = [jnp.zeros(a.shape, a.dtype, device=device) for a in owned[s]]  # donated
+        fresh = jax.device_put(jax.tree.map(lambda a: a.copy(), state), device)  # donated
+        jax.block_until_ready((cache, fresh))
         begin = time.perf_counter()
-        out = flat_step(
-            leaves, x, cache_leaves, starts, state_leaves, trees=(view_def, cache_def, state_def), **call
-        )
-        jax.block_until_ready(out)
+        jax.block_until_ready(programs[s](weights, x, cache, pos, fresh))
         return time.perf_counter() - begin
 
     seconds(), seconds()  # compile and warm up

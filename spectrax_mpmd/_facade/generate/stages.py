@@ -1,15 +1,7 @@
-"""Each stage's share of a staged LM, placed on its rank once.
-
-A stage's view is the LM with every field the stage does not run set to None:
-the first stage keeps the embedding, the last the final norm and head (and the
-embedding too when the head is tied to it), every stage its own blocks. A leaf
-already on its rank's devices (as a pipelined training step leaves it) is used
-as it is; any other leaf is copied there once.
-"""
+"""Where generation's stages run, and the check that new weights are the same staged model."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -42,43 +34,6 @@ def local_stages(layout: StageLayout, n_stages: int) -> tuple[bool, ...]:
     """Whether this process holds stage s's rank."""
     me = jax.process_index()
     return tuple(all(d.process_index == me for d in layout.sharding(s).device_set) for s in range(n_stages))
-
-
-def stage_views(lm) -> tuple:
-    """One view of the staged `lm` (blocks a `StagedStack`) per stage."""
-    parts = lm.blocks.parts
-    last, tied = len(parts) - 1, lm.head is None
-    return tuple(
-        dataclasses.replace(
-            lm,
-            embed=lm.embed if s == 0 or (s == last and tied) else None,
-            blocks=part,
-            norm=lm.norm if s == last else None,
-            head=lm.head if s == last else None,
-        )
-        for s, part in enumerate(parts)
-    )
-
-
-def place_views(views: tuple, layout: StageLayout) -> tuple:
-    """`views` with every leaf on its stage's rank: leaves already there kept, the rest copied in one
-    call (the views of another process's stages are left as they are: that process runs them)."""
-    moves, targets = [], []
-    flat = [jax.tree.flatten(v) for v in views]
-    mine = local_stages(layout, len(views))
-    for s, (leaves, _) in enumerate(flat):
-        if not mine[s]:
-            continue
-        devices = layout.sharding(s).device_set
-        for k, leaf in enumerate(leaves):
-            if not (isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices):
-                moves.append((s, k))
-                targets.append((leaf, layout.sharding(s)))
-    if moves:
-        placed = jax.device_put([t[0] for t in targets], [t[1] for t in targets])
-        for (s, k), leaf in zip(moves, placed):
-            flat[s][0][k] = leaf
-    return tuple(jax.tree.unflatten(treedef, leaves) for leaves, treedef in flat)
 
 
 def _signature(tree) -> tuple:

@@ -74,7 +74,6 @@ def step_groups(layout: StageLayout, n_stages: int, req: Request, state: RowStat
                 caches=[cache(s) if mine[s] else None for s in range(n_stages)],
                 starts=[at(req.lengths[part], s) for s in range(n_stages)],
                 state=at(rows_of(state, part), last),
-                trees=(),
                 rounds=int(req.budgets[part].max()),
                 index=i,
             )
@@ -116,5 +115,5 @@ def serve_groups(layout, n_stages: int, state, groups: int, size: int, cache: Ca
             jax.device_put((rows, state.keys, state.max_new), layout.sharding(last)) if mine[last] else None
         )
         caches = [cache(s) if mine[s] else None for s in range(n_stages)]
-        out.append(Group(x, caches, [None] * n_stages, table, (), rounds, index=i))
+        out.append(Group(x, caches, [None] * n_stages, table, rounds, index=i))
     return out

@@ -29,24 +29,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .stages import StageLayout, local_stages
+from .stages import local_stages
 
 
 @dataclass
 class Group:
-    """One group's live values: its input on stage 0, caches and starts per stage (None on another
-    process's stages), state, tokens so far, the rounds it runs (its budget, cut short when it has
-    stopped) and its finished flags.
-
-    Caches and state are flat lists of arrays; `trees` holds their structures
-    (one cache structure per stage, then the state's).
-    """
+    """One group's live values: its input on stage 0, caches and next positions per stage (None on
+    another process's stages), state, tokens so far, the rounds it runs (its budget, cut short when
+    it has stopped) and its finished flags. Caches are flat lists of arrays."""
 
     x: jax.Array | None
     caches: list
     starts: list
-    state: list
-    trees: tuple
+    state: object
     rounds: int
     index: int = 0  # the group's place in the batch
     tokens: list = field(default_factory=list)
@@ -59,33 +54,26 @@ def issue_order(n_groups: int, n_stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(cells, key=lambda c: (c[0] + c[1], c[1])))
 
 
-def place_groups(views, layout: StageLayout, prompts, starts, states, rounds, max_len: int) -> list[Group]:
-    """Put every group's prompt, starts, state and empty caches on the ranks of this process that
-    use them (one copy each)."""
-    n_stages, last = len(views), len(views) - 1
-    mine = local_stages(layout, n_stages)
-    values, targets = [], []
-    for prompt, start, state in zip(prompts, starts, states):
-        wanted = [(prompt, 0), (state, last)] + [(start, s) for s in range(n_stages)]
-        for value, s in wanted:
-            if mine[s]:
-                values.append(value)
-                targets.append(layout.sharding(s))
-    placed = iter(jax.device_put(values, targets))
-    size = prompts[0].shape[0]  # every group has the same size: one cache shape per stage
-    shapes = [jax.tree.flatten(jax.eval_shape(lambda v=v: v.blocks.init_cache(size, max_len))) for v in views]
-    state_def = jax.tree.structure(states[0])
-    groups = []
-    for budget in rounds:
-        x, state = (next(placed) if mine[0] else None), (next(placed) if mine[last] else None)
-        starts_ = [next(placed) if mine[s] else None for s in range(n_stages)]
-        caches = [
-            [jnp.zeros(a.shape, a.dtype, device=layout.sharding(s)) for a in leaves] if mine[s] else None
-            for s, (leaves, _) in enumerate(shapes)
-        ]
-        trees = (*(tree for _, tree in shapes), state_def)
-        groups.append(Group(x, caches, starts_, jax.tree.leaves(state), trees, int(budget)))
-    return groups
+def generate_tokens(
+    cells, layout, groups, steps, pad_id, *, batch, links, specs, transfers, watch, record
+) -> jax.Array:
+    """`run_wavefront`'s tokens `(batch, steps)` on every process: across processes `transfers` brings
+    them from the last stage's process."""
+    tokens = run_wavefront(
+        cells,
+        layout,
+        groups,
+        steps,
+        pad_id,
+        links=links,
+        specs=specs,
+        transfers=transfers,
+        watch=watch,
+        record=record,
+    )
+    if transfers is None:
+        return jnp.asarray(tokens)
+    return transfers.finish(tokens, (batch, steps))
 
 
 def _live(groups: list[Group], t: int, watch: bool) -> list[bool]:
