@@ -26,7 +26,7 @@ from .._api import check_mesh, check_schedule, sxvalue_and_grad
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._stages import stage_sizes
 from .._trace.context import outside_context_mesh
-from ..errors import StageSplitError
+from ..errors import MeshError, StageSplitError
 from .block_costs import fixed_cell_seconds, per_block_schedule
 from .device_advice import DeviceBalance, balance_on_devices
 from .optimizer import ASSUMED_STATES
@@ -248,6 +248,8 @@ def balance(
     (`spectrax_mpmd._planner.device_advice`; `print` it for the table and why).
     `cost_model` is `"measured"` (each block's seconds as measured on k devices) or
     `"work"` (its seconds on the fewest devices scaled by its FLOPs per device).
+    On a mesh whose ranks differ in shape (`mp.create_rank_mesh`) only the device split is
+    made (`devices=`); without it, a `MeshError` says so.
     """
 
     mesh = check_mesh("balance", mesh)
@@ -257,6 +259,8 @@ def balance(
     n_stages = mesh.mpmd_dim * schedule.virtual_stages
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
+    if devices is None:
+        check_equal_ranks(mesh)
     loss, args = fn((1,) * n_blocks)
     if devices is not None:
         copies = _optimizer_copies(tx, optimizer_states, args[0])[0]
@@ -283,6 +287,20 @@ def balance(
     return balance_from_profile(
         profile, schedule, mesh.mpmd_dim, memory_budget=memory_budget, optimizer_states=copies, optimizer=note
     )
+
+
+def check_equal_ranks(mesh: MpmdMesh) -> None:
+    """The layer split profiles every block on one rank and costs it the same on every rank: it
+    needs ranks of one shape."""
+    if not mesh.uniform:
+        sizes = mesh.rank_sizes
+        raise MeshError(
+            f"balance: the mesh's pipeline ranks have different shapes (devices per rank {sizes}), and "
+            "the layer split alone costs every block the same on every rank; pass "
+            f"devices={sum(sizes)} (with device_sizes={tuple(sorted(set(sizes)))}) to choose blocks and "
+            "devices per stage together, each block profiled on ranks of each size, or balance on a "
+            "mesh of equal ranks (mp.create_mesh)."
+        )
 
 
 def _optimizer_copies(tx, optimizer_states, params) -> tuple[float, str]:
