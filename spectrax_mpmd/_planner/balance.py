@@ -298,8 +298,9 @@ def check_equal_ranks(mesh: MpmdMesh) -> None:
             f"balance: the mesh's pipeline ranks have different shapes (devices per rank {sizes}), and "
             "the layer split alone costs every block the same on every rank; pass "
             f"devices={sum(sizes)} (with device_sizes={tuple(sorted(set(sizes)))}) to choose blocks and "
-            "devices per stage together, each block profiled on ranks of each size, or balance on a "
-            "mesh of equal ranks (mp.create_mesh)."
+            "devices per stage together (each block profiled on ranks of each size) and build the mesh "
+            "from its devices; or give the stage sizes yourself, or balance on a mesh of equal ranks "
+            "(mp.create_mesh)."
         )
 
 
