@@ -1,18 +1,22 @@
 """The planner on meshes whose pipeline ranks own different numbers of devices: `advise` profiles each
 rank's programs on its own submesh and predicts each rank's peak as a real step on that mesh holds
 it, and its pick under a budget fits when run; `balance(devices=)`'s best split, built as a rank
-mesh and run, holds the peaks it predicted; profiles of ranks of different shapes are cached apart;
-the layer split alone, which costs every rank the same, refuses such a mesh early."""
+mesh and run, holds the peaks it predicted; `balance` without `devices=` splits the layers on the
+mesh's own ranks (the optimum of any cost table, peaks as run); profiles of ranks of different
+shapes are cached apart."""
 
 import jax
+import numpy as np
 import optax
 import pytest
-from test_mpmd_planner_devices import RULES, SCHEDULE, cut
+from test_mpmd_planner_devices import RULES, SCHEDULE, block_splits, cut, injected
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_mpmd._planner.cache import profile_key
-from spectrax_mpmd.errors import MeshError
+from spectrax_mpmd._planner.device_advice import balance_devices
+from spectrax_mpmd._planner.devices import Split
+from spectrax_mpmd.errors import MeshError, StageSplitError
 
 TX = optax.adam(1e-3)
 
@@ -107,13 +111,64 @@ def test_profiles_of_ranks_of_different_shapes_are_cached_apart():
     assert len({key((1, 1, 2, 4)), key((4, 2, 1, 1)), key((1, 2, 1, 4)), key((2, 2, 2, 2))}) == 4
 
 
-def test_the_layer_split_alone_refuses_ranks_of_different_shapes_before_profiling():
+@pytest.mark.parametrize("seed", range(8))
+def test_on_given_ranks_the_layer_split_is_the_brute_force_optimum(seed):
+    rng = np.random.default_rng(seed)
+    ranks = tuple(int(k) for k in rng.choice((1, 2, 4), size=int(rng.integers(2, 4))))
+    seconds = tuple(rng.uniform(0.5, 3.0, int(rng.integers(len(ranks), 7))))
+    costs = injected(float(rng.uniform(0.8, 2.0)), seconds=seconds)
+    result = balance_devices(costs, SCHEDULE, len(ranks), sum(ranks), ranks=ranks)
+    table = costs.seconds("measured")
+
+    def slowest(blocks):
+        bounds = Split(blocks, ranks).bounds()
+        return max(sum(table[k][i:j]) for (i, j), k in zip(bounds, ranks))
+
+    assert {c.label for c in result.candidates} == {"chosen", "even"}
+    assert result.devices == ranks and result.plan("even").split.devices == ranks
+    best = min(slowest(b) for b in block_splits(len(seconds), len(ranks)))
+    assert slowest(result.plan("chosen").split.blocks) == pytest.approx(best, rel=1e-12)
+
+
+def test_balance_on_ranks_of_1_1_2_splits_the_layers_on_them_and_predicts_their_peaks_as_run():
+    widths, schedule = (128, 128, 128, 384), S.GPipe(microbatches=2)
+    mesh = _uneven_mesh((1, 1, 2))
+    result = mp.balance(
+        lambda sizes: cut(sizes, widths),
+        mesh=mesh,
+        schedule=schedule,
+        n_blocks=4,
+        cost_model="work",
+        optimizer_states=0,
+        rounds=1,
+        rules=RULES,
+    )
+    assert isinstance(result, mp.DeviceBalance) and result.devices == (1, 1, 2) and sum(result.sizes) == 4
+    assert result.best.step_s <= result.plan("even").step_s, result.table()
+    loss, args = cut(result.sizes, widths)
+    measured = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=schedule, rules=RULES).measure_peak_bytes(*args)
+    # exact for a stage of one block (a stage of several sums what each keeps alone: `split_memory`)
+    single = [r for r, b in enumerate(result.sizes) if b == 1]
+    assert single, result.table()
+    for r in single:
+        assert abs(result.best.peak_bytes[r] - measured[r]) <= 0.01 * measured[r], (result.table(), measured)
+
+
+def test_balance_on_uneven_ranks_refuses_what_it_cannot_predict_before_profiling():
     calls = []
 
     def fn(sizes):
         calls.append(sizes)
         return cut(sizes)
 
-    with pytest.raises(MeshError, match=r"different shapes .*devices=8 \(with device_sizes=\(1, 2, 4\)\)"):
-        mp.balance(fn, mesh=_uneven_mesh((1, 1, 2, 4)), schedule=SCHEDULE, n_blocks=4)
-    assert calls == []
+    with pytest.raises(StageSplitError, match="one stage per rank"):
+        mp.balance(
+            fn,
+            mesh=_uneven_mesh((2, 6)),
+            schedule=S.InterleavedH1(microbatches=4, virtual_stages=2),
+            n_blocks=4,
+        )
+    same_size = mp.create_rank_mesh([{"tp": 2}, {"fsdp": 2}], devices=jax.devices()[:4])
+    with pytest.raises(MeshError, match="ranks of 2 devices have different shapes"):
+        mp.balance(fn, mesh=same_size, schedule=SCHEDULE, n_blocks=4)
+    assert len(calls) == 2  # called for the arguments; nothing profiled
