@@ -178,7 +178,7 @@ def balance_on_ranks(
     memory_budget,
     optimizer_states,
     rounds,
-    **kw,
+    **step_kwargs,
 ) -> DeviceBalance:
     """`balance` on `mesh` whose ranks differ in size: every block profiled on a rank of each
     size (its own axes and rules: `rank_meshes`), the layers split with stage s on rank s
@@ -187,7 +187,7 @@ def balance_on_ranks(
     check_device_schedule(schedule)
     meshes = rank_meshes(mesh)
     costs = profile_blocks(
-        loss, args, mesh, schedule, n_blocks, {"sizes": sorted(meshes), "meshes": meshes}, rounds, kw
+        loss, args, mesh, schedule, n_blocks, {"sizes": sorted(meshes), "meshes": meshes}, rounds, step_kwargs
     )
     ranks = mesh.rank_sizes
     return balance_devices(
