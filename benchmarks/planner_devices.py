@@ -6,8 +6,9 @@ default rules) and a head over `--vocab` classes (also over `tp`) on 4 pipeline 
 Each block is profiled on a rank of 1, 2 and 4 devices (`balance(devices=8)`), and the splits are
 ranked under both cost models: `measured` (the seconds measured on k fake CPU devices, which share
 the host's cores) and `work` (the seconds on one device scaled by the FLOPs per device). Then
-the two even meshes the runtime builds today, 4 ranks of 1 device and 4 ranks of 2, are run:
-step time (interleaved rounds) and peak bytes per rank, next to their predictions.
+each split is run on a mesh of ranks of its own sizes (`mp.create_rank_mesh`): the two even
+ones (4 ranks of 1 device, 4 of 2) and each cost model's choice, their step times over
+interleaved rounds and peak bytes per rank next to both models' predictions for them.
 Writes benchmarks/results/planner_devices.json.
 
     python benchmarks/planner_devices.py
@@ -107,19 +108,33 @@ def advised(costs, schedule, model_name: str) -> dict:
     }
 
 
-def measured(costs, schedule, params_batch, args) -> dict:
-    """Run the even split on 4 ranks of 1 device and of 2: step time and peaks, with predictions."""
+def rank_mesh(devices: tuple[int, ...]):
+    """Pipeline ranks of `devices[r]` devices each along `tp` (the rules' MLP and VOCAB axis)."""
+    axes = [{"dp": 1, "fsdp": 1, "ep": 1, "tp": k, "sp": 1} for k in devices]
+    return mp.create_rank_mesh(axes, devices=jax.devices()[: sum(devices)])
+
+
+def runs(costs, schedule, params_batch, args, chosen: dict) -> dict:
+    """Each split run on its own rank mesh (the even ones, 4 ranks of 1 device and of 2, and each
+    cost model's choice, `chosen[name]`): step time over interleaved rounds and peak bytes per
+    rank, next to what both cost models predict for it."""
     even = mp.stage_sizes(args.blocks, 4)
+    splits = {"even_1": Split(even, (1,) * 4), "even_2": Split(even, (2,) * 4)}
+    splits |= {f"chosen_{name}": split for name, split in chosen.items()}
     steps, rows = {}, {}
-    for k in (1, 2):
-        mesh = mp.create_mesh((4, 1, 1, 1, k, 1), mpmd_axis="pp", devices=jax.devices()[: 4 * k])
-        step = mp.sxvalue_and_grad(cut(even), mesh=mesh, schedule=schedule, rules=RULES)
+    for name, split in splits.items():
+        mesh = rank_mesh(split.devices)
+        step = mp.sxvalue_and_grad(cut(split.blocks), mesh=mesh, schedule=schedule, rules=RULES)
         step(*params_batch)
-        steps[f"{k}x4"] = lambda step=step: step(*params_batch)
-        predicted = simulated(costs, schedule, "even", Split(even, (k,) * 4), "measured", None, 0.0)
-        rows[f"{k}x4"] = {
+        steps[name] = lambda step=step: step(*params_batch)
+        rows[name] = {
+            "blocks": list(split.blocks),
+            "devices": list(split.devices),
             "peak_mib": [p / 2**20 for p in step.measure_peak_bytes(*params_batch)],
-            **plan_row(predicted),
+            "predicted": {
+                model: plan_row(simulated(costs, schedule, name, split, model, None, 0.0))
+                for model in ("measured", "work")
+            },
         }
     wall, cpu = interleaved(steps, args.rounds)
     for name in steps:
@@ -145,11 +160,16 @@ def main() -> None:
     costs = profile_blocks(
         cut((1,) * args.blocks), params_batch, mesh, schedule, args.blocks, on, args.rounds, {"rules": RULES}
     )
+    advice = {name: advised(costs, schedule, name) for name in ("measured", "work")}
+    chosen = {
+        name: Split(*(tuple(a["plans"]["chosen"][k]) for k in ("blocks", "devices")))
+        for name, a in advice.items()
+    }
     result = {
         "config": vars(args),
         "block_ms": {str(k): [t * 1e3 for t in v] for k, v in costs.seconds("measured").items()},
-        "advice": {name: advised(costs, schedule, name) for name in ("measured", "work")},
-        "even_runs": measured(costs, schedule, params_batch, args),
+        "advice": advice,
+        "runs": runs(costs, schedule, params_batch, args, chosen),
     }
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))

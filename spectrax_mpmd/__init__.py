@@ -38,6 +38,7 @@ from ._mesh import MpmdMesh, create_mesh, create_rank_mesh, mesh_of_ranks
 from ._optim import StagedOptimizer, StagedOptState
 from ._planner.advise import Advice, Candidate, advise
 from ._planner.balance import Balance, balance, split_blocks
+from ._planner.device_advice import DeviceBalance
 from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from ._trace.marker import sxstage_iter
@@ -96,6 +97,7 @@ __all__ = [
     "advise",
     "balance",
     "Balance",
+    "DeviceBalance",
     "split_blocks",
     "Advice",
     "Candidate",

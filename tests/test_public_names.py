@@ -35,6 +35,7 @@ MPMD_ADDED = {
     "StepDecoder",
     "create_rank_mesh",
     "mesh_of_ranks",
+    "DeviceBalance",
 }
 
 SCHEDULES = {

@@ -28,7 +28,7 @@ from .._stages import stage_sizes
 from .._trace.context import outside_context_mesh
 from ..errors import StageSplitError
 from .block_costs import fixed_cell_seconds, per_block_schedule
-from .device_advice import DeviceBalance, balance_on_devices
+from .device_advice import DeviceBalance, balance_on_devices, balance_on_ranks
 from .optimizer import ASSUMED_STATES
 
 log = logging.getLogger("spectrax_mpmd")
@@ -248,6 +248,11 @@ def balance(
     (`spectrax_mpmd._planner.device_advice`; `print` it for the table and why).
     `cost_model` is `"measured"` (each block's seconds as measured on k devices) or
     `"work"` (its seconds on the fewest devices scaled by its FLOPs per device).
+    On a mesh whose ranks differ in size (`mp.create_rank_mesh`), without `devices`, the
+    devices are the mesh's: every block is profiled on a rank of each of its sizes (ranks of
+    one size share one shape), and the layers are split with stage s on rank s (one stage
+    per rank: Std1F1B, GPipe, Eager1F1B), ranked against the even blocks on those ranks (a
+    `DeviceBalance` whose candidates are `"chosen"` and `"even"`).
     """
 
     mesh = check_mesh("balance", mesh)
@@ -258,20 +263,13 @@ def balance(
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
     loss, args = fn((1,) * n_blocks)
+    copies, note = _optimizer_copies(tx, optimizer_states, args[0])
+    settings = {"memory_budget": memory_budget, "optimizer_states": copies, "rounds": rounds, **step_kwargs}
+    if devices is None and not mesh.uniform:
+        return balance_on_ranks(loss, args, mesh, schedule, n_blocks, cost_model, **settings)
     if devices is not None:
-        copies = _optimizer_copies(tx, optimizer_states, args[0])[0]
         on = {"devices": devices, "sizes": device_sizes, "axis": device_axis, "blocks": n_blocks}
-        return balance_on_devices(
-            loss,
-            args,
-            mesh,
-            schedule,
-            {**on, "cost_model": cost_model},
-            memory_budget=memory_budget,
-            optimizer_states=copies,
-            rounds=rounds,
-            **step_kwargs,
-        )
+        return balance_on_devices(loss, args, mesh, schedule, {**on, "cost_model": cost_model}, **settings)
     step = sxvalue_and_grad(
         loss,
         mesh=one_rank_mesh(mesh),
@@ -279,7 +277,6 @@ def balance(
         **step_kwargs,
     )
     profile = step.profile_stages(*args, rounds=rounds)
-    copies, note = _optimizer_copies(tx, optimizer_states, args[0])
     return balance_from_profile(
         profile, schedule, mesh.mpmd_dim, memory_budget=memory_budget, optimizer_states=copies, optimizer=note
     )

@@ -22,7 +22,7 @@ from spectrax_core import schedules as S
 from spectrax_core.schedules import StageMemory
 
 from .._api import sxvalue_and_grad
-from .._mesh import MpmdMesh, create_mesh
+from .._mesh import MpmdMesh, create_mesh, mesh_of_ranks
 from .._runtime.slots import GradAccumulator, Input, InputKind, LossAccumulator, MicrobatchIndex
 from ..errors import MeshError
 
@@ -114,6 +114,21 @@ def rank_mesh(mesh: MpmdMesh, k: int, axis: str) -> MpmdMesh:
     return create_mesh(dims, mesh.axis_names, mpmd_axis=mesh.mpmd_axis, devices=list(mesh.devices.flat)[:k])
 
 
+def rank_meshes(mesh: MpmdMesh) -> dict[int, MpmdMesh]:
+    """Each rank size of `mesh` -> a mesh of its first rank of that size alone: where blocks are
+    profiled for the ranks of that size (which must share their axes and shape)."""
+    meshes: dict = {}
+    for r, sub in enumerate(mesh.unstack()):
+        first = meshes.setdefault(sub.size, mesh_of_ranks([sub], mpmd_axis=mesh.mpmd_axis))
+        if dict(first.submesh(0).shape) != dict(sub.shape):
+            raise MeshError(
+                f"balance: ranks of {sub.size} devices have different shapes ({dict(first.submesh(0).shape)} "
+                f"and rank {r}'s {dict(sub.shape)}), and blocks are profiled once per rank size; give ranks "
+                "of one size the same axes, or give the stage sizes yourself."
+            )
+    return meshes
+
+
 def check_rank_mesh(mesh: MpmdMesh, sizes: Sequence[int], axis: str) -> None:
     """Raise unless `mesh` has the SPMD axis `axis` and devices for a rank of each of `sizes`."""
     if axis not in mesh.axis_names or axis == mesh.mpmd_axis:
@@ -172,14 +187,15 @@ def profile_blocks(
     step_kwargs: dict,
 ) -> BlockCosts:
     """`BlockCosts` of `loss` cut at each of its `n_blocks` blocks (a marker after each), on
-    `args`, on a rank of each of `on["sizes"]` devices along `on["axis"]`, with `schedule`'s
+    `args`, on a rank of each of `on["sizes"]` devices along `on["axis"]` (or, given
+    `on["meshes"]`, on its one-rank mesh of each size: `rank_meshes`), with `schedule`'s
     microbatches."""
     table: dict = {name: {} for name in ("F", "B", "flops", "params", "accumulators", "other", "memory")}
     overhead = 0.0
     for k in on["sizes"]:
         step = sxvalue_and_grad(
             loss,
-            mesh=rank_mesh(mesh, k, on["axis"]),
+            mesh=on["meshes"][k] if "meshes" in on else rank_mesh(mesh, k, on["axis"]),
             schedule=per_block_schedule(schedule.microbatches, n_blocks),
             **step_kwargs,
         )

@@ -5,7 +5,7 @@ A profile's key is derived from the program itself, as the compile cache's is
 (every equation, its operands, avals and parameters, constants by their bytes;
 its stage markers give the cut), the optimizer's traced update (or the state
 estimate), the schedule, `remat`, the step's other settings, the rounds timed, the
-mesh's shape and device kind, and the JAX version. The key is made persistable
+mesh (each pipeline rank's axes and sizes) and device kind, and the JAX version. The key is made persistable
 by naming each primitive, type and mesh (and JAX's own marker values, such as an
 unspecified sharding, by type and value); a program holding anything that can
 only be known by identity (a host callback, an opaque object) gets no key and is
@@ -105,12 +105,14 @@ def update_digest(tx, optimizer_states, params) -> str | None:
 
 def profile_key(program: str | None, update: str | None, settings: tuple, mesh) -> str | None:
     """The key of one profile: the loss's and the update's digests, the profile's `settings`
-    (schedule, remat, step keyword arguments, rounds), the mesh and the JAX version. None when
+    (schedule, remat, step keyword arguments, rounds), the mesh (each pipeline rank's axes and
+    sizes, so ranks of different shapes key apart) and the JAX version. None when
     a part has no key, or a setting is a function (known only by identity)."""
     if program is None or update is None or any(callable(v) for v in _leaves(settings)):
         return None
-    devices = mesh.devices
-    where = (tuple(mesh.axis_names), devices.shape, devices.flat[0].device_kind, devices.flat[0].platform)
+    device = mesh.devices.flat[0]
+    ranks = tuple(tuple(sub.shape.items()) for sub in mesh.unstack())  # each rank's own axes and sizes
+    where = (tuple(mesh.axis_names), ranks, device.device_kind, device.platform)
     key = (FORMAT, program, update, settings, where, jax.__version__)
     return hashlib.sha256(repr(key).encode()).hexdigest()
 

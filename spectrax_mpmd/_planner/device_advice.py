@@ -17,7 +17,7 @@ from spectrax_core import schedules as S
 
 from .._stages import stage_sizes
 from ..errors import StageSplitError
-from .block_costs import BlockCosts, check_cost_model, check_rank_mesh, profile_blocks
+from .block_costs import BlockCosts, check_cost_model, check_rank_mesh, profile_blocks, rank_meshes
 from .devices import Split, even_devices, fitting, split_cost, split_devices, split_memory
 
 log = logging.getLogger("spectrax_mpmd")
@@ -108,22 +108,21 @@ def balance_devices(
     cost_model: str = "measured",
     memory_budget: int | None = None,
     optimizer_states: float = 0.0,
+    ranks: tuple[int, ...] | None = None,
 ) -> DeviceBalance:
     """Rank the chosen, even and layers-only splits of `costs`' blocks into `n` stages on at most
-    `total` devices under `schedule` (see the module docstring); logged at INFO."""
+    `total` devices under `schedule` (see the module docstring); logged at INFO. With `ranks`
+    (devices per rank, stage s on rank s), the devices are given: the layers balanced on them
+    (`"chosen"`) against the even blocks on them."""
     check_cost_model(cost_model)
     check_device_schedule(schedule)
     seconds = costs.seconds(cost_model)
     fits = fitting(costs, schedule, n, memory_budget, optimizer_states)
-    even = even_devices(costs.sizes, n, total)
-    splits = {
-        "chosen": split_devices(seconds, n, total, fits=fits),
-        "even": Split(stage_sizes(costs.blocks, n), even),
-    }
-    try:
-        splits["layers only"] = split_devices({even[0]: seconds[even[0]]}, n, sum(even), fits=fits)
-    except StageSplitError:
-        pass  # nothing fits on the even device counts: the even split is listed as over budget
+    splits = (
+        _candidates(seconds, costs, n, total, fits)
+        if ranks is None
+        else _on_ranks(seconds, costs, ranks, fits)
+    )
     plans = [
         simulated(costs, schedule, label, split, cost_model, memory_budget, optimizer_states)
         for label, split in splits.items()
@@ -142,6 +141,65 @@ def balance_devices(
     )
     log.info("balance(devices=%d) for %s on %d ranks:\n%s", total, schedule, n, result.table())
     return result
+
+
+def _candidates(seconds: dict, costs: BlockCosts, n: int, total: int, fits) -> dict[str, Split]:
+    """The chosen split, the even one and the layers balanced on the even device counts."""
+    even = even_devices(costs.sizes, n, total)
+    splits = {
+        "chosen": split_devices(seconds, n, total, fits=fits),
+        "even": Split(stage_sizes(costs.blocks, n), even),
+    }
+    try:
+        splits["layers only"] = split_devices({even[0]: seconds[even[0]]}, n, sum(even), fits=fits)
+    except StageSplitError:
+        pass  # nothing fits on the even device counts: the even split is listed as over budget
+    return splits
+
+
+def _on_ranks(seconds: dict, costs: BlockCosts, ranks: tuple[int, ...], fits) -> dict[str, Split]:
+    """The layers balanced with stage s on `ranks[s]` devices, and the even blocks on them."""
+
+    def on_its_rank(k: int, i: int, j: int, s: int) -> bool:
+        return k == ranks[s] and (fits is None or fits(k, i, j, s))
+
+    chosen = split_devices(seconds, len(ranks), sum(ranks), fits=on_its_rank)
+    return {"chosen": chosen, "even": Split(stage_sizes(costs.blocks, len(ranks)), tuple(ranks))}
+
+
+def balance_on_ranks(
+    loss,
+    args,
+    mesh,
+    schedule,
+    n_blocks: int,
+    cost_model: str,
+    *,
+    memory_budget,
+    optimizer_states,
+    rounds,
+    **step_kwargs,
+) -> DeviceBalance:
+    """`balance` on `mesh` whose ranks differ in size: every block profiled on a rank of each
+    size (its own axes and rules: `rank_meshes`), the layers split with stage s on rank s
+    (`balance_devices(ranks=)`)."""
+    check_cost_model(cost_model)
+    check_device_schedule(schedule)
+    meshes = rank_meshes(mesh)
+    costs = profile_blocks(
+        loss, args, mesh, schedule, n_blocks, {"sizes": sorted(meshes), "meshes": meshes}, rounds, step_kwargs
+    )
+    ranks = mesh.rank_sizes
+    return balance_devices(
+        costs,
+        schedule,
+        mesh.mpmd_dim,
+        sum(ranks),
+        cost_model=cost_model,
+        memory_budget=memory_budget,
+        optimizer_states=optimizer_states,
+        ranks=ranks,
+    )
 
 
 def advise_devices(source, on: dict, microbatches: int, memory_budget, optimizer_states: float, rounds: int):
@@ -230,9 +288,10 @@ def check_device_schedule(schedule) -> None:
     """The device split predicts one stage per rank with an unsplit backward."""
     if schedule.virtual_stages != 1 or schedule.splits_backward or schedule.layout != "flat":
         raise StageSplitError(
-            f"balance(devices=): the device split is predicted for schedules with one stage per rank and an "
-            f"unsplit backward (Std1F1B, GPipe, Eager1F1B); received {schedule!r}. Choose the devices with "
-            "one of those, then advise the schedule on the mesh built from them."
+            f"balance(devices=), and balance on ranks of different sizes: the split is predicted for "
+            f"schedules with one stage per rank and an unsplit backward (Std1F1B, GPipe, Eager1F1B); "
+            f"received {schedule!r}. Choose the split with one of those, then advise the schedule on the "
+            "mesh built from it."
         )
 
 
