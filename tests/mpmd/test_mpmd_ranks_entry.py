@@ -49,6 +49,20 @@ def test_runner_trains_with_rules_like_the_unsplit_model():
     assert grads.head.weight.sharding.shard_shape(grads.head.weight.shape) != grads.head.weight.shape
 
 
+@pytest.mark.slow
+def test_runner_balances_the_blocks_on_the_ranks_own_sizes_and_trains_exactly():
+    """`stage_sizes="auto"` profiles each block on a rank of each size the mesh has and cuts there."""
+    lm, tokens, targets = lm_and_batch()
+    step = mp.runner(
+        mesh=mesh(), loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(4),
+        rules=core_sharding.Rules.default(), stage_sizes="auto",
+    )  # fmt: skip
+    loss, grads = step(lm, tokens, targets)
+    want = jax.jit(jax.value_and_grad(lambda m: softmax_cross_entropy(apply(m, tokens), targets)))(lm)
+    assert_close((loss, grads), want)
+    assert isinstance(step.balance, mp.DeviceBalance) and sum(step.balance.sizes) == 4
+
+
 def test_run_forward_gives_the_unsplit_logits():
     lm, tokens, _ = lm_and_batch()
     out = mp.run(lm, inputs=tokens, mesh=mesh(), mode="forward", microbatches=4)
