@@ -172,8 +172,8 @@ def advise(
     least predicted cost (`Candidate.memory`: the choice, its host copies' count and
     seconds at the copy costs measured once, the recomputed forwards' seconds, host
     peaks); its layout is profiled once more with `remat=True`.
-    Predicted times are the simulation bounded below by the measured issuing thread and
-    ranks-at-once (`spectrax_mpmd._planner.predict`). With `confirm` (default 3), the
+    Predicted times simulate the table on the measured compute units, the issuing thread a
+    serial resource among them (`spectrax_mpmd._planner.predict`). With `confirm` (default 3), the
     up to `confirm` fastest fitting candidates predicted within the time model's error
     of each other are built and run, and the fastest measured is picked
     (`Advice.measured`, `Advice.confidence`; `spectrax_mpmd._planner.confirm`); 0 or 1

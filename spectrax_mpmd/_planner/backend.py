@@ -7,12 +7,13 @@
   KiB-sized copies pays their fixed cost and not only their bytes.
 * The issuing thread's CPU time per copy and per compiled call: one thread issues
   every rank's cells and copies, so a step is never shorter than its issuing.
-* How many ranks compute at once (`parallelism`), measured on the step's own cells:
-  a real step of plain Std1F1B timed whole, against the work of its cells each timed
-  alone (`busy_and_wall`, `ranks_at_once`). Separate accelerators give up to the rank count; fake
-  CPU devices share the host's cores (each already spreading its own work over
-  them) and give fewer, never more than the cores (`compute_units`), and then a
-  step is never shorter than its cells' total work over that. Only when no step
+* How many compute units the ranks share (`parallelism`, the units a step is simulated
+  on: `spectrax_mpmd._planner.shared`). Separate accelerators: one per rank, the
+  issuing thread on a core of its own. Fake CPU devices share the host's cores (each
+  already spreading its own work over them) with the issuing thread (`shares_host`):
+  measured on the step's own cells, a real step of plain Std1F1B timed whole against
+  the work of its cells each timed alone and its issuing (`busy_and_wall`,
+  `ranks_at_once`), never more than the cores (`compute_units`). Only when no step
   could be measured, a test program run on every rank's device together against
   one alone stands in (`parallelism_source`).
 * A cell's work is its time alone less its issuing (`cell_work`): timed alone, a cell
@@ -61,7 +62,8 @@ class BackendCost:
     """The measured costs `advise` adds to a step's cells (see the module docstring): copies to
     host (`out`) and back (`back`), the issuing thread's seconds per copy and per call, and how
     many of the `ranks` compute at once, measured on a real `"step"` or by the `"probe"`
-    (`parallelism_source`)."""
+    (`parallelism_source`), and whether the issuing thread shares their compute (`shares_host`:
+    CPU devices)."""
 
     out: CopyFit
     back: CopyFit
@@ -70,6 +72,7 @@ class BackendCost:
     parallelism: float
     ranks: int
     parallelism_source: str = "probe"
+    shares_host: bool = False
 
     def as_dict(self) -> dict:
         return {
@@ -80,6 +83,7 @@ class BackendCost:
             "parallelism": self.parallelism,
             "ranks": self.ranks,
             "parallelism_source": self.parallelism_source,
+            "shares_host": self.shares_host,
         }
 
 
@@ -145,10 +149,15 @@ def parallelism(devices: Sequence, rounds: int = 3, size: int = 192) -> tuple[fl
     return ranks_at_once(len(devices) * alone, together, len(devices)), statistics.median(issue)
 
 
+def shares_host(devices: Sequence) -> bool:
+    """Whether `devices` compute on the host's cores, which the issuing thread runs on too."""
+    return all(d.platform == "cpu" for d in devices)
+
+
 def compute_units(devices: Sequence) -> int:
     """How many of one device per rank can compute at once at most: every rank, or for CPU
     devices (which share the host's cores) no more than the cores this process may run on."""
-    if not all(d.platform == "cpu" for d in devices):
+    if not shares_host(devices):
         return len(devices)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return min(len(devices), cores or 1)
@@ -168,14 +177,14 @@ def cell_work(seconds: Iterable[float], issue_s: float) -> float:
     return sum(max(t - issue_s, 0.0) for t in seconds)
 
 
-def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, float]:
-    """`(cells' work, step's wall seconds, issuing seconds per cell)` of the training step `step`
-    on `args`, each the least of `rounds` after a warm-up call (which compiles), as a profile
-    takes its cells' least times (other load only ever adds time): the whole step run as it
-    runs; the issuing thread's CPU time of a call over its cells; its cells timed one at a time
-    (`measure_timeline`), their `cell_work` summed."""
+def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, float, float]:
+    """`(cells' work, step's wall seconds, issuing seconds per cell, issuing seconds)` of the
+    training step `step` on `args`, each the least of `rounds` after a warm-up call (which
+    compiles), as a profile takes its cells' least times (other load only ever adds time): the
+    whole step run as it runs; the issuing thread's CPU time of a call, and over its cells; its
+    cells timed one at a time (`measure_timeline`), their `cell_work` summed."""
     jax.block_until_ready(step(*args))
-    work = wall = issue = math.inf
+    work = wall = issue = issuing = math.inf
     for _ in range(rounds):
         start, cpu = time.perf_counter(), time.thread_time()
         out = step(*args)
@@ -183,9 +192,19 @@ def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, 
         jax.block_until_ready(out)
         wall = min(wall, time.perf_counter() - start)
         cells = [(e.end - e.start) * 1e-6 for row in step.measure_timeline(*args).events for e in row]
-        issue = min(issue, issued / max(len(cells), 1))
+        issue, issuing = min(issue, issued / max(len(cells), 1)), min(issuing, issued)
         work = min(work, cell_work(cells, issue))
-    return work, wall, issue
+    return work, wall, issue, issuing
+
+
+def step_units(measured: Sequence[float], devices: Sequence) -> float:
+    """The compute units of `devices`, one per rank, from a plain step's `busy_and_wall`: the
+    rank count on accelerators; on CPU devices, the ranks at once of its cells' work and its
+    issuing (which runs on the same cores) over its wall time (`ranks_at_once`)."""
+    if not shares_host(devices):
+        return float(len(devices))
+    work, wall, _, issuing = measured
+    return ranks_at_once(work + issuing, wall, compute_units(devices))
 
 
 def measure_backend(
@@ -203,4 +222,4 @@ def measure_backend(
     source = "probe" if at_once is None else "step"
     ranks = probed if at_once is None else at_once
     issue = probed_issue if call_issue is None else call_issue
-    return BackendCost(out, back, copy_issue, issue, ranks, len(devices), source)
+    return BackendCost(out, back, copy_issue, issue, ranks, len(devices), source, shares_host(devices))

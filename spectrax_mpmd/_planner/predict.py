@@ -1,14 +1,14 @@
-"""A candidate's predicted step: the schedule simulated with its measured cells, and the two
-limits the backend sets on top of it (`spectrax_mpmd._planner.backend`).
+"""A candidate's predicted step: its table simulated with its measured cells on the compute units
+the backend measured, the issuing thread among them (`spectrax_mpmd._planner.shared`).
 
-The simulation runs each rank's cells in table order on a device of its own, each
-cell for its work (`worked`: its measured time alone less its issuing, which the
-issuing thread does ahead of the devices), then the optimizer's update as the
-step's validation says. Two measured limits bound it from below: one thread
-issues every compiled call and host copy of the step (`host thread`), and ranks
-that share compute (fake CPU devices on a few cores) run their cells' total work
-no faster than the measured ranks-at-once allow (`shared devices`). The
-prediction is the largest of the three, named in `limit`.
+Each cell runs for its work (`worked`: its measured time alone less its issuing,
+which the issuing thread does ahead of the devices), once issued; one thread
+issues every compiled call and host copy of the step; ranks and, on fake CPU
+devices, the issuing thread share the measured compute units; then the
+optimizer's update runs as the step's validation says. `limit` names the largest
+of three lower bounds of that time, what sets it: the table on a device per rank
+(`schedule`), the issuing alone (`host thread`), the work over the units
+(`shared devices`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .._env import configured_run_ahead
 from .backend import BackendCost, cell_work
 from .memory import run_ahead_bytes
 from .optimizer import with_sync_copy
+from .shared import shared_makespan
 
 LIMITS = ("schedule", "host thread", "shared devices")
 
@@ -29,8 +30,9 @@ LIMITS = ("schedule", "host thread", "shared devices")
 @dataclass(frozen=True)
 class Predicted:
     """Peak device bytes per rank, predicted seconds per step, the simulated timeline, which
-    limit set the seconds (one of `LIMITS`), the seconds the update adds after the schedule's
-    last cell in the simulation, and the simulated step alone (the `schedule` limit)."""
+    lower bound sets the seconds (one of `LIMITS`), the seconds the update adds after the
+    schedule's last cell in the simulation, and the table simulated on a device per rank, update
+    included (the `schedule` bound)."""
 
     peaks: tuple[int, ...]
     seconds: float
@@ -49,20 +51,21 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
     bound = configured_run_ahead()
 
     def predict(memory, cost, copies: int = 0) -> Predicted:
-        timeline = S.simulate(schedule, n, worked(cost, backend.call_issue_s), memory=memory)
+        work = worked(cost, backend.call_issue_s)
+        timeline = S.simulate(schedule, n, work, memory=memory)
         updated = S.with_update(timeline, update_s, validation=validation)
+        update = updated.makespan - timeline.makespan
         calls = sum(cost.of(e.cell) > 0 for row in timeline.events for e in row) + n
-        bounds = (
-            updated.makespan,
-            calls * backend.call_issue_s + copies * backend.copy_issue_s,
-            (sum(timeline.busy) + sum(update_s)) / backend.parallelism,
-        )
-        k = max(range(3), key=lambda j: bounds[j])
+        issuing = calls * backend.call_issue_s + copies * backend.copy_issue_s
+        per_cell = issuing / max(sum(map(len, timeline.events)), 1)
+        units, shares = backend.parallelism, backend.shares_host
+        seconds = shared_makespan(schedule, n, work, units, per_cell, shares) + update
+        bounds = (updated.makespan, issuing, (sum(timeline.busy) + sum(update_s)) / units)
+        limit = LIMITS[max(range(3), key=lambda j: bounds[j])]
         peaks = with_sync_copy(timeline.peak_bytes, memory, validation != "none")
         if bound is not None:
             peaks = tuple(p + e for p, e in zip(peaks, run_ahead_bytes(memory, schedule, n, bound)))
-        update = updated.makespan - timeline.makespan
-        return Predicted(peaks, bounds[k], timeline, LIMITS[k], update, updated.makespan)
+        return Predicted(peaks, seconds, timeline, limit, update, updated.makespan)
 
     return predict
 

@@ -30,7 +30,7 @@ from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
-from .backend import BackendCost, busy_and_wall, compute_units, measure_backend, ranks_at_once
+from .backend import BackendCost, busy_and_wall, measure_backend, step_units
 from .cache import ProfileCache, profile_key, program_digest, update_digest
 from .optimizer import Owners, crosses_ranks, state_bytes, update_seconds
 
@@ -148,26 +148,27 @@ class Profiler:
             measured = self.step_measured(microbatches)
             at_once, issue = (None, None)
             if measured is not None:
-                at_once, issue = ranks_at_once(*measured[:2], compute_units(devices)), measured[2]
+                at_once, issue = step_units(measured, devices), measured[2]
             self._backend = measure_backend(devices, sizes[:2] + sizes[-4:], at_once, issue)  # least, most
         return self._backend
 
     def at_once(self, microbatches: Sequence[int]) -> float | None:
-        """How many ranks compute at once in a real step of plain Std1F1B at the most of
-        `microbatches` that splits the arguments (`ranks_at_once` of its `busy_and_wall`); None
+        """The compute units the ranks share, measured on a real step of plain Std1F1B at the most
+        of `microbatches` that splits the arguments (`step_units` of its `busy_and_wall`); None
         when none does."""
         measured = self.step_measured(microbatches)
         devices = [self.mesh.submesh(r).devices.flat[0] for r in range(self.mesh.mpmd_dim)]
-        return None if measured is None else ranks_at_once(*measured[:2], compute_units(devices))
+        return None if measured is None else step_units(measured, devices)
 
-    def step_measured(self, microbatches: Sequence[int]) -> tuple[float, float, float] | None:
+    def step_measured(self, microbatches: Sequence[int]) -> tuple[float, float, float, float] | None:
         """`busy_and_wall` of a real step of plain Std1F1B at the most of `microbatches` that
         splits the arguments (over `rounds`, at least 3); None when none does. Kept in the disk
         cache next to the profiles."""
         for m in sorted(microbatches, reverse=True):
             schedule = S.Std1F1B(microbatches=m)
             loss, loss_args = self._loss(schedule)
-            key = self._key(loss, loss_args, ("work, wall and issue", repr(schedule)), self.step_kwargs, True)
+            measure = ("work, wall, issue and issuing", repr(schedule))
+            key = self._key(loss, loss_args, measure, self.step_kwargs, True)
             measured = None if self.cache is None else self.cache.get(key)
             if measured is None:
                 kwargs = {"mesh": self.mesh, "schedule": schedule, "compiler": self.compiler}

@@ -25,7 +25,7 @@ from spectrax_mpmd._planner.backend import (
     busy_and_wall,
     cell_work,
     measure_backend,
-    ranks_at_once,
+    step_units,
 )
 from spectrax_mpmd._planner.confirm import rotated_medians
 from spectrax_mpmd._planner.predict import predictor
@@ -79,8 +79,8 @@ def test_tables_of_other_cells_predicted_relative_to_plain_within_25_percent_of_
         flat = _inputs(steps["split"].profile_stages(*args, rounds=1))
         eight = _inputs(steps["loop"].profile_stages(*args, rounds=1))
         inputs = {**{name: flat for name in schedules}, "vmin": eight}
-        work, wall, issue = busy_and_wall(steps["plain"], args, rounds=1)
-        backend = measure_backend(devices, (), ranks_at_once(work, wall, N), issue)
+        measured_step = busy_and_wall(steps["plain"], args, rounds=1)
+        backend = measure_backend(devices, (), step_units(measured_step, devices), measured_step[2])
         p = {
             name: predictor(s, N, (0.0,) * N, "none", backend)(inputs[name][1], inputs[name][0]).seconds
             for name, s in schedules.items()
@@ -105,14 +105,14 @@ def test_a_cells_work_is_its_time_alone_less_its_issuing():
     cost = S.StageCost((1e-3,) * N, backward, tuple(b / 2 for b in backward), tuple(b / 2 for b in backward))
     zeros = (0,) * N
     memory = S.StageMemory(*(zeros,) * 9)
-    shared = {}
+    work = {}
     for issue in (0.0, 1e-4):
         backend = BackendCost(free, free, 0.0, issue, 1.0, N, "step")
         predicted = predictor(PLAIN, N, (0.0,) * N, "none", backend)(memory, cost)
         assert predicted.limit == "shared devices"
-        shared[issue] = predicted.seconds
+        work[issue] = sum(predicted.timeline.busy)
     cells = M * (2 * N - 1)  # the last stage's backward runs fused into its forward: no cell of its own
-    assert shared[0.0] - shared[1e-4] == pytest.approx(cells * 1e-4)
+    assert work[0.0] - work[1e-4] == pytest.approx(cells * 1e-4)
 
 
 def test_close_candidates_are_measured_in_an_order_turned_each_round():
