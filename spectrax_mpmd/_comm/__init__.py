@@ -2,7 +2,8 @@
 
     base             the `Transport` contract; `CrossProcess`, what the cross-process transports share
     local            copies between ranks of one process (JAX's C++ batched copy or `jax.device_put`)
-    reshard          a layout change between sharded placements, shard to shard (for `local`)
+    reshard          a layout change between sharded placements, shard to shard (for `local`, `wire`)
+    wire             the layout a cross-process move travels in when the two ranks cut the value differently
     exchange         small all-gathers of strings through the `jax.distributed` key-value store
     transfer_server  cross-process moves as one-sided pulls (`jax.experimental.transfer`), the default
     ppermute         cross-process moves as two-sided `lax.ppermute` programs
@@ -10,7 +11,8 @@
     distributed      joining a `jax.distributed` job (`initialize`, `check_joined`)
 
 Modules import one way: `reshard`, `exchange`, `deadline` and `distributed` import
-no sibling, `local` imports `reshard`, `base` imports the first three, the two transports import `base`.
+no sibling, `local` imports `reshard`, `wire` imports `local` and `reshard`, `base` imports
+`exchange`, `deadline`, `local` and `wire`, the two transports import `base`.
 """
 
 from __future__ import annotations

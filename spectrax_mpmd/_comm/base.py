@@ -36,6 +36,7 @@ from ..errors import DistributedError, PeerLostError, TransferTimeoutError
 from .deadline import Waiter, Watchdog, ending_by_error, exit_without_shutdown_barrier, leave
 from .exchange import Exchange
 from .local import transfer
+from .wire import RecvInWire, SendInWire, wire
 
 RENDEZVOUS_TIMEOUT = 300.0  # seconds a first build or the exit waits for the other processes
 
@@ -71,6 +72,13 @@ class Transport(Protocol):
 def _holding(specs: Sequence) -> list[int]:
     """The positions of the arrays that hold elements."""
     return [k for k, spec in enumerate(specs) if math.prod(spec.shape)]
+
+
+def _wired(sources: Sequence, specs: Sequence) -> tuple[list, list]:
+    """The senders' shardings and the arriving arrays' specs in the layouts they travel in."""
+    pairs = [wire(src, spec.sharding) for src, spec in zip(sources, specs)]
+    wired = [jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=b) for spec, (_, b) in zip(specs, pairs)]
+    return [a for a, _ in pairs], wired
 
 
 def _pick(keep: list[int], *lists: Sequence) -> tuple[list, ...]:
@@ -170,17 +178,32 @@ class CrossProcess:
         receiver makes it)."""
         keep = _holding(specs)
         if len(keep) == len(specs):
-            return self._send_step(group, peer, sources, specs)
-        send = self._send_step(group, peer, *_pick(keep, sources, specs)) if keep else None
+            return self._wired_send(group, peer, sources, specs)
+        send = self._wired_send(group, peer, *_pick(keep, sources, specs)) if keep else None
         return _SendSome(send, keep)
 
     def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
         """Receive the group's arrays that hold elements; make its zero-size ones here."""
         keep = _holding(specs)
         if len(keep) == len(specs):
-            return self._recv_step(group, peer, sources, specs)
-        recv = self._recv_step(group, peer, *_pick(keep, sources, specs)) if keep else None
+            return self._wired_recv(group, peer, sources, specs)
+        recv = self._wired_recv(group, peer, *_pick(keep, sources, specs)) if keep else None
         return _RecvSome(recv, keep, list(specs))
+
+    def _wired_send(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """The transport's send of the arrays in their wire layouts (`wire`): those the receiving
+        rank cuts differently are first resharded here."""
+        on_wire, wired = _wired(sources, specs)
+        send = self._send_step(group, peer, on_wire, wired)
+        layouts = [None if w is s else w for w, s in zip(on_wire, sources)]
+        return send if layouts.count(None) == len(layouts) else SendInWire(send, layouts)
+
+    def _wired_recv(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
+        """The transport's receive in the wire layouts, resharded into the receiving rank's."""
+        on_wire, wired = _wired(sources, specs)
+        recv = self._recv_step(group, peer, on_wire, wired)
+        layouts = [None if w.sharding is s.sharding else s.sharding for w, s in zip(wired, specs)]
+        return recv if layouts.count(None) == len(layouts) else RecvInWire(recv, layouts)
 
     def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
         """The transport's send of arrays that all hold elements."""

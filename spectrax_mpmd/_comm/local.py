@@ -54,10 +54,12 @@ def same_layout(src: Sharding, dst: Sharding) -> bool:
         return True
     if not (isinstance(src, NamedSharding) and isinstance(dst, NamedSharding)):
         return False
-    return tuple(src.mesh.shape.items()) == tuple(dst.mesh.shape.items()) and _spec(src) == _spec(dst)
+    same_mesh = tuple(src.mesh.shape.items()) == tuple(dst.mesh.shape.items())
+    return same_mesh and trimmed_spec(src) == trimmed_spec(dst)
 
 
-def _spec(sharding: NamedSharding) -> tuple:
+def trimmed_spec(sharding: NamedSharding) -> tuple:
+    """`sharding`'s spec without its trailing `None`s (`P('x')` and `P('x', None)` cut alike)."""
     spec = tuple(sharding.spec)
     while spec and spec[-1] is None:
         spec = spec[:-1]

@@ -15,10 +15,11 @@ steps in the order of the full plan (`_plan.localize` keeps that order), so
 the first unfinished collective of the plan always has both sides issued and
 its inputs made: the steps cannot deadlock.
 
-An array held on several devices of its rank is first gathered on one of them
-(a copy inside the sending process), and the arriving array is laid out on the
-receiving rank's devices by a copy inside the receiving process, so any two
-shardings pair up.
+An array held on several devices moves shard by shard: the i-th shard of the
+sender goes to the i-th device of the receiver, one pair program per device
+pair. Both sides cut it alike: where their ranks cut it differently, the move
+travels in a layout both hold (`wire`, applied by `CrossProcess`). Nothing is
+gathered on one device.
 """
 
 from __future__ import annotations
@@ -28,13 +29,23 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ..errors import DistributedError
 from .base import CrossProcess
 
 
-def _first_device(sharding):
-    return min(sharding.device_set, key=lambda d: d.id)
+def _pairs(src, dst, shape) -> list:
+    """`(sending device, receiving device)` for each shard of an array of `shape`
+    laid out as `src` on the sender and `dst` on the receiver: the two cut it alike (the layouts a
+    move travels in, see `wire`), so the i-th shard of one is the i-th of the other."""
+    sent, got = list(src.devices_indices_map(shape).items()), list(dst.devices_indices_map(shape).items())
+    if [index for _, index in sent] != [index for _, index in got]:
+        raise DistributedError(
+            f"ppermute: a move of shape {shape} from {src} to {dst} needs both sides cut alike; "
+            "this is a bug of the cross-process layout choice."
+        )
+    return [(a, b) for (a, _), (b, _) in zip(sent, got)]
 
 
 def _shift(*xs):
@@ -77,7 +88,7 @@ class _PairProgram:
         ]
 
     def send(self, arrays: Sequence) -> None:
-        self.program(*self._globals([_on(x, self.src) for x in arrays]))
+        self.program(*self._globals(arrays))
 
     def receive(self) -> list:
         if self._placeholders is None:
@@ -85,23 +96,12 @@ class _PairProgram:
         return [out.addressable_data(0) for out in self.program(*self._globals(self._placeholders))]
 
 
-def _on(x, device):
-    """`x`'s full value on `device` (one of its devices): `x` itself when that is its only
-    device, its own shard when `x` is replicated there, else a copy gathered inside this process."""
-    if len(x.sharding.device_set) == 1:
-        return x
-    if x.sharding.is_fully_replicated:
-        for shard in x.addressable_shards:
-            if shard.device == device:
-                return shard.data
-    return jax.device_put(x, SingleDeviceSharding(device))
-
-
-def _laid_out(x, sharding):
-    """The arrived single-device array `x` with the receiving step's `sharding`."""
-    if len(sharding.device_set) == 1:
-        return jax.make_array_from_single_device_arrays(x.shape, sharding, [x], dtype=x.dtype)
-    return jax.device_put(x, sharding)
+def _shard_on(x, device):
+    """The shard of `x` held on `device`."""
+    for shard in x.addressable_shards:
+        if shard.device == device:
+            return shard.data
+    raise DistributedError(f"ppermute: the array to send has no shard on {device}.")
 
 
 class _PairSend:
@@ -115,7 +115,7 @@ class _PairSend:
     def __call__(self, *arrays):
         self.transport.watch(self.group, self.peer)  # the issue blocks until the peer issues its side
         for program, idx in self.programs:
-            program.send([arrays[k] for k in idx])
+            program.send([_shard_on(arrays[k], program.src) for k in idx])
         self.transport.unwatch()
         return ()
 
@@ -123,19 +123,28 @@ class _PairSend:
 class _PairRecv:
     """Plan step: issue the receiving side of a group's programs; returns the arrived arrays."""
 
-    __slots__ = ("transport", "group", "peer", "programs", "shardings")
+    __slots__ = ("transport", "group", "peer", "programs", "specs")
 
-    def __init__(self, transport, group: int, peer: int, programs, shardings: list):
+    def __init__(self, transport, group: int, peer: int, programs, specs: list):
         self.transport, self.group, self.peer = transport, group, peer
-        self.programs, self.shardings = programs, shardings
+        self.programs, self.specs = programs, specs
 
     def __call__(self):
-        out: list = [None] * len(self.shardings)
+        pieces: list = [{} for _ in self.specs]  # per array: {device: its arrived shard}
         self.transport.watch(self.group, self.peer)
         for program, idx in self.programs:
             for k, x in zip(idx, program.receive()):
-                out[k] = _laid_out(x, self.shardings[k])
+                pieces[k][program.dst] = x
         self.transport.unwatch()
+        out = [
+            jax.make_array_from_single_device_arrays(
+                spec.shape,
+                spec.sharding,
+                [got[d] for d in spec.sharding.addressable_devices_indices_map(spec.shape)],
+                dtype=spec.dtype,
+            )
+            for spec, got in zip(self.specs, pieces)
+        ]
         self.transport.pending.append((self.group, out))
         return out
 
@@ -150,14 +159,18 @@ class PairTransport(CrossProcess):
         self._compiled: dict = {}  # (src, dst, avals) -> _PairProgram: groups of one shape share one
 
     def _programs(self, sources: Sequence, specs: Sequence) -> list[tuple[_PairProgram, list[int]]]:
-        """One program per (sending device, receiving device) pair of a group, with the positions
-        of the group's arrays it moves."""
+        """One program per (sending device, receiving device) pair of a group, with the
+        positions of the arrays whose shard it moves: every shard goes from the device
+        that holds it to the one that keeps it, nothing is gathered."""
         by_pair: dict = {}
         for k, (src, spec) in enumerate(zip(sources, specs)):
-            by_pair.setdefault((_first_device(src), _first_device(spec.sharding)), []).append(k)
+            for pair in _pairs(src, spec.sharding, tuple(spec.shape)):
+                by_pair.setdefault(pair, []).append(k)
         programs = []
         for (src, dst), idx in by_pair.items():
-            avals = tuple((tuple(specs[k].shape), jnp.dtype(specs[k].dtype)) for k in idx)
+            avals = tuple(
+                (specs[k].sharding.shard_shape(tuple(specs[k].shape)), jnp.dtype(specs[k].dtype)) for k in idx
+            )
             key = (src, dst, avals)
             if key not in self._compiled:
                 self._compiled[key] = _PairProgram(src, dst, avals)
@@ -168,4 +181,4 @@ class PairTransport(CrossProcess):
         return _PairSend(self, group, peer, self._programs(sources, specs))
 
     def _recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _PairRecv:
-        return _PairRecv(self, group, peer, self._programs(sources, specs), [s.sharding for s in specs])
+        return _PairRecv(self, group, peer, self._programs(sources, specs), list(specs))

@@ -17,8 +17,9 @@ is compiled, `localize` rewrites that draft for this process:
   global `jax.Array`s without local shards: the tree keeps its structure and
   `x.is_fully_addressable` says whether this process owns a leaf.
 
-A rank lives in one process (its submesh's devices all belong to it); a mesh
-where every device is local is the single-process plan, untouched.
+A rank lives in one process (its submesh's devices all belong to it); ranks may
+own different numbers of devices and axes. A mesh where every device is local is
+the single-process plan, untouched.
 """
 
 from __future__ import annotations
@@ -44,13 +45,8 @@ def is_multiprocess(mesh) -> bool:
 
 def rank_processes(mesh) -> tuple[int, ...]:
     """The process holding each pipeline rank; raises if a rank spans processes or a process of
-    the job holds no rank, or when the ranks' submeshes differ in shape (one process only)."""
-    if not mesh.uniform:
-        raise DistributedError(
-            f"pipeline ranks of different shapes {mesh.rank_shapes} run in one process: a job over "
-            "several processes needs ranks of one shape (create_mesh). Give every rank the same axes, "
-            "or run the job in one process."
-        )
+    the job holds no rank. Ranks may differ in size and shape: a value crossing between processes
+    whose ranks cut it differently travels in a layout both can hold (`_comm.wire`)."""
     procs = []
     for r in range(mesh.mpmd_dim):
         held = sorted({d.process_index for d in mesh.submesh(r).devices.flat})

@@ -116,12 +116,13 @@ def test_copies_of_a_stage_on_ranks_of_different_shapes_are_refused():
         step([jnp.ones((4, 4))] * 4, jnp.ones((8, 4)))
 
 
-def test_a_job_over_processes_refuses_ranks_of_different_shapes():
+def test_rank_processes_takes_ranks_of_different_shapes():
+    """Ranks of different shapes are placed like any others (the job over processes runs them:
+    test_mpmd_ranks_multihost)."""
     from spectrax_mpmd._plan.localize import rank_processes
 
     assert rank_processes(mp.create_mesh((2, 4), ("pp", "fsdp"), mpmd_axis="pp")) == (0, 0)
-    with pytest.raises(mp.DistributedError, match="different shapes.*one process"):
-        rank_processes(mp.create_rank_mesh(UNEVEN))
+    assert rank_processes(mp.create_rank_mesh(UNEVEN)) == (0,) * len(UNEVEN)
 
 
 def test_reshard_moves_every_layout_between_meshes_of_other_sizes():
