@@ -1,0 +1,94 @@
+"""The script the multi-process shared-leaf test launches: a parameter leaf (the bias) read by the
+first and the last stage, whose ranks live in different processes, trained for `STEPS` steps.
+
+    python -m spectrax_mpmd.launch --nproc 2 --devices-per-proc 4 shared_leaf_worker.py OUT
+
+Two forms, through each transport: the one-plan step (`sxvalue_and_grad_and_apply`), and
+`sxvalue_and_grad` with the update applied by the caller. Each process writes the losses and the
+parameter leaves it holds to `OUT/<form>-<transport>_p<process>.npz`; the test computes the
+references in its own process with `reference`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import numpy as np
+import optax
+
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+from spectrax_core import sharding as core_sharding
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ranks_worker import batch_of, loss, params_of  # noqa: E402
+
+STEPS, RANKS = 3, 4
+FORMS = ("apply", "grad")
+
+
+def tx():
+    return optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.05, momentum=0.9))
+
+
+def reference() -> tuple:
+    """`(losses, params)` after `STEPS` unsplit steps on one device."""
+    params, state = params_of(RANKS), tx().init(params_of(RANKS))
+    losses = []
+    for k in range(STEPS):
+        value, grads = jax.value_and_grad(loss)(params, *batch_of(k))
+        updates, state = tx().update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(value))
+    return np.asarray(losses), params
+
+
+def _train(form: str, mesh) -> tuple:
+    kw = {"mesh": mesh, "schedule": S.Std1F1B(microbatches=4), "rules": core_sharding.Rules.default()}
+    params = params_of(RANKS)
+    state, losses = jax.jit(tx().init)(params), []
+    if form == "apply":
+        step = mp.sxvalue_and_grad_and_apply(loss, tx(), **kw)
+    else:
+        grad = mp.sxvalue_and_grad(loss, **kw)
+        update = jax.jit(lambda g, s, p: _applied(tx().update(g, s, p), p))
+
+        def step(params, state, x, y):
+            value, grads = grad(params, x, y)
+            return (value, *update(grads, state, params))
+
+    for k in range(STEPS):
+        value, params, state = step(params, state, *batch_of(k))
+        losses.append(float(value))
+    return np.asarray(losses), params
+
+
+def _applied(updated, params):
+    updates, state = updated
+    return optax.apply_updates(params, updates), state
+
+
+def main() -> None:
+    from spectrax_mpmd._env import TRANSPORT_ENV, TRANSPORTS
+
+    out = sys.argv[1]
+    mp.initialize()
+    mesh = mp.create_rank_mesh([{"fsdp": 2}] * RANKS)
+    process = os.environ["JAX_PROCESS_ID"]
+    for transport in TRANSPORTS:
+        os.environ[TRANSPORT_ENV] = transport
+        for form in FORMS:
+            losses, params = _train(form, mesh)
+            arrays = {"losses": losses}
+            for k, leaf in enumerate(jax.tree.leaves(params)):
+                if leaf.is_fully_addressable:
+                    arrays[f"x{k}"] = np.asarray(leaf)
+            np.savez(os.path.join(out, f"{form}-{transport}_p{process}.npz"), **arrays)
+    print("shared leaf: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
