@@ -4,7 +4,7 @@ first and the last stage, whose ranks live in different processes, trained for `
     python -m spectrax_mpmd.launch --nproc 2 --devices-per-proc 4 shared_leaf_worker.py OUT
 
 Two forms, through each transport: the one-plan step (`sxvalue_and_grad_and_apply`), and
-`sxvalue_and_grad` with the update applied by the caller. Each process writes the losses and the
+`sxvalue_and_grad` with the caller's own SGD update, leaf by leaf. Each process writes the losses and the
 parameter leaves it holds to `OUT/<form>-<transport>_p<process>.npz`; the test computes the
 references in its own process with `reference`.
 """
@@ -34,14 +34,23 @@ def tx():
     return optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.05, momentum=0.9))
 
 
-def reference() -> tuple:
-    """`(losses, params)` after `STEPS` unsplit steps on one device."""
+def sgd(params, grads):
+    """The caller's own update of the `grad` form, leaf by leaf (the leaves live on different
+    ranks, so one jitted update over the whole tree cannot take them)."""
+    return jax.tree.map(jax.jit(lambda p, g: p - 0.1 * g), params, grads)
+
+
+def reference(form: str) -> tuple:
+    """`(losses, params)` after `STEPS` unsplit steps of `form` on one device."""
     params, state = params_of(RANKS), tx().init(params_of(RANKS))
     losses = []
     for k in range(STEPS):
         value, grads = jax.value_and_grad(loss)(params, *batch_of(k))
-        updates, state = tx().update(grads, state, params)
-        params = optax.apply_updates(params, updates)
+        if form == "apply":
+            updates, state = tx().update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        else:
+            params = sgd(params, grads)
         losses.append(float(value))
     return np.asarray(losses), params
 
@@ -54,21 +63,15 @@ def _train(form: str, mesh) -> tuple:
         step = mp.sxvalue_and_grad_and_apply(loss, tx(), **kw)
     else:
         grad = mp.sxvalue_and_grad(loss, **kw)
-        update = jax.jit(lambda g, s, p: _applied(tx().update(g, s, p), p))
 
         def step(params, state, x, y):
             value, grads = grad(params, x, y)
-            return (value, *update(grads, state, params))
+            return value, sgd(params, grads), state
 
     for k in range(STEPS):
         value, params, state = step(params, state, *batch_of(k))
         losses.append(float(value))
     return np.asarray(losses), params
-
-
-def _applied(updated, params):
-    updates, state = updated
-    return optax.apply_updates(params, updates), state
 
 
 def main() -> None:
