@@ -31,7 +31,7 @@ FORMS = ("apply", "grad")
 
 
 def tx():
-    return optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.05, momentum=0.9))
+    return optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2))
 
 
 def sgd(params, grads):

@@ -17,7 +17,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shared_leaf_w
 
 def test_leaf_shared_across_processes_trains_as_one(tmp_path):
     """2 processes x 4 devices, 4 ranks of `fsdp=2`, the bias read by the first stage (process 0)
-    and the last (process 1): 3 steps of the one-plan step (clipping, SGD with momentum), and of
+    and the last (process 1): 3 steps of the one-plan step (clipping and AdamW), and of
     `sxvalue_and_grad` with the caller's own update, give the losses and parameters of the unsplit
     steps on one device; each parameter leaf comes back from exactly one process."""
     job = launch(WORKER, tmp_path, nproc=2, devices=4, limit=300, timeout=60)
