@@ -24,7 +24,7 @@ from spectrax_core import sharding as core_sharding
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ranks_worker import batch_of, loss, params_of  # noqa: E402
+from ranks_worker import _layers, batch_of, loss, params_of  # noqa: E402
 
 STEPS, RANKS = 3, 4
 FORMS = ("apply", "grad")
@@ -74,22 +74,42 @@ def _train(form: str, mesh) -> tuple:
     return np.asarray(losses), params
 
 
+def refused(params, mesh) -> str:
+    """The error of a forward `sxjit` reading, as plain arguments, the bias (which the one-plan step
+    left on process 0's first rank) on the last rank too and the last weight (left on process 1's
+    last rank) on the first rank too: each process refuses the leaf the other holds."""
+    forward = mp.sxjit(
+        lambda p, x: _layers(p, x + p["w"][-1][0], RANKS - 1),
+        mesh=mesh,
+        schedule=S.GPipe(microbatches=2),
+        batch_argnums=1,
+    )
+    try:
+        forward(params, batch_of(0)[0])
+    except mp.MpmdError as err:
+        return str(err)
+    return "no error"
+
+
 def main() -> None:
     from spectrax_mpmd._env import TRANSPORT_ENV, TRANSPORTS
 
     out = sys.argv[1]
     mp.initialize()
     mesh = mp.create_rank_mesh([{"fsdp": 2}] * RANKS)
-    process = os.environ["JAX_PROCESS_ID"]
+    process, trained = os.environ["JAX_PROCESS_ID"], {}
     for transport in TRANSPORTS:
         os.environ[TRANSPORT_ENV] = transport
         for form in FORMS:
             losses, params = _train(form, mesh)
+            trained[form] = params
             arrays = {"losses": losses}
             for k, leaf in enumerate(jax.tree.leaves(params)):
                 if leaf.is_fully_addressable:
                     arrays[f"x{k}"] = np.asarray(leaf)
             np.savez(os.path.join(out, f"{form}-{transport}_p{process}.npz"), **arrays)
+    with open(os.path.join(out, f"refused_p{process}.txt"), "w") as f:
+        f.write(refused(trained["apply"], mesh))
     print("shared leaf: done", flush=True)
 
 
