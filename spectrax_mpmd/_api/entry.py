@@ -47,7 +47,9 @@ class Placer:
     def __init__(self):
         self.cache: dict = {}
 
-    def place(self, values: list, shardings: list, keys: list) -> list:
+    def place(self, values: list, shardings: list, keys: list, leaves: Sequence = ()) -> list:
+        """`values` on `shardings`; `keys` are their cache keys (None: placed again every call),
+        `leaves` the argument leaf each value is (for errors)."""
         out: list = [None] * len(values)
         miss_v, miss_s, miss_i = [], [], []
         for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
@@ -62,12 +64,27 @@ class Placer:
                 miss_s.append(sh)
                 miss_i.append(k)
         if miss_v:
+            _check_held_here(miss_v, [leaves[k] if leaves else k for k in miss_i])
             placed = jax.device_put(miss_v, miss_s)
             for k, p in zip(miss_i, placed):
                 out[k] = p
                 if keys[k] is not None and isinstance(values[k], jax.Array):
                     self.cache[keys[k]] = (values[k], p)
         return out
+
+
+def _check_held_here(values: list, leaves: list) -> None:
+    """Refuse an array held only by other processes' devices (an output of an earlier call that
+    another process's rank keeps) where this process's rank reads it: no process can place it."""
+    for v, leaf in zip(values, leaves):
+        if isinstance(v, jax.Array) and not v.is_fully_addressable:
+            raise MpmdError(
+                f"argument leaf {leaf} is read by a pipeline rank of this process, but the array passed "
+                "is held only by another process's devices (a result an earlier call left on the rank "
+                "that keeps it); a multi-process call can only place arrays this process holds. Pass "
+                "this process its own copy (a host value, or an array on its devices); a parameter "
+                "differentiated by the step is brought from its owner's rank by the step itself."
+            )
 
 
 @dataclass
@@ -95,7 +112,9 @@ class Entry:
         values = [leaves[a] for a in self.input_leaves]
         if self.returned:
             self._unalias(values)
-        return placer.place(values, self.plan.input_shardings, self.cache_keys) if values else []
+        if not values:
+            return []
+        return placer.place(values, self.plan.input_shardings, self.cache_keys, self.input_leaves)
 
     def _unalias(self, values: list) -> None:
         """Copy a donated leaf the call returns as it came when the caller passed the same array

@@ -31,10 +31,12 @@ class Draft:
     outputs: dict = field(default_factory=dict)  # what the call returns, as slots
     input_specs: dict = field(default_factory=dict)  # Input key -> PartitionSpec, where not a param's
     # multi-process only (`localize`): the transport, the ranks this process runs (None: all),
-    # and (slot, global array without local shards) of outputs held by other processes
+    # (slot, global array without local shards) of outputs held by other processes, and the Input
+    # keys a receive from another process fills (the call does not place them)
     transport: object = None
     local_ranks: frozenset | None = None
     remote_outputs: list = field(default_factory=list)
+    received: set = field(default_factory=set)
 
     def new(self) -> int:
         """A fresh unnamed slot."""

@@ -10,6 +10,11 @@ is compiled, `localize` rewrites that draft for this process:
   process, moves from another process to here one receive step per sender
   (one transfer group each: one uuid, one pull); moves between two other
   processes are dropped;
+* a parameter leaf read by ranks of several processes is placed from the caller's value on its
+  owner's rank only (the rank that sums its gradient and updates it: `grad_stage`), and a copy
+  is sent from there to its readers in other processes at the start of every call, so the
+  updated leaf a step returns (held by the owner's process alone) feeds the next step as it
+  does in one process, where each reader's copy is placed from it;
 * the training loss (and any output made on no rank in particular, such as an
   optimizer's step count) is sent from the process that makes it to every other
   process, so every process returns it;
@@ -31,9 +36,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._comm import is_transfer, make_transport
 from .._compile.compiler import CellSpec
 from .._runtime.plan import Step
-from .._runtime.slots import Activation, Cotangent, GradAccumulator, Output
+from .._runtime.slots import Activation, Cotangent, GradAccumulator, Input, InputKind, Output
 from ..errors import DistributedError
 from .draft import Draft
+from .gradients import grad_stage
 from .layout import Layout
 
 
@@ -136,7 +142,7 @@ class _Localizer:
         return f"a buffer moved from rank {r_src} to rank {r_dst}"
 
     def run(self, transport, keep: set) -> tuple[list, set, list]:
-        steps: list = []
+        steps: list = self._share_params(transport)
         for fn, ins, outs, frees in self.draft.steps:
             self.shapes.record(fn, outs)
             if isinstance(fn, CellSpec):
@@ -194,6 +200,49 @@ class _Localizer:
                 steps.append((step, (), tuple(outs[k] for k in idx), ()))
         return steps
 
+    def _share_params(self, transport) -> list:
+        """Steps sending each parameter leaf read on a rank of another process than its owner's
+        (`grad_stage`) from the owner's rank to that reader, one group per pair of processes; the
+        keys received here go in `draft.received` (filled by the plan, not placed by the call)."""
+        steps = []
+        for (a, b), reads in sorted(self._cross_reads().items()):  # every process, in order
+            what = "; ".join(f"parameter leaf {k.leaf} (rank {o} -> rank {k.rank})" for _, o, k in reads)
+            group = transport.new_group(what, a)
+            sources = [self._param_sharding(k.leaf, o) for _, o, k in reads]
+            avals = [self.layout.graph.in_avals[k.leaf] for _, _, k in reads]
+            specs = [
+                jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self._param_sharding(k.leaf, k.rank))
+                for v, (_, _, k) in zip(avals, reads)
+            ]
+            if self.me == a:  # a copy is sent: the call may consume the owner's buffer (donation)
+                held = tuple(
+                    jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s) for v, s in zip(avals, sources)
+                )
+                sent = tuple(self.draft.new() for _ in reads)
+                steps.append((CellSpec(_copy, held, tuple(sources)), tuple(o for o, _, _ in reads), sent, ()))
+                steps.append((transport.send_step(group, b, sources, specs), sent, (), ()))
+            elif self.me == b:
+                received = tuple(self.draft.named[k] for _, _, k in reads)
+                steps.append((transport.recv_step(group, a, sources, specs), (), received, ()))
+                self.draft.received.update(k for _, _, k in reads)
+        return steps
+
+    def _cross_reads(self) -> dict:
+        """`{(owner's process, reader's process): [(owner's input slot, owner rank, reader's key)]}`
+        of the parameter leaves read on ranks of another process than their owner's."""
+        cross: dict = {}
+        for key in self.draft.named:
+            if not isinstance(key, Input) or key.kind != InputKind.PARAM:
+                continue
+            owner = self.layout.ranks[grad_stage(self.layout, key.leaf)]
+            if self.procs[owner] != self.procs[key.rank]:
+                own = self.draft.named[Input(InputKind.PARAM, key.leaf, owner)]
+                cross.setdefault((self.procs[owner], self.procs[key.rank]), []).append((own, owner, key))
+        return cross
+
+    def _param_sharding(self, a: int, rank: int) -> NamedSharding:
+        return self.layout.on_rank(rank, self.layout.param_spec(a, rank))
+
     def _broadcast(self, transport, slot: int, copy: bool) -> list:
         """Steps sending output `slot` from the process that makes it to every other process,
         each receiving it replicated on its first rank's submesh. With `copy`, a copy is sent, so
@@ -226,8 +275,8 @@ class _Localizer:
         return steps
 
 
-def _copy(x):
-    return (x,)  # a compiled identity makes a new buffer
+def _copy(*xs):
+    return xs  # a compiled identity makes new buffers
 
 
 def localize(draft: Draft, layout: Layout, compiler, keep: set) -> set:

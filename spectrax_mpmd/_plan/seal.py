@@ -47,7 +47,7 @@ def seal(
     placed = [
         (slot, key)
         for key, slot in draft.named.items()
-        if isinstance(key, Input) and (local is None or key.rank in local)
+        if isinstance(key, Input) and (local is None or key.rank in local) and key not in draft.received
     ]
     input_shardings = [
         NamedSharding(layout.mesh.submesh(key.rank), _input_spec(draft, layout, key) or REPLICATED)
