@@ -38,9 +38,11 @@ def test_every_valid_configuration_is_simulated_and_ranked(advice):
     times = [c.step_s for c in advice.candidates]
     assert times == sorted(times) and all(c.fits for c in advice.candidates)
     assert "schedule" in advice.table() and len(advice.as_dict()["candidates"]) == 6
-    # the table searched from the flat cut's measured costs is never slower than a named flat one
-    steps = {c.name: c.step_s for c in advice.candidates}
-    assert steps["SearchedSchedule"] <= min(steps[cls.__name__] for cls in SCHEDULES[:3]) * (1 + 1e-9)
+    # the table searched from the flat cut's measured costs is never slower than a named flat one in
+    # the schedule's simulation it was searched by (the predicted step also shares the host's compute
+    # units among the running cells, which can order two close tables either way)
+    simulated = {c.name: c.schedule_s for c in advice.candidates}
+    assert simulated["SearchedSchedule"] <= min(simulated[cls.__name__] for cls in SCHEDULES[:3]) * (1 + 1e-9)
     # one profile per layout: flat (ZeroBubbleH1's), interleaved (InterleavedGPipe's), V (DualPipeV's)
     assert advice.profiles == 3 and advice.seconds > 0 and "advised in" in advice.table()
     assert "from tx" in advice.optimizer and "from tx" in advice.table()
