@@ -7,9 +7,12 @@ It is traced once per chunk length, as one `sxstage_region`, and split at its
 markers (`_trace.split`): inside a region every equation belongs to the stage
 its place in the program gives it (after the markers before it), also one
 that reads only arguments, such as the first layer's cache write, which would
-otherwise float to where its value is used. Each cache leaf must be read and written by one stage only,
-the stage that owns it; a leaf crossing stages is an error naming it, raised
-before anything runs, so a stage's cache can stay on its rank.
+otherwise float to where its value is used. Each cache leaf the step changes must be read and
+written by one stage only, the stage that owns it; a leaf crossing stages is an
+error naming it, raised before anything runs, so a stage's cache can stay on its
+rank. A leaf the step returns unchanged (read only: an encoder's output, offsets
+per sequence) is no stage's result: every stage that reads it owns a copy of it,
+made on its rank, which no cell changes.
 
 Between consecutive stages travels one bundle: every value a later stage reads
 from an earlier one (the split's edges), and the tokens when a stage after the
@@ -19,7 +22,7 @@ first reads them. The positions are not carried: each stage holds its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +81,9 @@ def trace_step(step: Callable, params, cache, tokens, positions, n_stages: int, 
             f"{name}: the step's sxstage_iter markers cut it into {len(graph.stages)} stage(s); the mesh "
             f"and schedule need {n_stages} (pipeline ranks x virtual stages), i.e. {n_stages - 1} markers."
         )
-    owned = _owners(graph, slots, name)
+    unchanged = _unchanged(closed.jaxpr, slots)
+    graph = _read_only(graph, unchanged, slots)
+    owned = _owners(graph, slots, unchanged, name)
     reads = [set(stage.arg_inputs) for stage in graph.stages]
     params_ = tuple(tuple(i for i in sorted(r) if i < slots.n_params) for r in reads)
     return StepSplit(graph, slots, params_, owned, _carried(graph, reads, slots))
@@ -90,6 +95,30 @@ def _in_region(step: Callable) -> Callable:
             return step(*args)
 
     return regioned
+
+
+def _unchanged(jaxpr, slots: Slots) -> frozenset[int]:
+    """The cache leaves (0-based within the cache) the step returns as it was given them."""
+    n_cache = len(slots.names)
+    return frozenset(c for c in range(n_cache) if jaxpr.outvars[1 + c] is jaxpr.invars[slots.n_params + c])
+
+
+def _read_only(graph, unchanged: frozenset[int], slots: Slots):
+    """`graph` without the unchanged cache leaves as results: a stage reads such a leaf only where
+    one of its equations does."""
+    if not unchanged:
+        return graph
+    stages = []
+    for stage in graph.stages:
+        used = {id(v) for eqn in stage.eqns for v in eqn.invars}
+        args = tuple(
+            i
+            for i in stage.arg_inputs
+            if slots.kind(i) != "cache" or i - slots.n_params not in unchanged or id(stage.invars[i]) in used
+        )
+        results = tuple(j for j in stage.results if j - 1 not in unchanged)
+        stages.append(replace(stage, arg_inputs=args, results=results))
+    return replace(graph, stages=tuple(stages))
 
 
 def _check_outputs(out_tree, cache_tree, out_avals, tokens, name: str) -> None:
@@ -107,8 +136,9 @@ def _check_outputs(out_tree, cache_tree, out_avals, tokens, name: str) -> None:
         )
 
 
-def _owners(graph, slots: Slots, name: str) -> tuple[tuple[int, ...], ...]:
-    """Each stage's cache leaves; raises naming a leaf read or written by another stage."""
+def _owners(graph, slots: Slots, unchanged: frozenset[int], name: str) -> tuple[tuple[int, ...], ...]:
+    """Each stage's cache leaves; raises naming a leaf read or written by another stage. A leaf
+    in `unchanged` belongs to every stage that reads it."""
     n_cache, last = len(slots.names), len(graph.stages) - 1
     if graph.result_stage[0] != last:
         raise MpmdError(
@@ -122,6 +152,10 @@ def _owners(graph, slots: Slots, name: str) -> tuple[tuple[int, ...], ...]:
                 readers[i - slots.n_params].append(stage.index)
     owned: list[list[int]] = [[] for _ in graph.stages]
     for c in range(n_cache):
+        if c in unchanged:
+            for s in readers[c]:
+                owned[s].append(c)
+            continue
         writer = graph.result_stage[1 + c]
         bad = [s for s in readers[c] if s != writer]
         if bad:
@@ -167,6 +201,7 @@ def run_stage(plan: StepSplit, s: int, weights: dict, cache: dict, tokens, posit
     made = dict(zip(stage.edge_outputs, outs))
     made.update(bundle)
     new_cache = {j - 1: v for j, v in zip(stage.results, results) if j > 0}
+    new_cache.update((c, cache[c]) for c in plan.owned[s] if c not in new_cache)  # read-only leaves
     logits = results[stage.results.index(0)] if 0 in stage.results else None
     forward = {k: made[k] for k in plan.carried[s]} if s < plan.n_stages - 1 else {}
     return forward, new_cache, logits
