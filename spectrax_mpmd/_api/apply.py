@@ -34,7 +34,7 @@ def sxvalue_and_grad_and_apply(
     rules=None,
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
-    reduce: str = "mean",
+    reduce: str | None = None,
     region_ranks: dict | None = None,
     microbatch_weight_fn: Callable | None = None,
     update_kwargs: Callable | None = None,

@@ -25,7 +25,7 @@ def check_mesh(name: str, mesh) -> MpmdMesh:
     return mesh
 
 
-def check_weight_fn(name: str, weight_fn, reduce: str):
+def check_weight_fn(name: str, weight_fn, reduce: str | None):
     """`microbatch_weight_fn`: None or a callable, which replaces the reduction."""
     if weight_fn is None:
         return None
@@ -34,7 +34,7 @@ def check_weight_fn(name: str, weight_fn, reduce: str):
             f"{name}: microbatch_weight_fn must be a function with the loss function's signature "
             f"returning one microbatch's weight, got {type(weight_fn).__name__}."
         )
-    if reduce != "mean":
+    if reduce is not None:
         raise MpmdError(
             f"{name}: microbatch_weight_fn gives the weighted mean sum(w_i * loss_i) / sum(w_i); it "
             f"does not combine with reduce={reduce!r}. Drop one of them."
@@ -43,10 +43,10 @@ def check_weight_fn(name: str, weight_fn, reduce: str):
 
 
 def check_reduce(name: str, reduce) -> None:
-    if reduce not in ("mean", "sum"):
+    if reduce not in (None, "mean", "sum"):
         raise MpmdError(
-            f"{name}: reduce must be 'mean' (the loss and gradients are averaged over "
-            f"microbatches) or 'sum' (added up), got {reduce!r}."
+            f"{name}: reduce must be None (the whole batch's loss, proven exact or refused), 'mean' "
+            f"(the mean of the microbatch losses) or 'sum' (their sum), got {reduce!r}."
         )
 
 

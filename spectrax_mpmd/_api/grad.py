@@ -96,7 +96,7 @@ class _StepFunction:
         rules=None,
         batch_argnums=None,
         static_argnums=(),
-        reduce="mean",
+        reduce=None,
         region_ranks=None,
         microbatch_weight_fn=None,
         value=True,
@@ -145,7 +145,7 @@ class _StepFunction:
                 "reduce it (e.g. mean over the batch) before returning."
             )
         pipeline_schedule(self, None, regions)
-        closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed)
+        closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(self, graph, regions)
@@ -285,7 +285,7 @@ def sxvalue_and_grad(
     rules=None,
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
-    reduce: str = "mean",
+    reduce: str | None = None,
     region_ranks: dict | None = None,
     microbatch_weight_fn: Callable | None = None,
 ) -> Callable:
@@ -356,7 +356,7 @@ def sxgrad(
     rules=None,
     batch_argnums: int | Sequence[int] | None = None,
     static_argnums: int | Sequence[int] = (),
-    reduce: str = "mean",
+    reduce: str | None = None,
     region_ranks: dict | None = None,
     microbatch_weight_fn: Callable | None = None,
 ) -> Callable:

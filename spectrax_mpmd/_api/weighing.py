@@ -7,7 +7,8 @@ from typing import Callable
 
 from .._trace.args import Signature
 from .._trace.split import trace
-from .._trace.weights import BATCH, PARAM, loss_weights
+from .._trace.exact_loss import BATCH, PARAM
+from .._trace.weights import loss_weights
 from ..errors import MpmdError
 
 
@@ -25,10 +26,10 @@ def with_aux(fn: Callable, has_aux: bool) -> Callable:
     return wrapped
 
 
-def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callable) -> tuple:
+def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callable, m: int) -> tuple:
     """`(loss jaxpr, LossWeights)` of `step` (a `sxvalue_and_grad` step) for this signature:
     `closed` is its loss traced on `micro` (the microbatch's avals), `whole()` on the whole
-    batch (traced when first needed)."""
+    batch (traced when first needed), `m` microbatches."""
     roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
     weight = None
     if step.weight_fn is not None:
@@ -41,6 +42,7 @@ def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callab
         reduce=step.reduce,
         weight_fn=weight,
         whole=whole,
+        m=m,
         keys=kinds.keys,
         exact=step.exact,
     )

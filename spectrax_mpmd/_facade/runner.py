@@ -25,7 +25,8 @@ from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
 from .._mesh import MpmdMesh, as_mpmd_mesh
 from .._trace.args import fold_key, is_prng_key
 from .._trace.context import methods_outside_context_mesh
-from .._trace.weights import BATCH, OTHER, PARAM, microbatched_loss
+from .._trace.exact_loss import BATCH, OTHER, PARAM
+from .._trace.weights import microbatched_loss
 from ..errors import MpmdError
 
 MODES = ("train", "forward")

@@ -1,25 +1,18 @@
 """How a training step weighs its microbatches' losses, so that it equals the unsplit loss.
 
-A step's loss is `sum_i c_i * L_i` over microbatches `i`, each `L_i` the loss
-function on microbatch `i`. Three rules set the coefficients `c_i`:
+Three rules, one per setting:
 
-* **Factors of the batch** (`reduce="mean"`, the default). A loss that ends
-  in a chain of scalings by values computed without the parameters —
-  `jnp.mean(x)` (a sum divided by a count), a padded token mean
-  `jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1)`, `0.5 * jnp.mean(err)`,
-  `jnp.sum(x) * (1 / n_tokens)` — is cut at that chain: each stage program
-  computes the microbatch's unscaled loss (the chain's factors set to one) and
-  `c` is the chain's factors evaluated on the *whole* batch. The step is then
-  the unsplit loss whenever the unscaled loss adds up over examples (a sum of
-  per-example or per-token terms), whatever each microbatch holds.
+* **Exact** (the default): the loss is proven affine in sums over the batch's
+  rows, with coefficients computed from the batch alone
+  (`spectrax_mpmd._trace.exact_loss`); each microbatch emits its partial sums,
+  and the loss cell scales them by the coefficients of the whole batch
+  (`LossHead`), so the step's loss and gradients are the unsplit ones. A loss
+  the proof does not cover is refused, naming the operation.
 * **User weights** (`microbatch_weight_fn=w`, `w` with the loss function's
   signature, evaluated on each microbatch's slice of the batch arguments):
-  `c_i = w_i / sum_j w_j`.
-* **Otherwise** the declared reduction: `1/m` (`"mean"`) or `1` (`"sum"`).
-
-A loss that scales by a batch-computed scalar anywhere else (`token_mean +
-0.01 * l2`, a normalisation by a batch statistic) depends on how the batch is
-cut, so it is refused with an error naming `microbatch_weight_fn`.
+  `sum_i w_i * L_i / sum_i w_i`; when every weight is zero, the plain mean.
+* **A declared reduction** (`reduce="mean"` or `"sum"`): the mean or the sum of
+  the microbatch losses `L_i`, the user's statement that this is what they want.
 """
 
 from __future__ import annotations
@@ -30,18 +23,14 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..errors import MpmdError
 from .args import fold_key
+from .exact_loss import BATCH, PARAM, prove
 from .graph import StageGraph
-from .jax_private import ClosedJaxpr, Literal, Var
-from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, producers, read
-from .marker import sxstage_iter_p
-
-PARAM, BATCH, OTHER = 1, 2, 4  # what a value depends on: bit flags over the argument kinds
-_PASS_THROUGH = frozenset({"neg", "convert_element_type", "copy"})
-_REBROADCAST = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "copy"})
+from .jax_private import ClosedJaxpr, Var
+from .jaxpr import eval_eqns, needed_eqns, read
+from .loss_head import LossHead
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,52 +65,37 @@ class Subprogram:
 
 @dataclass(frozen=True, eq=False)
 class LossWeights:
-    """The coefficient of each microbatch's loss (see the module docstring)."""
+    """The weight of each microbatch's loss output (see the module docstring)."""
 
     reduce: str = "mean"
-    factors: Subprogram | None = None  # the chain's factors over the whole batch
-    divides: tuple[bool, ...] = ()  # per factor: a divisor (else a multiplier)
     weight: Subprogram | None = None  # the user's weight of one microbatch
     keys: frozenset = frozenset()  # broadcast leaves folded per microbatch
+    head: LossHead | None = None  # the exact rule's head over the packed partial sums
+    loss_aval: object = None  # the loss's own aval when the loss output is packed
 
     @property
     def reads(self) -> tuple[int, ...]:
-        """The flat leaves the coefficient reads (batch leaves whole, broadcast leaves as given)."""
-        return tuple(
-            sorted(
-                {*(self.factors.reads if self.factors else ()), *(self.weight.reads if self.weight else ())}
-            )
-        )
+        """The flat leaves the weighing reads (batch leaves whole, broadcast leaves as given)."""
+        parts = (self.head.reads if self.head else (), self.weight.reads if self.weight else ())
+        return tuple(sorted({*parts[0], *parts[1]}))
 
-    @property
-    def is_default(self) -> bool:
-        return self.factors is None and self.weight is None
-
-    def coefficient(self, leaves: dict, batch, idx, m: int):
-        """Microbatch `idx`'s coefficient, a float32 scalar, from the whole-batch `leaves` (`batch`:
-        which of them are batch leaves); None for the declared reduction (see `scale`)."""
-        if self.is_default:
-            return None
-        if self.factors is not None:
-            c = jnp.float32(1)
-            for value, divides in zip(self.factors(leaves), self.divides):
-                value = jnp.asarray(value, jnp.float32)
-                c = c / value if divides else c * value
-            return c
+    def weigh(self, loss, leaves: dict, batch, idx, m: int):
+        """Microbatch `idx`'s share of the step's loss from its loss output `loss`, the whole-batch
+        `leaves` (`batch`: which of them are batch leaves)."""
+        if self.head is not None:
+            return self.head.share(loss, self.head.coefficients(leaves), idx == 0)
+        if self.weight is None:
+            return loss / m if self.reduce == "mean" else loss
         weights = self.all_weights(leaves, frozenset(batch), m)
-        return weights[idx] / jnp.sum(weights)
+        total = jnp.sum(weights)
+        share = jnp.where(total == 0, 1.0 / m, weights[idx] / jnp.where(total == 0, 1.0, total))
+        return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * share
 
     def scaler(self, io, X: list, Bf: list, idx, m: int) -> Callable:
-        """`loss -> loss weighed` inside a loss stage's cell (`io`: its `StageIO`; `X`, `Bf`: its
+        """`loss output -> its share` inside a loss stage's cell (`io`: its `StageIO`; `X`, `Bf`: its
         broadcast and whole batch leaves; `idx`: the microbatch)."""
-        coefficient = self.coefficient(dict(zip(io.batch, Bf)) | dict(zip(io.fixed, X)), io.batch, idx, m)
-        return lambda loss: self.scale(loss, coefficient, m)
-
-    def scale(self, loss, coefficient, m: int):
-        """`loss` times its microbatch's `coefficient` (None: divided by `m` for `"mean"`)."""
-        if coefficient is None:
-            return loss / m if self.reduce == "mean" else loss
-        return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * coefficient
+        leaves = dict(zip(io.batch, Bf)) | dict(zip(io.fixed, X))
+        return lambda loss: self.weigh(loss, leaves, io.batch, idx, m)
 
     def all_weights(self, leaves: dict, batch: frozenset, m: int):
         """The user's weight of every microbatch, float32 `[m]`."""
@@ -135,139 +109,15 @@ class LossWeights:
         return jax.vmap(one)(jnp.arange(m), split)
 
 
-def _propagate(eqn, flags: dict) -> list[int]:
-    """Record the flags of `eqn`'s outputs in `flags` (a stage marker is the identity: each
-    output depends on its own input only); returns its inputs' flags."""
-    ins = [flags.get(v, 0) if not isinstance(v, Literal) else 0 for v in eqn.invars]
-    if eqn.primitive is sxstage_iter_p:
-        flags.update(zip(eqn.outvars, ins))
-    else:
-        merged = 0
-        for f in ins:
-            merged |= f
-        flags.update((v, merged) for v in eqn.outvars)
-    return ins
-
-
-def _flags(closed: ClosedJaxpr, kinds: dict, eqns=None) -> dict:
-    """Per variable: the kinds of arguments it depends on (`PARAM | BATCH | OTHER`)."""
-    flags = {v: kinds.get(a, OTHER) for a, v in enumerate(closed.jaxpr.invars)}
-    for eqn in closed.jaxpr.eqns if eqns is None else eqns:
-        _propagate(eqn, flags)
-    return flags
-
-
-@dataclass(frozen=True)
-class Chain:
-    """The equations that end a loss, outermost first: `(equation index, position of the operand
-    carrying the loss, position of the factor or None, divides)` each."""
-
-    path: tuple[tuple[int, int, int | None, bool], ...]
-    batch_scaled: bool = False  # a factor is computed from the batch
-
-    @property
-    def factors(self) -> tuple[tuple[int, int, bool], ...]:
-        """`(equation index, factor position, divides)` of each scaling."""
-        return tuple((k, f, d) for k, _, f, d in self.path if f is not None)
-
-    def values(self, closed: ClosedJaxpr) -> list:
-        return [closed.jaxpr.eqns[k].invars[pos] for k, pos, _ in self.factors]
-
-
-def loss_chain(closed: ClosedJaxpr, kinds: dict) -> Chain:
-    """The chain of parameter-free scalings (multiplications, divisions; through negations and
-    float casts) that ends the loss, outermost first."""
-    jaxpr = closed.jaxpr
-    made = producers(jaxpr.eqns)
-    flags = _flags(closed, kinds)
-    path, v = [], jaxpr.outvars[0]
-    while isinstance(v, Var) and v in made:
-        k = made[v]
-        eqn = jaxpr.eqns[k]
-        name = eqn.primitive.name
-        free = [not isinstance(x, Var) or not flags.get(x, 0) & PARAM for x in eqn.invars]
-        if name in _PASS_THROUGH and len(eqn.invars) == 1:
-            path.append((k, 0, None, False))
-        elif name == "div" and free[1] and not free[0]:
-            path.append((k, 0, 1, True))
-        elif name == "mul" and free.count(True) == 1:
-            pos = free.index(True)
-            path.append((k, 1 - pos, pos, False))
-        else:
-            break
-        v = eqn.invars[path[-1][1]]
-    while path and path[-1][2] is None:  # casts below the innermost factor stay in the loss
-        path.pop()
-    factors = [jaxpr.eqns[k].invars[f] for k, _, f, _ in path if f is not None]
-    return Chain(tuple(path), any(isinstance(v, Var) and flags.get(v, 0) & BATCH for v in factors))
-
-
-def _batch_scaled(closed: ClosedJaxpr, kinds: dict, skip: set) -> list[str]:
-    """Scalars computed from batch arguments without the parameters that multiply or divide a
-    value carrying the parameters on the loss's path, outside the equations making the
-    variables `skip` (the loss's own chain): the loss then depends on how the batch is cut.
-    Returns a description of each."""
-    eqns, mapping, _, _ = inline_calls(closed.jaxpr, lambda e: e.primitive.name in CALL_PRIMITIVES)
-    loss = mapping.get(closed.jaxpr.outvars[0], closed.jaxpr.outvars[0])
-    cone = needed_eqns(eqns, [loss])
-    flags = _flags(closed, kinds, ())
-    stats: set = set()  # batch statistics: parameter-free scalars of the batch, and their broadcasts
-    found = []
-    for k, eqn in enumerate(eqns):
-        ins = _propagate(eqn, flags)
-        stat = [
-            isinstance(v, Var) and (v in stats or (v.aval.shape == () and f & BATCH and not f & PARAM))
-            for v, f in zip(eqn.invars, ins)
-        ]
-        name = eqn.primitive.name
-        if name in _REBROADCAST and stat and stat[0]:
-            stats.update(eqn.outvars)
-        elif name in ("mul", "div") and k in cone and any(stat) and not set(eqn.outvars) & skip:
-            if any(f & PARAM for f, s in zip(ins, stat) if not s):
-                found.append(f"`{name}` by a {eqn.invars[stat.index(True)].aval.str_short()} of the batch")
-    return found
-
-
-def _literal_one(v):
-    return Literal(np.ones(v.aval.shape, v.aval.dtype), v.aval)
-
-
-def unscaled(closed: ClosedJaxpr, chain: Chain) -> ClosedJaxpr:
-    """`closed` whose loss is the unscaled loss: the chain recomputed with its factors set to one
-    (the original equations stay for the other outputs that read their values)."""
-    eqns = list(closed.jaxpr.eqns)
-    value = None
-    for k, carried, factor, _ in reversed(chain.path):
-        invars = list(eqns[k].invars)
-        if value is not None:
-            invars[carried] = value
-        if factor is not None:
-            invars[factor] = _literal_one(invars[factor])
-        value = Var(eqns[k].outvars[0].aval)
-        eqns.append(eqns[k].replace(invars=invars, outvars=[value]))
-    outvars = [value, *closed.jaxpr.outvars[1:]]
-    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
-
-
-def _refuse(name: str, what: str) -> MpmdError:
-    return MpmdError(
-        f"{name}: the loss {what}, so each microbatch's value depends on how the batch is cut and "
-        "their mean is not the loss of the whole batch. Pass microbatch_weight_fn=w (w takes the "
-        "loss function's arguments and returns the weight of one microbatch, e.g. its count of "
-        "real tokens; the step returns sum(w_i * loss_i) / sum(w_i)), end the loss with the "
-        "division by the batch's count itself (sum(per_token * mask) / sum(mask)), or, to accept "
-        "the plain mean over microbatches, pass microbatch_weight_fn=lambda *args: 1.0."
-    )
-
-
 def loss_weights(
     name: str,
     closed: ClosedJaxpr,
     kinds: dict,
     *,
-    reduce: str,
-    weight_fn: Callable | None,
+    reduce: str | None,
+    weight_fn: ClosedJaxpr | None,
     whole: Callable[[], ClosedJaxpr],
+    m: int,
     keys: frozenset = frozenset(),
     exact: bool = True,
 ) -> tuple[ClosedJaxpr, LossWeights]:
@@ -275,36 +125,18 @@ def loss_weights(
 
     `kinds`: flat leaf -> `PARAM` / `BATCH` / `OTHER`; `weight_fn`: the user's
     weight, already traced (a closed jaxpr over the same leaves at microbatch
-    size); `whole()` traces the loss on the whole batch (called only when the
-    loss ends in a chain of batch factors); `exact=False` keeps the declared
-    reduction (a `treduce`, whose reference is the loop over microbatches)."""
+    size); `whole()` traces the loss on the whole batch; `exact=False` keeps the
+    declared reduction (a `treduce`, whose reference is the loop over
+    microbatches). Without `weight_fn` or an explicit `reduce`, the loss is proven
+    exact (`spectrax_mpmd._trace.exact_loss`) or refused."""
     if weight_fn is not None:
-        return closed, LossWeights(reduce, weight=_weight_program(name, weight_fn, kinds), keys=keys)
-    if not exact:
-        return closed, LossWeights(reduce)
-    chain = loss_chain(closed, kinds)
-    odd = _batch_scaled(closed, kinds, {v for k, _, _, _ in chain.path for v in closed.jaxpr.eqns[k].outvars})
-    if odd:
-        raise _refuse(
-            name, f"scales a value by a scalar computed from the batch ({odd[0]}) before its last step"
-        )
-    if reduce == "sum":
-        if chain.batch_scaled:
-            raise _refuse(
-                name, "ends in a scaling by a value computed from the batch while reduce='sum' adds"
-            )
-        return closed, LossWeights(reduce)
-    if not chain.factors:
-        return closed, LossWeights(reduce)
-    full = whole()
-    full_chain = loss_chain(full, kinds)
-    if [d for _, _, d in full_chain.factors] != [d for _, _, d in chain.factors]:
-        raise _refuse(name, "ends in different scalings for a microbatch and for the whole batch")
-    factors = Subprogram.of(full, full_chain.values(full))
-    if any(kinds.get(a) == PARAM for a in factors.reads):
-        raise _refuse(name, "ends in a scaling that reads the parameters on the whole batch")
-    divides = tuple(d for _, _, d in chain.factors)
-    return unscaled(closed, chain), LossWeights(reduce, factors=factors, divides=divides, keys=keys)
+        return closed, LossWeights("mean", weight=_weight_program(name, weight_fn, kinds), keys=keys)
+    if reduce is not None or not exact:
+        return closed, LossWeights(reduce or "mean")
+    if m == 1:
+        return closed, LossWeights("sum")
+    body, head = prove(name, closed, whole(), kinds, m)
+    return body, LossWeights(head=head, loss_aval=closed.out_avals[0])
 
 
 def _weight_program(name: str, closed: ClosedJaxpr, kinds: dict) -> Subprogram:
@@ -325,9 +157,11 @@ def _weight_program(name: str, closed: ClosedJaxpr, kinds: dict) -> Subprogram:
 
 
 def reading_weights(graph: StageGraph, weights: LossWeights) -> StageGraph:
-    """`graph` with the loss stage also reading the leaves its coefficient reads (placed on its
-    rank with its other inputs; a batch leaf there is whole, so the coefficient needs no
-    transfer)."""
+    """`graph` with the loss stage also reading the leaves its weighing reads (placed on its rank
+    with its other inputs; a batch leaf there is whole, so the coefficients need no transfer), and
+    the loss's own aval as the first output's when the stages emit packed partial sums."""
+    if weights.loss_aval is not None:
+        graph = dataclasses.replace(graph, out_avals=(weights.loss_aval, *graph.out_avals[1:]))
     s = graph.result_stage[0]
     stage = graph.stages[s]
     missing = set(weights.reads) - set(stage.arg_inputs)
@@ -343,9 +177,9 @@ def microbatched_loss(
 ):
     """The loss of `args` (flat leaves of kind `kinds`, batch leaves split in `m`, `keys` folded
     per microbatch) as a loop's pieces: `(piece(i, leaves) -> outputs, scaled(i, leaves, loss),
-    out_tree)`, microbatch `i`'s outputs (its loss unscaled as the pipeline's stages compute it)
-    and that loss weighed, so that `sum_i scaled(i, leaves, piece(i)[0])` is the step's loss (see
-    `loss_weights`; `reduce="mean"`). For a loop over microbatches in one program (a step
+    out_tree)`, microbatch `i`'s outputs (its loss output as the pipeline's stages compute it)
+    and its share of the step's loss, so that `sum_i scaled(i, leaves, piece(i)[0])` is the
+    step's loss (see `loss_weights`). For a loop over microbatches in one program (a step
     without a pipeline axis), so that it equals the pipelined step."""
     leaves, tree = jax.tree.flatten(args)
     box: list = []
@@ -374,9 +208,10 @@ def microbatched_loss(
         name,
         closed,
         kinds,
-        reduce="mean",
+        reduce=None,
         weight_fn=weight,
         whole=lambda: jax.make_jaxpr(flat)(*avals(False)),
+        m=m,
     )
     whole = Subprogram.of(closed, closed.jaxpr.outvars)
 
@@ -390,6 +225,6 @@ def microbatched_loss(
         return whole(own)
 
     def scaled(i, xs: list, loss):
-        return weights.scale(loss, weights.coefficient(dict(enumerate(xs)), batch, i, m), m)
+        return weights.weigh(loss, dict(enumerate(xs)), batch, i, m)
 
     return piece, scaled, box[0]

@@ -41,10 +41,8 @@ def _errors(p, x, y):
 LOSSES = {
     # the padded token mean, guarded against an empty batch
     "padded_mean": lambda p, x, y, m: jnp.sum(_errors(p, x, y).mean(-1) * m) / jnp.maximum(jnp.sum(m), 1.0),
-    # packed sequences: per-token terms, tokens of segment 0 are padding
-    "packed_tokens": lambda p, x, y, m: (
-        jnp.sum(_errors(p, x, y) * (SEGMENTS[: x.shape[0]] > 0)) / jnp.sum(SEGMENTS[: x.shape[0]] > 0)
-    ),
+    # packed sequences (`m` holds segment ids): per-token terms, tokens of segment 0 are padding
+    "packed_tokens": lambda p, x, y, m: jnp.sum(_errors(p, x, y) * (m > 0)) / jnp.sum(m > 0),
     # a scaled padded mean, written with a multiplication by the inverse count
     "scaled_inverse": lambda p, x, y, m: (
         0.5 * (jnp.sum(_errors(p, x, y).sum(-1) * m) * (1.0 / jnp.sum(m + 1.0)))
@@ -53,6 +51,10 @@ LOSSES = {
     "fixed_normaliser": lambda p, x, y, m: jnp.sum(_errors(p, x, y)) / 100.0,
     # the plain mean (a sum over a count of the shape)
     "mean": lambda p, x, y, m: jnp.mean(_errors(p, x, y)),
+    # a padded mean plus a parameter regulariser
+    "padded_mean_plus_l2": lambda p, x, y, m: (
+        jnp.sum(_errors(p, x, y).mean(-1) * m) / jnp.maximum(jnp.sum(m), 1.0) + 0.01 * jnp.sum(p["a"] ** 2)
+    ),
 }
 
 
@@ -67,8 +69,9 @@ def test_whole_batch_loss_and_gradients(mesh, name, schedule):
     loss = LOSSES[name]
     params, x, y = _inputs()
     step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=SCHEDULES[schedule])
-    value, grads = step(params, x, y, MASK)
-    want_value, want_grads = jax.value_and_grad(loss)(params, x, y, MASK)
+    mask = SEGMENTS if name == "packed_tokens" else MASK
+    value, grads = step(params, x, y, mask)
+    want_value, want_grads = jax.value_and_grad(loss)(params, x, y, mask)
     _close(value, want_value)
     jax.tree.map(_close, grads, want_grads)
 
@@ -88,7 +91,7 @@ def test_batch_factors_cost_no_transfer(mesh):
 
 
 def _l2_plus_token_mean(p, x, y, m):
-    return LOSSES["padded_mean"](p, x, y, m) + 0.01 * jnp.sum(p["a"] ** 2)
+    return LOSSES["padded_mean_plus_l2"](p, x, y, m)
 
 
 def _normalised_by_batch_statistic(p, x, y, m):
@@ -96,20 +99,32 @@ def _normalised_by_batch_statistic(p, x, y, m):
     return jnp.mean(err / jnp.sum(m))
 
 
-@pytest.mark.parametrize("loss", [_l2_plus_token_mean, _normalised_by_batch_statistic])
-def test_batch_dependent_losses_are_refused(mesh, loss):
-    """A loss scaled by a batch statistic before its last step is refused, naming the fix."""
+def test_batch_dependent_losses_are_refused(mesh):
+    """A loss that scales per-row values by a batch statistic before summing them is refused,
+    naming the operation and the fixes."""
     params, x, y = _inputs()
-    step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=SCHEDULES["Std1F1B"])
-    with pytest.raises(mp.MpmdError, match="microbatch_weight_fn"):
+    step = mp.sxvalue_and_grad(_normalised_by_batch_statistic, mesh=mesh, schedule=SCHEDULES["Std1F1B"])
+    with pytest.raises(mp.MpmdError, match="batch statistic.*microbatch_weight_fn"):
         step(params, x, y, MASK)
 
 
-def test_sum_reduction_refuses_batch_factors(mesh):
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_a_declared_reduction_combines_the_microbatch_losses(mesh, reduce):
+    """`reduce="mean"`/`"sum"` is the user's statement: the mean or sum of the microbatch losses,
+    for any loss (here one that is refused without it)."""
     params, x, y = _inputs()
-    step = mp.sxvalue_and_grad(LOSSES["padded_mean"], mesh=mesh, schedule=SCHEDULES["Std1F1B"], reduce="sum")
-    with pytest.raises(mp.MpmdError, match="reduce='sum'"):
-        step(params, x, y, MASK)
+    loss = _normalised_by_batch_statistic
+    step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=SCHEDULES["Std1F1B"], reduce=reduce)
+    value, grads = step(params, x, y, MASK)
+
+    def combined(p):
+        parts = [loss(p, x[s], y[s], MASK[s]) for s in (slice(i * 4, (i + 1) * 4) for i in range(M))]
+        total = sum(parts)
+        return total / M if reduce == "mean" else total
+
+    want_value, want_grads = jax.value_and_grad(combined)(params)
+    _close(value, want_value)
+    jax.tree.map(_close, grads, want_grads)
 
 
 def _per_microbatch(loss, weight, params, x, y, mask):

@@ -1,0 +1,119 @@
+"""Prove a loss exact under microbatching, or say which operation stops the proof.
+
+`prove` tags the loss's microbatch trace against its whole-batch trace
+(`loss_form`, `loss_rules`), and for a loss affine in sums over rows returns the
+stage programs' jaxpr (the loss output replaced by the packed partial sums and
+terms) and the `LossHead` the loss cell evaluates (`loss_head`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.extend import source_info_util
+
+from ..errors import MpmdError
+from .jax_private import ClosedJaxpr, Literal, Var
+from .jaxpr import inline_calls, needed_eqns, resolve
+from .loss_form import COEF, INV, LIN, ROW, SUM, TERM, TOP, Analysis, StructureError, Val
+from .loss_head import LossHead, body_with_packed_loss, head_of, widest
+
+PARAM, BATCH, OTHER = 1, 2, 4  # the kinds of a flat argument leaf
+PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
+WAYS_OUT = (
+    "Ways out: compute the loss as sums over the batch scaled by values of the batch alone (a token "
+    "mean sum(ce * mask) / max(sum(mask), 1), jnp.mean, a sum of such terms, parameter regularisers); "
+    "pass microbatch_weight_fn=w (the step returns sum(w_i * loss_i) / sum(w_i), w_i from microbatch "
+    "i's arguments); or pass reduce='mean' (or 'sum') to accept the mean (or sum) of the microbatch "
+    "losses."
+)
+
+
+class NotExact(MpmdError):
+    """The loss is not provably the whole batch's loss when computed per microbatch."""
+
+
+def flatten(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """`closed` with its plain calls (`jax.jit` helpers) inlined."""
+    eqns, mapping, inner, _ = inline_calls(closed.jaxpr, lambda e: e.primitive.name in PLAIN_CALLS)
+    jaxpr = closed.jaxpr.replace(
+        eqns=eqns,
+        outvars=[resolve(v, mapping) for v in closed.jaxpr.outvars],
+        constvars=[*closed.jaxpr.constvars, *inner],
+    )
+    return ClosedJaxpr(jaxpr, [*closed.consts, *inner.values()])
+
+
+def where(eqn) -> str:
+    return source_info_util.summarize(eqn.source_info)
+
+
+def _refuse(name: str, what: str) -> NotExact:
+    return NotExact(f"{name}: the loss cannot be proven equal to the whole batch's when computed per "
+                    f"microbatch: {what}. {WAYS_OUT}")
+
+
+def _inputs(jm, jw, kinds: dict) -> list[Val]:
+    tags = []
+    for a, (vm, vw) in enumerate(zip(jm.invars, jw.invars)):
+        kind = kinds.get(a, OTHER)
+        rows = vm.aval.shape != vw.aval.shape
+        tags.append(Val(INV, True) if kind == PARAM else Val(ROW if rows else INV))
+    return tags
+
+
+def prove(name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int) -> tuple[ClosedJaxpr, LossHead]:
+    """`(stage programs' jaxpr, LossHead)` for the loss traced on a microbatch (`micro`) and on the
+    whole batch (`whole`), `m` microbatches; raises `NotExact` naming what stops the proof."""
+    fm, fw = flatten(micro), flatten(whole)
+    jm, jw = fm.jaxpr, fw.jaxpr
+    an = Analysis(m)
+    try:
+        an.run(jm, jw, _inputs(jm, jw, kinds), (fm.consts, fw.consts))
+    except StructureError as e:
+        raise _refuse(name, f"it traces to different programs on a microbatch and on the whole batch ({e}; "
+                      "Python control flow on the batch's shape?)") from None
+    loss = jm.outvars[0]
+    if isinstance(loss, Literal):
+        raise _refuse(name, "it is a constant")
+    cone = sorted(needed_eqns(jm.eqns, [loss]))
+    tag = an.env[loss]
+    if tag.tag == TOP:
+        blocked = [k for k in cone if k in an.blockers]
+        if blocked:
+            b = an.blockers[blocked[0]]
+            raise _refuse(name, f"`{b.eqn.primitive.name}` at {where(b.eqn)} {b.reason}")
+        raise _refuse(name, "it depends on the batch in a way the analysis cannot follow")
+    linear = (LIN, TERM)
+    head = [k for k in cone if any(an.env.get(v, Val(INV)).tag in linear for v in jm.eqns[k].outvars)]
+    for k in head:
+        eqn = jm.eqns[k]
+        if any(isinstance(v, Var) and not isinstance(v, Literal) and an.rows(v) for v in eqn.invars):
+            raise _refuse(name, f"`{eqn.primitive.name}` at {where(eqn)} computes a scaling by a quantity of "
+                          "the batch together with per-row values; reduce the rows first, then scale")
+    made = {v for k in head for v in jm.eqns[k].outvars}
+    reads = [v for k in head for v in jm.eqns[k].invars if isinstance(v, Var) and not isinstance(v, Literal)]
+    if loss not in made:
+        reads.append(loss)
+    sources, terms, coefs = [], [], []
+    for v in dict.fromkeys(reads):
+        if v in made:
+            continue
+        t = an.env[v]
+        group = sources if t.tag == SUM else terms if t.params else coefs
+        if t.params and t.tag not in (SUM, INV) or not t.params and t.tag not in (INV, COEF):
+            raise _refuse(name, f"a value of kind {t.tag!r} reaches the loss after the sum over the batch")
+        if t.params and not jnp.issubdtype(v.aval.dtype, jnp.floating):
+            raise _refuse(name, f"an integer value {v.aval.str_short()} that depends on the parameters "
+                          "reaches the loss")
+        group.append(v)
+    if not sources and not terms:
+        raise _refuse(name, "it does not depend on the differentiated arguments")
+    wide = widest([v.aval.dtype for v in (*sources, *terms)] + [loss.aval.dtype])
+    body = body_with_packed_loss(fm, [*sources, *terms], wide)
+    w = an.whole_of
+    result = head_of(fw, head, [w[v] for v in sources], [w[v] for v in terms], [w[v] for v in coefs],
+                     w.get(loss, loss), wide)
+    if any(kinds.get(a) == PARAM for a in result.reads):
+        raise _refuse(name, "a coefficient of the loss reads the parameters on the whole batch")
+    return body, result
+
