@@ -9,7 +9,8 @@ need, evaluated one by one on the set's first device as JAX evaluates `init(key)
 outside `jax.jit`, so the values are those of `init(key)` bit for bit and a rank
 computes its own leaves and nothing else. In a multi-process run a process makes only
 the leaves of its own ranks; the others are global arrays without local shards here,
-as the step returns them.
+as the step returns them. Both entry points trace `init` (and `tx.init`), so they must be
+traceable; both run with the caller's context mesh cleared, as every step does.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ from spectrax_core import sharding as core_sharding
 from .._api.entry import cached_entry
 from .._optim import remote_array
 from .._runtime import Output
+from .._trace.context import outside_context_mesh
 from .._trace.jax_private import Var
 from .._trace.jaxpr import eval_eqns, needed_eqns, read
 from ..errors import MpmdError
 
 NAME = "init_on_owners"
+UNTRACEABLE = (  # Python reading a value being traced
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+)
 
 
 def kept_shardings(plan, first: int, count: int, results: int | None) -> list:
@@ -48,26 +55,26 @@ def kept_shardings(plan, first: int, count: int, results: int | None) -> list:
     return out
 
 
-def _step_of(step, tx):
+def _step_of(step, tx, name: str):
     """`(the Runner behind a runner step or None, the optimizer or None)`, or an error saying which
     steps are taken."""
     inner = getattr(step, "runner", None)
     if inner is not None:
         if inner.mode != "train":
             raise MpmdError(
-                f"{NAME}: step is a forward (inference) step; parameters are placed by a training step: "
+                f"{name}: step is a forward (inference) step; parameters are placed by a training step: "
                 "pass an mp.runner(..., mode='train') step."
             )
         tx = inner.tx if tx is None else tx
         return inner, tx
     if not hasattr(step, "build_entry"):
         raise MpmdError(
-            f"{NAME}: step must be an mp.runner(...) step, an mp.sxvalue_and_grad_and_apply step or an "
+            f"{name}: step must be an mp.runner(...) step, an mp.sxvalue_and_grad_and_apply step or an "
             f"mp.sxvalue_and_grad function, got {type(step).__name__}."
         )
     if not hasattr(step, "plan_for") and tx is None:
         raise MpmdError(
-            f"{NAME}: step is a whole training step (params, opt_state, *batch); pass its optimizer as "
+            f"{name}: step is a whole training step (params, opt_state, *batch); pass its optimizer as "
             "tx= so that the optimizer state is made with it."
         )
     return None, tx
@@ -120,12 +127,27 @@ def _groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
     return groups
 
 
-def make_leaves(make: Callable, key, shardings: Sequence, abstract: Sequence) -> list:
-    """The flat leaves of `make(key)`, each made on `shardings[k]`: per device set, the equations of
-    `make`'s jaxpr that set's leaves need, evaluated one by one on its first device (as `make(key)`
-    runs outside `jax.jit`, so the values are the same bits), then placed on their shardings.
-    Leaves of another process's devices are global arrays without local shards here."""
-    closed = jax.make_jaxpr(make)(key)
+def traced(fn: Callable, key, name: str) -> tuple:
+    """`(jaxpr, tree of ShapeDtypeStructs)` of `fn(key)`; an init that reads a traced value in
+    Python is an error naming `name`, the rule and the fix, chained from JAX's."""
+    try:
+        return jax.make_jaxpr(fn, return_shape=True)(key)
+    except UNTRACEABLE as e:
+        first = str(e).strip().splitlines()[0]
+        raise MpmdError(
+            f"{name}: init must be traceable: it is traced (like jax.jit traces a function) to find "
+            "where each leaf is kept and which equations each rank needs, and a Python `if`, `while`, "
+            f"`float(...)`, `int(...)` or `np.asarray(...)` on a value it computes fails there ({first}). "
+            "Write such a choice with jnp.where or jax.lax.cond (a loop with jax.lax.while_loop), or "
+            "compute the value outside init and pass it with functools.partial."
+        ) from e
+
+
+def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
+    """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]`: per
+    device set, the equations that set's leaves need, evaluated one by one on its first device (as
+    `make(key)` runs outside `jax.jit`, so the values are the same bits), then placed on their
+    shardings. Leaves of another process's devices are global arrays without local shards here."""
     out: list = [None] * len(shardings)
     for idx in _groups(shardings).values():
         if not shardings[idx[0]].is_fully_addressable:
@@ -163,6 +185,20 @@ def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
     return [read(env, v) for v in targets]
 
 
+def _layout(step, init: Callable, key, batch: tuple, tx, name: str) -> tuple:
+    """`(jaxpr of the leaves to make, their tree of ShapeDtypeStructs with the owners' shardings)`."""
+    inner, tx = _step_of(step, tx, name)
+    closed, abstract = traced(_maker(init, tx), key, name)
+    leaves, treedef = jax.tree.flatten(abstract)
+    shardings = _shardings(step, inner, abstract, batch, tx)
+    if None in shardings:
+        fallback = _fallback(step)
+        shardings = [fallback if sh is None else sh for sh in shardings]
+    placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
+    return closed, treedef.unflatten(placed)
+
+
+@outside_context_mesh
 def owner_layout(step, init: Callable, key, *batch, tx=None):
     """Where `step` keeps each leaf of `init(key)` (and of its optimizer state): the same tree of
     `jax.ShapeDtypeStruct`s, each with the sharding of the rank(s) that keep it. Nothing is
@@ -172,17 +208,10 @@ def owner_layout(step, init: Callable, key, *batch, tx=None):
     straight onto its rank: `params, opt_state = mp.owner_layout(step, init, key, *batch)`,
     then `manager.restore(like=params, opt_like=opt_state)`.
     """
-    inner, tx = _step_of(step, tx)
-    abstract = jax.eval_shape(_maker(init, tx), key)
-    leaves, treedef = jax.tree.flatten(abstract)
-    shardings = _shardings(step, inner, abstract, batch, tx)
-    if None in shardings:
-        fallback = _fallback(step)
-        shardings = [fallback if sh is None else sh for sh in shardings]
-    placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
-    return treedef.unflatten(placed)
+    return _layout(step, init, key, batch, tx, "owner_layout")[1]
 
 
+@outside_context_mesh
 def init_on_owners(step, init: Callable, key, *batch, tx=None):
     """`init(key)` made leaf by leaf on the ranks where `step` keeps each leaf: never whole on one
     device, with the values of `init(key)`.
@@ -198,14 +227,16 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     step makes their gradients.
 
     This builds (and compiles) the step's plan for these arguments; the first real call
-    reuses it. Each device set runs one program computing only its own leaves (XLA drops
-    the rest), so no device holds more than its own share. In a multi-process run each
-    process makes only its ranks' leaves.
+    reuses it. `init` (and `tx.init`) is traced once, so it must be traceable: a choice on a
+    value it computes is written with `jnp.where` or `jax.lax.cond`, not a Python `if`. Each
+    device set then evaluates, one by one on its first device, only the equations its own
+    leaves need, as `init(key)` runs outside `jax.jit` (so the values are those of
+    `init(key)` bit for bit); no device holds more than its own share. In a multi-process run
+    each process makes only its ranks' leaves.
     """
-    _, tx = _step_of(step, tx)
-    layout = owner_layout(step, init, key, *batch, tx=tx)
+    closed, layout = _layout(step, init, key, batch, tx, NAME)
     leaves, treedef = jax.tree.flatten(layout)
-    return treedef.unflatten(make_leaves(_maker(init, tx), key, [x.sharding for x in leaves], leaves))
+    return treedef.unflatten(make_leaves(closed, key, [x.sharding for x in leaves], leaves))
 
 
 def _maker(init: Callable, tx) -> Callable:

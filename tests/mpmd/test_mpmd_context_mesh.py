@@ -152,6 +152,26 @@ def test_staged_optimizer():
         _close(got, want)
 
 
+def test_init_on_owners_and_owner_layout():
+    _, x, y = _params()
+    tx = optax.adam(1e-2)
+
+    def init(key):
+        k0, k1 = jax.random.split(key)
+        return {"a": jax.random.normal(k0, (8, 8)), "b": jax.random.normal(k1, (8, 4))}
+
+    def make():
+        step = mp.sxvalue_and_grad_and_apply(loss_fn, tx, mesh=MESH, schedule=Std1F1B(microbatches=4))
+        layout = mp.owner_layout(step, init, jax.random.key(1), x, y, tx=tx)
+        return layout, mp.init_on_owners(step, init, jax.random.key(1), x, y, tx=tx)
+
+    want_layout, want = make()
+    for layout, made in _in_every_context(make).values():
+        assert jax.tree.leaves(layout) == jax.tree.leaves(want_layout)
+        assert [a.sharding for a in jax.tree.leaves(made)] == [a.sharding for a in jax.tree.leaves(want)]
+        jax.tree.map(np.testing.assert_array_equal, made, want)
+
+
 def test_the_context_is_restored():
     """The runtime's own mesh setting never leaks out of a call."""
     p, x, y = _params()
