@@ -10,7 +10,16 @@ by naming each primitive, type and mesh (and JAX's own marker values, such as an
 unspecified sharding, by type and value); a program holding anything that can
 only be known by identity (a host callback, an opaque object) gets no key and is
 profiled each time. The directory is `$SPECTRAX_MPMD_PROFILE_CACHE`, else
-`~/.cache/spectrax_mpmd/profiles`; `advise(profile_cache=None)` turns it off.
+`~/.cache/spectrax_mpmd/profiles`; `advise(profile_cache=False)` turns it off.
+
+Profiles are stored as data only (`spectrax_mpmd._planner.stored`: JSON with a
+versioned, checksummed header), so reading one never runs code. A file that does
+not parse, has another version or key, fails its checksum or does not match the
+records is a miss: one warning names it, and the profile is measured again and
+written over it. Directories the cache creates are the user's only (0o700), and
+so are its files (0o600); a directory others can write to (group- or
+world-writable, or owned by another user) is still used, after a warning: what
+they write there can change the advice, never run.
 """
 
 from __future__ import annotations
@@ -18,8 +27,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
-import pickle
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax
@@ -28,9 +37,9 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
 from .._compile.identity import Held, jaxpr_key
 from .._trace import jax_private as jex_core
+from .stored import FORMAT, Unreadable, dumped, parsed
 
 ENV = "SPECTRAX_MPMD_PROFILE_CACHE"
-FORMAT = 1  # bump when what a profile holds changes
 
 
 class _Opaque(Exception):
@@ -125,23 +134,80 @@ def _leaves(value):
         yield value
 
 
+
+def _make_private(directory: Path) -> None:
+    """`directory` and any missing parent, each created readable by the user only."""
+    for folder in reversed([p for p in (directory, *directory.parents) if not p.exists()]):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+def _shared_by(directory: Path) -> str | None:
+    """Who else can write into `directory` (None: only its owner, the user)."""
+    st = directory.stat()
+    if st.st_uid != os.getuid():
+        return f"it is owned by user id {st.st_uid}"
+    if st.st_mode & 0o022:
+        who = "other users" if st.st_mode & 0o002 else "its group"
+        return f"its mode {oct(st.st_mode & 0o7777)} lets {who} write"
+    return None
+
+
 class ProfileCache:
-    """Profiles on disk under `directory`, one file per key (written whole, then renamed)."""
+    """Profiles on disk under `directory`, one JSON file per key (written whole, then renamed)."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
+        self._checked = False
 
-    def get(self, key: str | None):
-        path = None if key is None else self.directory / f"{key}.pkl"
-        if path is None or not path.exists():
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def get(self, key: str | None, kind):
+        """The value of type `kind` (see `stored.decode`) stored under `key`, or None: no such
+        file, or one that is not a profile this version reads (then with a warning naming it)."""
+        if key is None:
             return None
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        self._check_directory()
+        path = self.path(key)
+        try:
+            return parsed(path.read_bytes(), key, kind)
+        except FileNotFoundError:
+            return None
+        except (OSError, Unreadable) as err:
+            warnings.warn(
+                f"profile cache: {path} is not a profile this version reads ({err}); measuring the "
+                "profile again and writing it over the file.",
+                stacklevel=2,
+            )
+            return None
 
     def put(self, key: str | None, value) -> None:
+        """Store `value` (records, tuples, numbers, strings) under `key`, readable by the user only."""
         if key is None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.directory, delete=False, suffix=".tmp") as f:
-            pickle.dump(value, f)
-        os.replace(f.name, self.directory / f"{key}.pkl")
+        data = dumped(key, value)
+        _make_private(self.directory)
+        self._check_directory()
+        fd, name = tempfile.mkstemp(dir=self.directory, suffix=".tmp")  # mode 0o600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(name, self.path(key))
+        except BaseException:
+            os.unlink(name)
+            raise
+
+    def _check_directory(self) -> None:
+        """Warn, once the directory exists and once only, when others can write into it."""
+        if self._checked or not self.directory.exists():
+            return
+        self._checked = True
+        shared = _shared_by(self.directory)
+        if shared is not None:
+            warnings.warn(
+                f"profile cache: other users can write to {self.directory} ({shared}); profiles are "
+                "read as data only, but a profile written there changes the advice. Use a directory "
+                f"only you can write to: chmod 700 it, or set ${ENV} (or advise(profile_cache=)) to "
+                "another.",
+                stacklevel=3,
+            )

@@ -64,6 +64,9 @@ class Profiled:
     update: UpdateCost
 
 
+MEASURED = tuple[float, float, float, float]  # `busy_and_wall` of a step, as the disk cache keeps it
+
+
 def holding_schedule(schedule):
     """The schedule whose profile gives `schedule`'s cell times and bytes per stage (the same
     layout; for the flat layout the split backward, which times every stage program alone)."""
@@ -169,7 +172,7 @@ class Profiler:
             loss, loss_args = self._loss(schedule)
             measure = ("work, wall, issue and issuing", repr(schedule))
             key = self._key(loss, loss_args, measure, self.step_kwargs, True)
-            measured = None if self.cache is None else self.cache.get(key)
+            measured = None if self.cache is None else self.cache.get(key, MEASURED)
             if measured is None:
                 kwargs = {"mesh": self.mesh, "schedule": schedule, "compiler": self.compiler}
                 step = step_function(loss, **kwargs, **self.step_kwargs)
@@ -194,7 +197,7 @@ class Profiler:
         loss, loss_args = self._loss(schedule)
         kwargs = self.step_kwargs if remat is None else {**self.step_kwargs, "remat": remat}
         key = self._key(loss, loss_args, schedule, kwargs, timed)
-        stored = None if self.cache is None else self.cache.get(key)
+        stored = None if self.cache is None else self.cache.get(key, Profiled)
         if stored is not None:
             self.cached += 1
             return stored
