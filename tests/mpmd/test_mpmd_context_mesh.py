@@ -172,6 +172,12 @@ def test_init_on_owners_and_owner_layout():
         jax.tree.map(np.testing.assert_array_equal, made, want)
 
 
+def test_decode_split(lm):
+    split_lm = lambda: mp.decode_split(lm, mesh=MESH, group_size=2, max_len=8, repeats=1)  # noqa: E731
+    for split in _in_every_context(split_lm).values():
+        assert len(split.sizes) == 2 and sum(split.sizes) == 2
+
+
 def test_the_context_is_restored():
     """The runtime's own mesh setting never leaks out of a call."""
     p, x, y = _params()

@@ -27,6 +27,7 @@ from spectrax_core.models import Sampler, gen_state, init_cache, lm_step
 
 from ..._mesh import as_mpmd_mesh
 from ..._stages import StagedStack, unstage_blocks
+from ..._trace.context import outside_context_mesh
 from ...errors import StageSplitError
 from .rows import row_state
 from .stepcells import stage_program
@@ -104,6 +105,7 @@ def _best(n_blocks: int, n_stages: int, cost: dict) -> tuple[int, ...]:
     return best[n_blocks][2]
 
 
+@outside_context_mesh
 def decode_split(
     lm, *, mesh, group_size: int, max_len: int, sampler: Sampler = Sampler(), schedule=None, repeats: int = 15
 ) -> DecodeSplit:
