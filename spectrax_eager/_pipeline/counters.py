@@ -15,8 +15,8 @@ store (`spectrax_mpmd`'s exchange), so every process's model advances alike.
 
 from __future__ import annotations
 
-import ast
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +62,7 @@ def first_microbatch(counters: tuple, mesh: Any) -> tuple:
     if all(d.process_index == jax.process_index() for d in devices):
         return tuple(c[0] for c in counters)
     mine = [_local_value(c) for c in counters]
-    held = [ast.literal_eval(v) for v in _exchange().allgather(repr(mine))]
+    held = [json.loads(v) for v in _exchange().allgather(json.dumps(mine))]
     return tuple(
         np.asarray(next(h[k] for h in held if h[k] is not None), c.dtype) for k, c in enumerate(counters)
     )
