@@ -16,6 +16,8 @@ from .jax_private import ClosedJaxpr, Literal, Var
 from .jaxpr import inline_calls, needed_eqns, resolve
 from .loss_form import COEF, INV, LIN, ROW, SUM, TERM, TOP, Analysis, StructureError, Val
 from .loss_head import LossHead, body_with_packed_loss, head_of, widest
+from .loss_rules import rule
+from .pruned import PER_OPERAND
 
 PARAM, BATCH, OTHER = 1, 2, 4  # the kinds of a flat argument leaf
 PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
@@ -32,24 +34,38 @@ class NotExact(MpmdError):
     """The loss is not provably the whole batch's loss when computed per microbatch."""
 
 
-def flatten(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """`closed` with its plain calls (`jax.jit` helpers) inlined."""
-    eqns, mapping, inner, _ = inline_calls(closed.jaxpr, lambda e: e.primitive.name in PLAIN_CALLS)
-    jaxpr = closed.jaxpr.replace(
-        eqns=eqns,
-        outvars=[resolve(v, mapping) for v in closed.jaxpr.outvars],
-        constvars=[*closed.jaxpr.constvars, *inner],
+def flatten(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, dict]:
+    """`closed` with its plain calls (`jax.jit` helpers) inlined, and for each inlined equation the
+    call it came from (`id(eqn) -> call equation`: where the user's source line is)."""
+    jaxpr, mapping, inner, eqns, origin = closed.jaxpr, {}, {}, [], {}
+    for eqn in jaxpr.eqns:
+        eqn = eqn.replace(invars=[resolve(v, mapping) for v in eqn.invars])
+        if eqn.primitive.name not in PLAIN_CALLS:
+            eqns.append(eqn)
+            continue
+        flat, renamed, consts, _ = inline_calls(
+            jaxpr.replace(eqns=[eqn]), lambda e: e.primitive.name in PLAIN_CALLS
+        )
+        mapping.update(renamed)
+        inner.update(consts)
+        origin.update((id(e), eqn) for e in flat)
+        eqns += flat
+    flat_jaxpr = jaxpr.replace(
+        eqns=eqns, outvars=[resolve(v, mapping) for v in jaxpr.outvars], constvars=[*jaxpr.constvars, *inner]
     )
-    return ClosedJaxpr(jaxpr, [*closed.consts, *inner.values()])
+    return ClosedJaxpr(flat_jaxpr, [*closed.consts, *inner.values()]), origin
 
 
-def where(eqn) -> str:
-    return source_info_util.summarize(eqn.source_info)
+def where(eqn, origin: dict) -> str:
+    """The user's source line of `eqn` (that of the `jax.jit` call it was inlined from, if any)."""
+    return source_info_util.summarize(origin.get(id(eqn), eqn).source_info)
 
 
 def _refuse(name: str, what: str) -> NotExact:
-    return NotExact(f"{name}: the loss cannot be proven equal to the whole batch's when computed per "
-                    f"microbatch: {what}. {WAYS_OUT}")
+    return NotExact(
+        f"{name}: the loss cannot be proven equal to the whole batch's when computed per "
+        f"microbatch: {what}. {WAYS_OUT}"
+    )
 
 
 def _inputs(jm, jw, kinds: dict) -> list[Val]:
@@ -61,17 +77,37 @@ def _inputs(jm, jw, kinds: dict) -> list[Val]:
     return tags
 
 
-def prove(name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int) -> tuple[ClosedJaxpr, LossHead]:
+def _head_inputs(eqn, an: Analysis) -> list:
+    """The variables a head equation reads: every input, or for a per-operand identity (a stage
+    marker carrying a term between stages) the inputs of its row-free linear outputs."""
+    pairs = (
+        zip(eqn.invars, eqn.outvars) if eqn.primitive.name in PER_OPERAND else ((v, None) for v in eqn.invars)
+    )
+    return [
+        v
+        for v, out in pairs
+        if isinstance(v, Var)
+        and not isinstance(v, Literal)
+        and (out is None or an.env[out].tag in (LIN, TERM))
+    ]
+
+
+def prove(
+    name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int
+) -> tuple[ClosedJaxpr, LossHead]:
     """`(stage programs' jaxpr, LossHead)` for the loss traced on a microbatch (`micro`) and on the
     whole batch (`whole`), `m` microbatches; raises `NotExact` naming what stops the proof."""
-    fm, fw = flatten(micro), flatten(whole)
+    (fm, origin), (fw, _) = flatten(micro), flatten(whole)
     jm, jw = fm.jaxpr, fw.jaxpr
-    an = Analysis(m)
+    an = Analysis(m, rule)
     try:
         an.run(jm, jw, _inputs(jm, jw, kinds), (fm.consts, fw.consts))
     except StructureError as e:
-        raise _refuse(name, f"it traces to different programs on a microbatch and on the whole batch ({e}; "
-                      "Python control flow on the batch's shape?)") from None
+        raise _refuse(
+            name,
+            f"it traces to different programs on a microbatch and on the whole batch ({e}; "
+            "Python control flow on the batch's shape?)",
+        ) from None
     loss = jm.outvars[0]
     if isinstance(loss, Literal):
         raise _refuse(name, "it is a constant")
@@ -81,17 +117,22 @@ def prove(name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int
         blocked = [k for k in cone if k in an.blockers]
         if blocked:
             b = an.blockers[blocked[0]]
-            raise _refuse(name, f"`{b.eqn.primitive.name}` at {where(b.eqn)} {b.reason}")
+            raise _refuse(name, f"`{b.eqn.primitive.name}` at {where(b.eqn, origin)} {b.reason}")
         raise _refuse(name, "it depends on the batch in a way the analysis cannot follow")
     linear = (LIN, TERM)
     head = [k for k in cone if any(an.env.get(v, Val(INV)).tag in linear for v in jm.eqns[k].outvars)]
+    reads = []
     for k in head:
         eqn = jm.eqns[k]
-        if any(isinstance(v, Var) and not isinstance(v, Literal) and an.rows(v) for v in eqn.invars):
-            raise _refuse(name, f"`{eqn.primitive.name}` at {where(eqn)} computes a scaling by a quantity of "
-                          "the batch together with per-row values; reduce the rows first, then scale")
+        ins = _head_inputs(eqn, an)
+        if any(an.rows(v) for v in ins):
+            raise _refuse(
+                name,
+                f"`{eqn.primitive.name}` at {where(eqn, origin)} computes a scaling by a quantity of "
+                "the batch together with per-row values; reduce the rows first, then scale",
+            )
+        reads += ins
     made = {v for k in head for v in jm.eqns[k].outvars}
-    reads = [v for k in head for v in jm.eqns[k].invars if isinstance(v, Var) and not isinstance(v, Literal)]
     if loss not in made:
         reads.append(loss)
     sources, terms, coefs = [], [], []
@@ -103,17 +144,24 @@ def prove(name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int
         if t.params and t.tag not in (SUM, INV) or not t.params and t.tag not in (INV, COEF):
             raise _refuse(name, f"a value of kind {t.tag!r} reaches the loss after the sum over the batch")
         if t.params and not jnp.issubdtype(v.aval.dtype, jnp.floating):
-            raise _refuse(name, f"an integer value {v.aval.str_short()} that depends on the parameters "
-                          "reaches the loss")
+            raise _refuse(
+                name, f"an integer value {v.aval.str_short()} that depends on the parameters reaches the loss"
+            )
         group.append(v)
     if not sources and not terms:
         raise _refuse(name, "it does not depend on the differentiated arguments")
     wide = widest([v.aval.dtype for v in (*sources, *terms)] + [loss.aval.dtype])
     body = body_with_packed_loss(fm, [*sources, *terms], wide)
     w = an.whole_of
-    result = head_of(fw, head, [w[v] for v in sources], [w[v] for v in terms], [w[v] for v in coefs],
-                     w.get(loss, loss), wide)
+    result = head_of(
+        fw,
+        head,
+        [w[v] for v in sources],
+        [w[v] for v in terms],
+        [w[v] for v in coefs],
+        w.get(loss, loss),
+        wide,
+    )
     if any(kinds.get(a) == PARAM for a in result.reads):
         raise _refuse(name, "a coefficient of the loss reads the parameters on the whole batch")
     return body, result
-

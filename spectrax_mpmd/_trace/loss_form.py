@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -65,21 +65,51 @@ ELEMENTWISE = frozenset(
     population_count clz shift_left shift_right_logical shift_right_arithmetic reduce_precision
     stop_gradient add_any""".split()
 )
-IDENTITY = frozenset({"sharding_constraint", "optimization_barrier", "device_put", "pvary", sxstage_iter_p.name})
-RANDOM = frozenset({"random_bits", "random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_seed"})
+IDENTITY = frozenset(
+    {"sharding_constraint", "optimization_barrier", "device_put", "pvary", sxstage_iter_p.name}
+)
+RANDOM = frozenset(
+    {"random_bits", "random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_seed"}
+)
 # linear in their row-free operands (the others: indices, predicates, pad values)
 LINEAR_UNARY = frozenset(
-    {"neg", "convert_element_type", "copy", "copy_p", "reshape", "squeeze", "expand_dims", "broadcast_in_dim",
-     "transpose", "reduce_sum", "slice", "rev", "reduce_precision", "real"} | IDENTITY
+    {
+        "neg",
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "broadcast_in_dim",
+        "transpose",
+        "reduce_sum",
+        "slice",
+        "rev",
+        "reduce_precision",
+        "real",
+    }
+    | IDENTITY
 )
 ADDITIVE = frozenset({"add", "sub", "add_any", "concatenate"})
 AXIS_PARAMS = {  # operations along axes given by a parameter: row-local when the batch axis is not one
-    "reduce_max": "axes", "reduce_min": "axes", "reduce_prod": "axes", "reduce_and": "axes",
-    "reduce_or": "axes", "reduce_xor": "axes", "argmax": "axes", "argmin": "axes", "cumsum": "axis",
-    "cumprod": "axis", "cummax": "axis", "cummin": "axis", "cumlogsumexp": "axis", "sort": "dimension",
-    "rev": "dimensions", "split": "axis",
+    "reduce_max": "axes",
+    "reduce_min": "axes",
+    "reduce_prod": "axes",
+    "reduce_and": "axes",
+    "reduce_or": "axes",
+    "reduce_xor": "axes",
+    "argmax": "axes",
+    "argmin": "axes",
+    "cumsum": "axis",
+    "cumprod": "axis",
+    "cummax": "axis",
+    "cummin": "axis",
+    "cumlogsumexp": "axis",
+    "sort": "dimension",
+    "rev": "dimensions",
+    "split": "axis",
 }
-CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_call"})
 
 
 class StructureError(Exception):
@@ -105,9 +135,11 @@ class Blocker:
 
 @dataclass
 class Analysis:
-    """The tags of one micro/whole jaxpr pair (see the module docstring). `m`: microbatches."""
+    """The tags of one micro/whole jaxpr pair (see the module docstring). `m`: microbatches; `rule`:
+    the per-primitive rules (`spectrax_mpmd._trace.loss_rules.rule`)."""
 
     m: int
+    rule: Callable  # `rule(analysis, micro eqn, whole eqn, input tags) -> output tags`
     whole_of: dict = field(default_factory=dict)  # micro var -> whole var (or literal)
     env: dict = field(default_factory=dict)
     blockers: dict = field(default_factory=dict)  # top-level equation index -> first Blocker in it
@@ -117,7 +149,10 @@ class Analysis:
     def axes(self, v) -> tuple[int, ...] | None:
         """The batch axes of micro value `v` (None when a size differs by other than `m`)."""
         w = self.whole_of.get(v, v) if isinstance(v, Var) else v
-        mic, who = v.aval.shape if hasattr(v.aval, "shape") else (), w.aval.shape if hasattr(w.aval, "shape") else ()
+        mic, who = (
+            v.aval.shape if hasattr(v.aval, "shape") else (),
+            w.aval.shape if hasattr(w.aval, "shape") else (),
+        )
         found = tuple(d for d, (a, b) in enumerate(zip(mic, who)) if a != b)
         if any(mic[d] * self.m != who[d] for d in found):
             return None
@@ -129,7 +164,7 @@ class Analysis:
     # -- evaluation ------------------------------------------------------------------
     def read(self, v, w) -> Val:
         if isinstance(v, Literal):
-            same = np.array_equal(np.asarray(v.val), np.asarray(w.val))
+            same = same_value(v.val, w.val)
             return Val(INV, zero=same and not np.any(np.asarray(v.val))) if same else Val(COEF)
         return self.env[v]
 
@@ -138,7 +173,7 @@ class Analysis:
         if len(jm.eqns) != len(jw.eqns) or len(jm.invars) != len(jw.invars):
             raise StructureError("a different number of operations")
         for cm, cw, value_m, value_w in zip(jm.constvars, jw.constvars, *consts):
-            same = np.shape(value_m) == np.shape(value_w) and np.array_equal(value_m, value_w)
+            same = same_value(value_m, value_w)
             self.env[cm] = Val(INV) if same else Val(COEF)
             self.whole_of[cm] = cw
         for vm, vw, tag in zip(jm.invars, jw.invars, ins):
@@ -168,11 +203,18 @@ class Analysis:
 
     # -- one equation ----------------------------------------------------------------
     def eqn(self, em: JaxprEqn, ew: JaxprEqn, ins: list[Val]) -> list[Val]:
-        from .loss_rules import rule  # the per-primitive rules
-
         if any(v.tag == TOP for v in ins):
             return [Val(TOP, True)] * len(em.outvars)
-        return rule(self, em, ew, ins)
+        return self.rule(self, em, ew, ins)
+
+
+def same_value(a, b) -> bool:
+    """Whether two literals or constants are equal (NaN equal to NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    floating = np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)
+    return bool(np.array_equal(a, b, equal_nan=floating))
 
 
 def prefix_size(shape, axis: int) -> int:

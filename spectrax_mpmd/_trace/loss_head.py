@@ -23,7 +23,7 @@ from jax import lax
 
 from .jax_private import ClosedJaxpr, Jaxpr, Literal, Var
 from .jaxpr import read
-from .pruned import CALLS, evaluate, reads
+from .pruned import CALLS, PER_OPERAND, evaluate, reads
 
 
 def widest(dtypes) -> np.dtype:
@@ -36,8 +36,10 @@ def widest(dtypes) -> np.dtype:
 
 def _narrowing(eqn) -> bool:
     src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
-    return jnp.issubdtype(src, jnp.floating) and jnp.issubdtype(dst, jnp.floating) and (
-        jnp.dtype(dst).itemsize < max(jnp.dtype(src).itemsize, 4)
+    return (
+        jnp.issubdtype(src, jnp.floating)
+        and jnp.issubdtype(dst, jnp.floating)
+        and (jnp.dtype(dst).itemsize < max(jnp.dtype(src).itemsize, 4))
     )
 
 
@@ -52,10 +54,15 @@ def eval_wide(eqns, env: dict) -> None:
     """Evaluate `eqns` into `env` as JAX would, but never in a float narrower than float32: a
     narrowing cast is skipped and mixed float operands are promoted to the widest."""
     for eqn in eqns:
-        vals = [read(env, v) for v in eqn.invars]
         name = eqn.primitive.name
+        vals = [] if name in PER_OPERAND else [read(env, v) for v in eqn.invars]
         if name == "convert_element_type" and _narrowing(eqn):
             outs = vals
+        elif name in PER_OPERAND:  # only the operands the head computes with are at hand
+            for v, x in zip(eqn.outvars, eqn.invars):
+                if isinstance(x, Literal) or x in env:
+                    env[v] = read(env, x)
+            continue
         elif name in CALLS:
             body = eqn.params["call_jaxpr" if name.startswith("custom") else "jaxpr"]
             outs = _call_wide(body, vals)
@@ -66,10 +73,16 @@ def eval_wide(eqns, env: dict) -> None:
             outs = _bind(eqn, [jnp.asarray(x, v.aval.dtype) for x, v in zip(vals, eqn.invars)])
         else:
             to = widest(jnp.result_type(x) for x in vals)
-            vals = [jnp.asarray(x, to) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x for x in vals]
+            vals = [
+                jnp.asarray(x, to) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x for x in vals
+            ]
             if name == "dot_general" and eqn.params.get("preferred_element_type") is not None:
-                eqn = eqn.replace(params={**eqn.params, "preferred_element_type": widest(
-                    [eqn.params["preferred_element_type"], to])})
+                eqn = eqn.replace(
+                    params={
+                        **eqn.params,
+                        "preferred_element_type": widest([eqn.params["preferred_element_type"], to]),
+                    }
+                )
             outs = _bind(eqn, vals)
         for v, x in zip(eqn.outvars, outs):
             if isinstance(v, Var):
@@ -85,8 +98,10 @@ def _call_wide(body, vals: list) -> list:
 
 def _switch(eqn, index, branches, ops) -> list:
     """`lax.switch` over branches evaluated wide, their outputs cast to one dtype each."""
-    dts = [widest([v.aval.dtype]) if jnp.issubdtype(v.aval.dtype, jnp.floating) else v.aval.dtype
-           for v in eqn.outvars]
+    dts = [
+        widest([v.aval.dtype]) if jnp.issubdtype(v.aval.dtype, jnp.floating) else v.aval.dtype
+        for v in eqn.outvars
+    ]
     fns = [lambda *o, f=f: [jnp.asarray(x, d) for x, d in zip(f(*o), dts)] for f in branches]
     return lax.switch(index, fns, *ops)
 
@@ -145,8 +160,10 @@ def body_with_packed_loss(closed: ClosedJaxpr, inputs: list, wide) -> ClosedJaxp
     """`closed` whose first output is the head's inputs `inputs` (micro variables), packed."""
     packer = jax.make_jaxpr(lambda *xs: pack(list(xs), wide))(*(v.aval for v in inputs))
     rename = dict(zip(packer.jaxpr.invars, inputs))
-    eqns = [e.replace(invars=[rename.get(v, v) if not isinstance(v, Literal) else v for v in e.invars])
-            for e in packer.jaxpr.eqns]
+    eqns = [
+        e.replace(invars=[rename.get(v, v) if not isinstance(v, Literal) else v for v in e.invars])
+        for e in packer.jaxpr.eqns
+    ]
     out = packer.jaxpr.outvars[0]
     jaxpr = closed.jaxpr.replace(
         eqns=[*closed.jaxpr.eqns, *eqns],
@@ -161,6 +178,14 @@ def head_of(whole: ClosedJaxpr, head_idx: list[int], sources, terms, coefs, loss
     jaxpr = whole.jaxpr
     needed = reads(jaxpr, coefs)
     leaves = tuple((a, v) for a, (v, n) in enumerate(zip(jaxpr.invars, needed)) if n)
-    return LossHead(jaxpr, tuple(whole.consts), tuple(jaxpr.eqns[k] for k in head_idx), tuple(sources),
-                    tuple(terms), tuple(coefs), leaves, loss, wide)
-
+    return LossHead(
+        jaxpr,
+        tuple(whole.consts),
+        tuple(jaxpr.eqns[k] for k in head_idx),
+        tuple(sources),
+        tuple(terms),
+        tuple(coefs),
+        leaves,
+        loss,
+        wide,
+    )

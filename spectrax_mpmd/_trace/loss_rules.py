@@ -13,10 +13,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .jax_private import JaxprEqn
+from .jaxpr import EVERY_CALL as CALLS
 from .loss_form import (
     ADDITIVE,
     AXIS_PARAMS,
-    CALLS,
     COEF,
     ELEMENTWISE,
     IDENTITY,
@@ -83,7 +83,9 @@ def _scaled(an, em, linear: Val, other: Val) -> Val:
         return linear
     if other.tag == COEF:
         return Val(LIN, True)
-    return an.block(em, True, "multiplies a sum over the batch by a value that depends on the parameters", False)
+    return an.block(
+        em, True, "multiplies a sum over the batch by a value that depends on the parameters", False
+    )
 
 
 def _row_free(an: Analysis, em: JaxprEqn, ins: list[Val], params: bool) -> Val:
@@ -123,8 +125,13 @@ def _row_free(an: Analysis, em: JaxprEqn, ins: list[Val], params: bool) -> Val:
         if all(v.tag in (INV, COEF) and not v.params for v in rest):
             plain = all(v.tag == INV for v in rest) and (name != "pad" or rest[0].zero)
             return ins[0] if plain else Val(LIN, True)
-    return an.block(em, True, f"applies `{name}` to a sum over the batch (only sums, scalings by values of "
-                    "the batch alone and additions of such terms are exact)", False)
+    return an.block(
+        em,
+        True,
+        f"applies `{name}` to a sum over the batch (only sums, scalings by values of "
+        "the batch alone and additions of such terms are exact)",
+        False,
+    )
 
 
 # -- values with rows -----------------------------------------------------------------------
@@ -147,7 +154,9 @@ def _rows(an: Analysis, em: JaxprEqn, ins: list[Val], rows_in: list[bool], param
     if any(v.tag == MIX for v in row_ins):
         return block(f"`{name}` combines per-row values with values that mix the rows of the batch")
     if any(len(an.axes(v)) > 1 for v in [*em.invars, *em.outvars] if an.rows(v)):
-        return block(f"`{name}` makes a value with two batch axes (it pairs rows of the batch with each other)")
+        return block(
+            f"`{name}` makes a value with two batch axes (it pairs rows of the batch with each other)"
+        )
     if not any(rows_in):  # rows made from row-free values
         if name == "iota":
             return Val(MIX) if em.params["dimension"] in an.axes(out) else Val(ROW)
@@ -157,10 +166,17 @@ def _rows(an: Analysis, em: JaxprEqn, ins: list[Val], rows_in: list[bool], param
             return block("spreads a value computed from the whole batch (a batch statistic) over its rows")
         return block(f"`{name}` makes rows from row-free values")
     if any(v.tag != INV for v in free_ins) and name not in ("dot_general", "gather"):
-        return block(f"`{name}` combines per-row values with a value computed from the whole batch (a batch "
-                     "statistic); reduce the rows first, then scale")
+        return block(
+            f"`{name}` combines per-row values with a value computed from the whole batch (a batch "
+            "statistic); reduce the rows first, then scale"
+        )
     a = [_axis(an, v) for v, r in zip(em.invars, rows_in) if r]
-    if name in ELEMENTWISE or name in RANDOM or name in IDENTITY or name in ("squeeze", "expand_dims", "transpose"):
+    if (
+        name in ELEMENTWISE
+        or name in RANDOM
+        or name in IDENTITY
+        or name in ("squeeze", "expand_dims", "transpose")
+    ):
         return Val(ROW, params)
     if name == "broadcast_in_dim":
         return Val(ROW, params)
@@ -170,8 +186,10 @@ def _rows(an: Analysis, em: JaxprEqn, ins: list[Val], rows_in: list[bool], param
             return Val(ROW, params)
         return block("`reshape` moves the batch axis inside another axis, mixing rows")
     if name == "reduce_sum":
-        return Val(SUM if a[0] in em.params["axes"] else ROW, params) if params else Val(
-            COEF if a[0] in em.params["axes"] else ROW
+        return (
+            Val(SUM if a[0] in em.params["axes"] else ROW, params)
+            if params
+            else Val(COEF if a[0] in em.params["axes"] else ROW)
         )
     if name in AXIS_PARAMS:
         touched = em.params[AXIS_PARAMS[name]]
@@ -192,7 +210,9 @@ def _rows(an: Analysis, em: JaxprEqn, ins: list[Val], rows_in: list[bool], param
         if rows_in[0] and not rows_in[1] and dn.lhs_spec[0] == a[0] and em.params["batch_group_count"] == 1:
             return Val(ROW, params)
         return block("`conv_general_dilated` does not keep the batch axis as its batch dimension")
-    return block(f"`{name}` on per-row values has no rule (the analysis cannot tell that each row stays its own)")
+    return block(
+        f"`{name}` on per-row values has no rule (the analysis cannot tell that each row stays its own)"
+    )
 
 
 def _dot(an, em, ins, rows_in, params, block) -> Val:
@@ -215,7 +235,11 @@ def _gather(an, em, ins, rows_in, params, block) -> Val:
     dn = em.params["dimension_numbers"]
     operand, indices = em.invars
     if not rows_in[0]:
-        return Val(ROW, params) if ins[0].tag == INV else block("`gather` reads a value computed from the whole batch")
+        return (
+            Val(ROW, params)
+            if ins[0].tag == INV
+            else block("`gather` reads a value computed from the whole batch")
+        )
     a = _axis(an, operand)
     if rows_in[1]:
         b = _axis(an, indices)
@@ -235,8 +259,10 @@ def _window(an, em, ins, a: int, params: bool, block) -> Val:
     name, p = em.primitive.name, em.params
     x = em.invars[0]
     if name == "slice":
-        ok = p["start_indices"][a] == 0 and p["limit_indices"][a] == x.aval.shape[a] and (
-            p["strides"] is None or p["strides"][a] == 1
+        ok = (
+            p["start_indices"][a] == 0
+            and p["limit_indices"][a] == x.aval.shape[a]
+            and (p["strides"] is None or p["strides"][a] == 1)
         )
     elif name == "dynamic_slice":
         ok = p["slice_sizes"][a] == x.aval.shape[a]
@@ -257,8 +283,15 @@ def _call(an: Analysis, em, ew, ins) -> list[Val]:
     outs = an.run(jm, jw, list(ins), (cm, cw))
     if em.primitive.name == "custom_vjp_call" and any(o.tag in (LIN, TERM) for o in outs):
         if any(an.rows(v) for v in em.invars):
-            return [an.block(em, True, "a custom_vjp function divides by a quantity of the batch inside; "
-                             "return the sum and the count from it and divide outside", False)] * len(outs)
+            return [
+                an.block(
+                    em,
+                    True,
+                    "a custom_vjp function divides by a quantity of the batch inside; "
+                    "return the sum and the count from it and divide outside",
+                    False,
+                )
+            ] * len(outs)
     return outs
 
 
@@ -282,14 +315,19 @@ def _join(an: Analysis, em, a: Val, b: Val) -> Val:
 def _cond(an: Analysis, em, ew, ins) -> list[Val]:
     index, ops = ins[0], ins[1:]
     if index.params or index.tag not in (INV, COEF):
-        return [an.block(em, True, "branches on a value that depends on the parameters or rows", False)] * len(
-            em.outvars
-        )
+        return [
+            an.block(em, True, "branches on a value that depends on the parameters or rows", False)
+        ] * len(em.outvars)
     if index.tag == COEF and any(an.rows(v) for v in em.invars[1:]):
-        return [an.block(em, True, "branches on a quantity of the batch around per-row values (each "
-                         "microbatch would take its own branch); branch after reducing the rows", False)] * len(
-            em.outvars
-        )
+        return [
+            an.block(
+                em,
+                True,
+                "branches on a quantity of the batch around per-row values (each "
+                "microbatch would take its own branch); branch after reducing the rows",
+                False,
+            )
+        ] * len(em.outvars)
     outs = None
     for bm, bw in zip(em.params["branches"], ew.params["branches"]):
         got = an.run(bm.jaxpr, bw.jaxpr, list(ops), (bm.consts, bw.consts))
@@ -326,7 +364,8 @@ def _loop(an: Analysis, em, ew, ins) -> list[Val]:
         cm, cw = em.params["cond_jaxpr"], ew.params["cond_jaxpr"]
         (go,) = an.run(cm.jaxpr, cw.jaxpr, [*cond_consts, *carry], (cm.consts, cw.consts))
         if go.tag != INV:
-            return [an.block(em, True, "a while loop's trip count depends on the batch or the parameters",
-                             False)] * len(em.outvars)
+            return [
+                an.block(em, True, "a while loop's trip count depends on the batch or the parameters", False)
+            ] * len(em.outvars)
         return carry
     return [*carry, *outs[nk:]]  # stacked outputs: a row value keeps its rows, a sum stays additive

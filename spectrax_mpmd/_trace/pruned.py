@@ -14,10 +14,10 @@ from typing import Sequence
 from jax import lax
 
 from .jax_private import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
+from .jaxpr import EVERY_CALL as CALLS
 from .jaxpr import eval_eqns, read
 from .marker import sxstage_iter_p
 
-CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_call"})
 PER_OPERAND = frozenset({sxstage_iter_p.name, "optimization_barrier"})
 
 
@@ -31,11 +31,15 @@ def _call_body(eqn: JaxprEqn) -> tuple[Jaxpr, list]:
 
 def _needed(jaxpr: Jaxpr, wanted: Sequence[bool]) -> list[bool]:
     """Which of `jaxpr`'s inputs its wanted outputs depend on."""
-    live = {v for v, w in zip(jaxpr.outvars, wanted) if w and isinstance(v, Var) and not isinstance(v, Literal)}
+    live = {
+        v for v, w in zip(jaxpr.outvars, wanted) if w and isinstance(v, Var) and not isinstance(v, Literal)
+    }
     for eqn in reversed(jaxpr.eqns):
         outs = [v in live for v in eqn.outvars]
         if any(outs):
-            live.update(v for v, n in zip(eqn.invars, needed_inputs(eqn, outs)) if n and not isinstance(v, Literal))
+            live.update(
+                v for v, n in zip(eqn.invars, needed_inputs(eqn, outs)) if n and not isinstance(v, Literal)
+            )
     return [v in live for v in jaxpr.invars]
 
 
@@ -87,7 +91,9 @@ def _plan(jaxpr: Jaxpr, targets: Sequence) -> tuple[list, set]:
         outs = [v in live for v in eqn.outvars]
         if any(outs):
             plan.append((eqn, outs))
-            live.update(v for v, n in zip(eqn.invars, needed_inputs(eqn, outs)) if n and not isinstance(v, Literal))
+            live.update(
+                v for v, n in zip(eqn.invars, needed_inputs(eqn, outs)) if n and not isinstance(v, Literal)
+            )
     return plan[::-1], live
 
 
@@ -116,7 +122,10 @@ def _sub(body, wanted: Sequence[bool]):
 
 def _run(eqn: JaxprEqn, wanted: list[bool], env: dict) -> None:
     name = eqn.primitive.name
-    vals = [read(env, v) if (not isinstance(v, Var) or isinstance(v, Literal) or v in env) else None for v in eqn.invars]
+    vals = [
+        read(env, v) if (not isinstance(v, Var) or isinstance(v, Literal) or v in env) else None
+        for v in eqn.invars
+    ]
     pick = lambda mask, xs: [x for x, n in zip(xs, mask) if n]  # noqa: E731
     if name in CALLS:
         fn, need = _sub(eqn.params["call_jaxpr" if name.startswith("custom") else "jaxpr"], wanted)
@@ -160,7 +169,9 @@ def _loop(eqn: JaxprEqn, wanted: list[bool], vals: list) -> list:
             return tuple(outs[:k]), tuple(outs[k:])
 
         kept = tuple(a for a, n in zip(init, carry) if n)
-        last, stacked = lax.scan(step, kept, tuple(a for a, n in zip(xs, bx) if n), length=p["length"], reverse=p["reverse"])
+        last, stacked = lax.scan(
+            step, kept, tuple(a for a, n in zip(xs, bx) if n), length=p["length"], reverse=p["reverse"]
+        )
         full_carry = _spread(carry, last)
         return [*(c for c, w in zip(full_carry, wanted[:nk]) if w), *stacked]
     p = eqn.params
