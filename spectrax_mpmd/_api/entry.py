@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from .._compile.compiler import Compiler
 from .._runtime import HostProfile, Output, Plan, host_profile
-from .._trace.args import signature
+from .._trace.args import DONATING_CALLS, Signature, signature
 from .._trace.context import check_no_trace
 from ..errors import MpmdError
 
@@ -153,8 +153,40 @@ def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
             entry = function.build_entry(sig)
         entry.build = stats.report()
         function.cache[sig.key] = entry
+    if entry.donated:
+        check_donated_once(function, sig, entry.donated, entry.returned)
     function.last_entry = entry
     return entry, sig.leaves
+
+
+def check_donated_once(
+    function: PipelinedFunction, sig: Signature, donated: frozenset, returned: frozenset
+) -> None:
+    """Refuse, naming both leaves, an array the call consumes (a donated leaf it does not return as
+    it came) that is also passed as another leaf it does not return as it came: the call would read
+    a buffer it has consumed (XLA refuses such a call mid-step). A leaf returned as it came that
+    shares a consumed array is copied instead (`Entry.place`)."""
+    leaves = sig.leaves
+    if len({id(x) for x in leaves}) == len(leaves):
+        return
+    at: dict[int, list[int]] = {}
+    for a, x in enumerate(leaves):
+        if isinstance(x, jax.Array):
+            at.setdefault(id(x), []).append(a)
+    for same in at.values():
+        consumed = [a for a in same if a in donated and a not in returned]
+        other = [a for a in same if a not in returned and a != consumed[0]] if consumed else []
+        if other:
+            first, second = sorted((consumed[0], other[0]))
+            raise MpmdError(
+                f"{function.name}: {sig.describe(function.fn, second)} is the same array as "
+                f"{sig.describe(function.fn, first)}, and the call donates (consumes) "
+                f"{sig.describe(function.fn, consumed[0])} ({DONATING_CALLS}), so it cannot read that "
+                "array again. An optimizer state that holds the parameter arrays themselves (an init "
+                "returning `params`) does this, and so does a batch that is a parameter. Pass a copy "
+                "(`jax.tree.map(jnp.copy, opt_state)`), or keep the inputs alive with donate=False "
+                "(sxjit: leave the argument out of donate_argnums)."
+            )
 
 
 def host_cost(function: PipelinedFunction, args, rounds: int) -> HostProfile:
