@@ -13,7 +13,7 @@ from jax.extend import source_info_util
 
 from ..errors import MpmdError
 from .jax_private import ClosedJaxpr, Literal, Var
-from .jaxpr import inline_calls, needed_eqns, resolve
+from .jaxpr import inline_calls, needed_eqns, producers, resolve
 from .loss_form import COEF, INV, LIN, ROW, SUM, TERM, TOP, Analysis, StructureError, Val
 from .loss_head import LossHead, body_with_packed_loss, head_of, widest
 from .loss_rules import rule
@@ -151,7 +151,9 @@ def prove(
     if not sources and not terms:
         raise _refuse(name, "it does not depend on the differentiated arguments")
     wide = widest([v.aval.dtype for v in (*sources, *terms)] + [loss.aval.dtype])
-    body = body_with_packed_loss(fm, [*sources, *terms], wide)
+    made_by = producers(jm.eqns)
+    like = jm.eqns[made_by[loss]] if loss in made_by else (jm.eqns[-1] if jm.eqns else None)
+    body = body_with_packed_loss(fm, [*sources, *terms], wide, like)
     w = an.whole_of
     result = head_of(
         fw,

@@ -63,7 +63,7 @@ ELEMENTWISE = frozenset(
     square erf erfc erf_inv lgamma digamma igamma igammac polygamma zeta bessel_i0e bessel_i1e not and or
     xor eq ne lt le gt ge select_n convert_element_type copy copy_p clamp nextafter real imag conj complex
     population_count clz shift_left shift_right_logical shift_right_arithmetic reduce_precision
-    stop_gradient add_any""".split()
+    stop_gradient add_any bitcast_convert_type""".split()
 )
 IDENTITY = frozenset(
     {"sharding_constraint", "optimization_barrier", "device_put", "pvary", sxstage_iter_p.name}

@@ -156,12 +156,17 @@ def pack(values: list, wide) -> jax.Array:
     return jnp.concatenate([jnp.ravel(jnp.asarray(x, wide)) for x in values])
 
 
-def body_with_packed_loss(closed: ClosedJaxpr, inputs: list, wide) -> ClosedJaxpr:
-    """`closed` whose first output is the head's inputs `inputs` (micro variables), packed."""
+def body_with_packed_loss(closed: ClosedJaxpr, inputs: list, wide, like) -> ClosedJaxpr:
+    """`closed` whose first output is the head's inputs `inputs` (micro variables), packed by
+    equations placed as the equation `like` (its source line and scopes: the stage region the loss
+    was computed in)."""
     packer = jax.make_jaxpr(lambda *xs: pack(list(xs), wide))(*(v.aval for v in inputs))
     rename = dict(zip(packer.jaxpr.invars, inputs))
     eqns = [
-        e.replace(invars=[rename.get(v, v) if not isinstance(v, Literal) else v for v in e.invars])
+        e.replace(
+            invars=[rename.get(v, v) if not isinstance(v, Literal) else v for v in e.invars],
+            source_info=e.source_info if like is None else like.source_info,
+        )
         for e in packer.jaxpr.eqns
     ]
     out = packer.jaxpr.outvars[0]
