@@ -301,15 +301,15 @@ def sxvalue_and_grad(
 
     The loss is the loss of the whole batch and the gradients are its exact
     gradients, each leaf on the submesh of the rank that owns it (the first
-    stage that reads it). A loss ending in a division (or multiplication) by
-    values computed from the batch alone — `jnp.mean`, a padded token mean
-    `jnp.sum(ce * mask) / jnp.sum(mask)` — is divided by those values computed
-    on the whole batch; any other loss is the mean (`reduce="mean"`) or the sum
-    (`"sum"`) of the microbatch losses, and a loss that scales by a
-    batch-computed value elsewhere is refused. `microbatch_weight_fn=w` (`w`
-    with `fn`'s signature, returning a scalar from each microbatch's slice of
-    the batch arguments) makes the loss `sum(w_i * loss_i) / sum(w_i)`
-    instead, gradients alike (see `docs/reference.md`, "Which losses are exact").
+    stage that reads it). The step proves this from the traced function (the
+    loss is a combination of sums over the batch with coefficients computed
+    from the batch alone: `jnp.mean`, a padded token mean, sums of such terms,
+    regularisers) or refuses the loss before any device work, naming the
+    operation that stops the proof. `reduce="mean"` (or `"sum"`) declares the
+    mean (or sum) of the microbatch losses instead. `microbatch_weight_fn=w`
+    (`w` with `fn`'s signature, returning a scalar from each microbatch's slice
+    of the batch arguments) makes the loss `sum(w_i * loss_i) / sum(w_i)`,
+    gradients alike (see `docs/reference.md`, "Which losses are exact").
     `remat=True` recomputes each stage's forward in its backward instead of
     keeping residuals; a `jax.checkpoint_policies` name (`"dots_saveable"`)
     keeps what that policy saves; a sequence (one per model stage) or mapping
