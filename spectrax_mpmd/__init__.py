@@ -30,6 +30,7 @@ from ._checkpoint.owners import init_on_owners, owner_layout
 from ._comm import initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
+from ._facade.parity import Parity, check_parity
 from ._facade.generate.split import DecodeSplit, decode_split
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
@@ -68,6 +69,8 @@ __all__ = [
     "Runner",
     "sxcall",
     "gather",
+    "check_parity",
+    "Parity",
     "StagedStack",
     "stage_blocks",
     "unstage_blocks",

@@ -36,6 +36,8 @@ MPMD_ADDED = {
     "create_rank_mesh",
     "mesh_of_ranks",
     "DeviceBalance",
+    "check_parity",
+    "Parity",
 }
 
 SCHEDULES = {

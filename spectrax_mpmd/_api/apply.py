@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from spectrax_core.schedules import Schedule
@@ -122,7 +123,33 @@ def sxvalue_and_grad_and_apply(
         return value, params, opt_state
 
     shifted = tuple(k + 1 if k > 0 else k for k in as_tuple(static_argnums))
-    return sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())
+    step = sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())
+
+    step.unsplit = unsplit_step(fn, tx, has_aux, max_grad_norm, skip_nonfinite, update_kwargs)
+    step.parity_groups = (("loss", "aux") if has_aux else "loss", "params", "opt_state")
+    return step
+
+
+def unsplit_step(fn, tx, has_aux, max_grad_norm, skip_nonfinite, update_kwargs) -> Callable:
+    """The one-plan step unsplit: `jax.value_and_grad`, the clip and `tx` on the whole tree."""
+
+    def step(params, opt_state, *args):
+        value, grads = jax.value_and_grad(fn, has_aux=has_aux)(params, *args)
+        if max_grad_norm is not None:
+            grads, _ = optax.clip_by_global_norm(max_grad_norm).update(grads, optax.EmptyState())
+        extra = update_arguments("unsplit", tx, value if has_aux else (value, None), update_kwargs)
+        updates, new_state = tx.update(grads, opt_state, params, **extra)
+        new_params = optax.apply_updates(params, updates)
+        if skip_nonfinite:
+            finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            new_params, new_state = (
+                jax.tree.map(keep, new_params, params),
+                jax.tree.map(keep, new_state, opt_state),
+            )
+        return value, new_params, new_state
+
+    return step
 
 
 def update_arguments(name: str, tx, value, update_kwargs) -> dict:
@@ -133,7 +160,9 @@ def update_arguments(name: str, tx, value, update_kwargs) -> dict:
     if update_kwargs is not None:
         more = update_kwargs(loss, aux)
         if not isinstance(more, dict):
-            raise MpmdError(f"{name}: update_kwargs(loss, aux) must return a dict, got {type(more).__name__}.")
+            raise MpmdError(
+                f"{name}: update_kwargs(loss, aux) must return a dict, got {type(more).__name__}."
+            )
         extra.update(more)
     return extra
 

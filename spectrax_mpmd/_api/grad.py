@@ -106,6 +106,7 @@ class _StepFunction:
     ):
         self.name = "sxvalue_and_grad" if value else "sxgrad"
         self.fn, self.argnums, self.static_argnums = fn, as_tuple(argnums), as_tuple(static_argnums)
+        self.given_argnums = argnums  # as the caller wrote it: an int gives one gradient tree
         self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
         self.mesh = check_mesh(self.name, mesh)
         check_reduce(self.name, reduce)
