@@ -1,10 +1,12 @@
 """Every measured figure quoted in README.md and docs/ is marked and equals its record
 (`docs/measurements/*.json`, written by `benchmarks/figures.py record`); `figures.py write` refreshes
 them together, so a number edited by hand, or a record re-measured without rewriting the text,
-fails here."""
+fails here. Any other time, rate, size, ratio or percentage a page states (in prose, tables, pasted
+output in code blocks or Python comments) is an amount it sets or one a test here derives."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -103,26 +105,114 @@ def test_flatten_names_rows_by_their_name_field():
     assert set(figures.flatten(mixed)) == named
 
 
-UNITS = re.compile(r"\d[\d,.]*\s?(?:ms|µs|s|min|minutes|tokens/s|MiB|GiB|KiB|MB|GB)\b")
-# amounts that are set, not measured: timeouts, message sizes, a model's size in bytes
+NUMBER = r"(?<![\w.=+\-−])\d(?:[\d,.]*\d)?"  # 2, 1.5, 11,900; not 0.10.x, norm1 x, r+1 × (...)
+FIGURES = re.compile(
+    NUMBER
+    + r"(?:\s?(?:ms|µs|us|s|min|minutes|tokens/s|MiB|GiB|KiB|MB|GB)\b"  # a time, rate or size
+    + r"|\s?×(?!\s?\d)|x(?![\w×]|\s?\d)"  # a ratio, 2.4× or 0.5x (not a shape, 32 × 8)
+    + r"|\s?%)"  # a percentage
+)
+BLOCK = re.compile(r"```(\w*)\n(.*?)```", flags=re.S)
+# tables a test computes and keeps current (tests/test_readme.py: the schedule chooser)
+GENERATED = re.compile(r"<!-- schedule chooser: start -->.*?<!-- schedule chooser: end -->", flags=re.S)
+# amounts that are set or derived, not measured: targets, a test's tolerance, a benchmark's
+# threshold, a budget, a timeout, a message size, a model's size in bytes
 SET_AMOUNTS = {
-    "multihost.md": {"2 s", "1 MiB", "30 s", "300 s", "4 MiB"},
+    "multihost.md": {"2 s", "1 MiB", "30 s", "300 s", "4 MiB", "0.5x", "0.25x"},  # 0.5x: 1 / processes
     "checkpoints.md": {"13.4 MB", "12 MB"},
-    "planner.md": {"4 MiB"},
+    "planner.md": {"4 MiB", "5%", "15%", "60%", "25%", "70%", "10%", "1.5×", "3x"},
     "large-models.md": {"64 MiB"},  # the default batch bound of a restore
-    "eager.md": {"50 µs"},  # a target
+    "eager.md": {"50 µs", "1.10×", "2×", "5 %"},  # targets; tests/core/test_fp8.py's tolerance
+    "migrating.md": {"95 %"},  # the compatibility test's threshold
+    "mpmd.md": {"100 %"},  # "a share near 100 %": the host-bound end of the scale
 }
+
+
+def readable(text: str) -> str:
+    """What a reader takes for stated figures: the page without markers and generated tables,
+    its code blocks other than Python whole (pasted output), and the comments of Python ones."""
+    blocks: list[str] = []
+
+    def code(block: re.Match) -> str:
+        lines = block[2].splitlines()
+        if block[1] == "python":
+            lines = [line.split("#", 1)[1] for line in lines if "#" in line]
+        blocks.extend(lines)
+        return ""
+
+    prose = BLOCK.sub(code, GENERATED.sub("", figures.MARKER.sub("", text)))
+    return "\n".join([prose, *blocks])
+
+
+@functools.cache
+def simulated_bubbles(n: int = 8, m: int = 32) -> dict[str, float]:
+    """Each shipped schedule's bubble fraction, simulated at unit costs on `n` ranks with `m`
+    microbatches: the figures of schedules.md's table."""
+    from spectrax_core import schedules as S
+
+    shipped = (*S.ALL_SCHEDULES, *S.MORE_SCHEDULES)
+    return {cls.__name__: S.simulate(cls(microbatches=m), n).bubble_fraction for cls in shipped}
+
+
+def percent(fraction: float) -> str:
+    return f"{fraction * 100:.1f} %"
+
+
+def derived(page: str) -> set[str]:
+    """The figures a page derives and a test computes here: schedules.md's simulated bubbles (its
+    table, VMin at n = 16, m = 64, and the published 2n/3m at n = 8, m = 32)."""
+    if page != "schedules.md":
+        return set()
+    bubbles = [*simulated_bubbles().values(), simulated_bubbles(16, 64)["VMin"], 2 * 8 / (3 * 32)]
+    return {percent(b) for b in bubbles}
+
+
+def test_the_schedules_bubble_column_is_the_simulators():
+    table = (ROOT / "docs" / "schedules.md").read_text()
+    rows = re.findall(r"^\| ([\w, ]+) \| [^|]+ \| ([\d.]+ %)", table, flags=re.M)
+    named = {name: value for names, value in rows for name in names.split(", ")}
+    assert named == {name: percent(b) for name, b in simulated_bubbles().items()}
+
+
+def unmarked(text: str, page: str) -> set[str]:
+    """The measured-looking figures of `text` (page `page`) that are neither marked nor set."""
+    if page == "measurements.md":  # the records themselves
+        return set()
+    return set(FIGURES.findall(readable(text))) - SET_AMOUNTS.get(page, set()) - derived(page)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_no_unmarked_measured_figure(page):
-    """Outside code blocks and markers a page states no time, rate or size but the amounts it sets
-    (a timeout, a message size): every measured one is a marked figure."""
-    text = figures.MARKER.sub("", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
-    found = set(UNITS.findall(text)) if page.name != "measurements.md" else set()
-    assert found <= SET_AMOUNTS.get(page.name, set())
+    """A page states no time, rate, size, ratio or percentage, in its prose, its tables or its
+    code blocks, but its marked figures (each equal to its record), the amounts it sets and the
+    ones a test derives: every measured one is a marked figure."""
+    assert unmarked(page.read_text(), page.name) == set()
 
 
-def test_the_unmarked_figure_check_finds_a_planted_one():
-    planted = "A step took 25.9 s (11,900 tokens/s); <!-- fig train_lm {wall_s} .1f -->1.0<!-- /fig --> s."
-    assert set(UNITS.findall(figures.MARKER.sub("", planted))) == {"25.9 s", "11,900 tokens/s"}
+PLANTED = {
+    "a time and a rate": "A step took 25.9 s (11,900 tokens/s).",
+    "a ratio in prose": "The one-plan step was measured 2.4× faster than two calls.",
+    "a ratio written with x": "It issued 0.62x of the cells.",
+    "a percentage": "The prediction was off by up to 13% on the last rank.",
+    "pasted output": "```text\nstep: issue 1.91 ms CPU of 4.85 ms wall (39% issuing)\n```",
+    "a Python comment": "```python\nstep(params)  # 4.85 ms here\n```",
+    "an edited set amount": "holds the median prediction within 17% of the median measured",
+    "an edited simulated bubble": "| GPipe | flat | 27.9 % | m | never for training at scale |",
+}
+NOT_FIGURES = [
+    "a batch of 32 × 8 tokens on `fsdp=2 x tp=2`, `x + attn(norm1 x)`, r+1 × (B1, B0), JAX 0.10.x",
+    "<!-- fig train_lm {wall_s} .1f -->54.5<!-- /fig --> s, <!-- fig x {a} .2f -->1.29<!-- /fig -->×",
+    "```python\nx = (a % 10) * 2  # the last block does 3x the others' work\n```",
+    "<!-- schedule chooser: start -->\n| ZBV | 6% | 1.00× |\n<!-- schedule chooser: end -->",
+    "| GPipe | flat | 17.9 % | m | never for training at scale |",
+]
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_the_unmarked_figure_check_finds_a_planted_one(planted):
+    assert unmarked(PLANTED[planted], "planner.md" if "set" in planted else "schedules.md")
+
+
+@pytest.mark.parametrize("text", NOT_FIGURES)
+def test_shapes_versions_marked_generated_and_derived_figures_pass(text):
+    assert unmarked(text, "planner.md" if "3x" in text else "schedules.md") == set()
