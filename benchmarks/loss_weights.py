@@ -7,9 +7,11 @@ gradients) with three losses:
   padded    the padded token mean `sum(ce * mask) / max(sum(mask), 1)`: its count is taken over
             the whole batch, on the loss rank
   weighted  the padded mean with `microbatch_weight_fn` (each microbatch's real tokens)
-For each: the first call (trace, split, compile; the trace phase separately) and
-`--rounds` interleaved rounds of `--calls` calls: wall time min, median and spread, and the
-issuing thread's CPU time. Writes benchmarks/results/loss_weights.json.
+For each: the first call (trace, split, compile; the trace phase and the loss analysis that
+proves the loss exact separately) and `--rounds` interleaved rounds of `--calls` calls: wall
+time min, median and spread, and the issuing thread's CPU time. Then the analysis's share of
+the first call of a 16-block LM (the padded loss, 4 ranks). Writes
+benchmarks/results/loss_weights.json.
 
     python benchmarks/loss_weights.py [--rounds 7] [--calls 10]
 """
@@ -43,8 +45,10 @@ def padded(logits, targets):
     return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def contenders() -> dict:
-    lm = TransformerLM.init(jax.random.key(0), vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+def contenders(n_layers: int = 4) -> dict:
+    lm = TransformerLM.init(
+        jax.random.key(0), vocab_size=256, d_model=128, n_layers=n_layers, n_heads=4, d_ff=512
+    )
     tokens = jax.random.randint(jax.random.key(1), (16, 32), 0, 256)
     labels = jnp.roll(tokens, -1, axis=1)
     lengths = jax.random.randint(jax.random.key(2), (16, 1), 0, 33)
@@ -68,29 +72,42 @@ def contenders() -> dict:
     return {name: (step, lambda step=step, t=t: step(params, tokens, t)) for name, (step, t) in steps.items()}
 
 
+def first_call(step, call) -> dict:
+    """The first call's wall seconds, with its trace and loss-analysis phases."""
+    seconds = once(call)[0]
+    phases = step.runner.step.timings()["seconds"]
+    return {"first_s": seconds, "trace_s": phases["trace"], "analysis_s": phases["analysis"]}
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=10)
     args = p.parse_args(argv)
     steps = contenders()
-    firsts = {}
-    for name, (step, call) in steps.items():
-        firsts[name] = (once(call)[0], step.runner.step.timings()["seconds"]["trace"])
+    firsts = {name: first_call(step, call) for name, (step, call) in steps.items()}
     wall, cpu = interleaved({name: call for name, (_, call) in steps.items()}, args.rounds, args.calls)
     records = []
     print(
-        f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'min ms':>8} {'median ms':>9} {'spread':>7} "
-        f"{'cpu ms':>7}"
+        f"{'loss':9} {'1st call s':>10} {'trace s':>8} {'analysis s':>10} {'min ms':>8} {'median ms':>9} "
+        f"{'spread':>7} {'cpu ms':>7}"
     )
     for name in steps:
-        row = {"loss": name, "first_s": firsts[name][0], "trace_s": firsts[name][1]}
+        row = {"loss": name, **firsts[name]}
         row.update(summary(wall[name], cpu[name]))
         records.append(row)
         print(
-            f"{name:9} {row['first_s']:10.2f} {row['trace_s']:8.3f} {row['min_ms']:8.2f} "
-            f"{row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}"
+            f"{name:9} {row['first_s']:10.2f} {row['trace_s']:8.3f} {row['analysis_s']:10.3f} "
+            f"{row['min_ms']:8.2f} {row['median_ms']:9.2f} {row['spread']:7.2f} {row['cpu_median_ms']:7.2f}"
         )
+    step, call = contenders(n_layers=16)["padded"]
+    deep = {"loss": "padded, 16 blocks", **first_call(step, call)}
+    records.append(deep)
+    share = deep["analysis_s"] / deep["first_s"]
+    print(
+        f"16-block LM, padded loss: first call {deep['first_s']:.2f} s, analysis {deep['analysis_s']:.3f} s "
+        f"({share:.1%} of it)"
+    )
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(records, indent=1))
     return records

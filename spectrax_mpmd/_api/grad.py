@@ -146,7 +146,8 @@ class _StepFunction:
                 "reduce it (e.g. mean over the batch) before returning."
             )
         pipeline_schedule(self, None, regions)
-        closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
+        with self.compiler.stats.timed("analysis"):
+            closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(self, graph, regions)

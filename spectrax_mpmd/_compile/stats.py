@@ -6,14 +6,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-PHASES = ("trace", "split", "lower", "compile", "relocate", "plan", "first_run")
+PHASES = ("trace", "analysis", "split", "lower", "compile", "relocate", "plan", "first_run")
 
 
 @dataclass
 class BuildStats:
     """Seconds per phase and program counts of one build (a first call for one signature).
 
-    Phases: `trace` (the function to a jaxpr), `split` (jaxpr to stage graph),
+    Phases: `trace` (the function to a jaxpr), `analysis` (proving the loss exact under
+    microbatching, `spectrax_mpmd._trace.exact_loss`), `split` (jaxpr to stage graph),
     `lower` (each distinct cell to StableHLO), `compile` (XLA, parallel threads:
     wall time, not the sum over threads), `relocate` (serializing programs and
     loading them onto other ranks' devices), `plan` (the rest of building the

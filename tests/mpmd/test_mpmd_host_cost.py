@@ -135,7 +135,7 @@ def test_timings_account_for_every_phase(built):
     fast, _, args = built
     fast(*args)  # the first call of this signature in this process (tests may run in any order)
     report = fast.timings(*args)
-    assert set(report["seconds"]) == {"trace", "split", "lower", "compile", "relocate", "plan", "first_run"}
+    assert set(report["seconds"]) == {"trace", "analysis", "split", "lower", "compile", "relocate", "plan", "first_run"}
     assert all(s >= 0 for s in report["seconds"].values())
     assert report["seconds"]["first_run"] > 0 and report["seconds"]["compile"] > 0
     assert report["total_s"] == pytest.approx(sum(report["seconds"].values()))
