@@ -10,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from mpmd_cases import lm_batch, tiny_lm
 
 import spectrax_mpmd as mp
+from spectrax_core import apply
+from spectrax_core.losses import softmax_cross_entropy
 from spectrax_core.schedules import Std1F1B, ZeroBubbleH1
 
 M, B, D, V = 4, 16, 8, 6
@@ -162,3 +165,25 @@ def test_a_constant_indexed_by_the_batch_size_is_not_a_per_row_value():
 
     with pytest.raises(mp.MpmdError, match="loss cannot be proven"):
         mp.sxvalue_and_grad(loss, mesh=mesh(), schedule=SCHEDULES["Std1F1B"])(*inputs())
+
+
+def z_loss_average(logits, targets):
+    """`(cross-entropy + 0.01 * z-loss) / 2`: a scaled sum of two means over the tokens."""
+    z = jnp.mean(jax.nn.logsumexp(logits, -1) ** 2)
+    return (softmax_cross_entropy(logits, targets) + 0.01 * z) / 2
+
+
+@pytest.mark.parametrize("kind", ["pipeline", "no_pipeline_axis"])
+def test_run_on_both_kinds_of_mesh_returns_the_unsplit_loss(kind):
+    lm = tiny_lm(jax.random.key(0), n_layers=2, tie_embeddings=False)
+    tokens, targets = lm_batch(jax.random.key(1), 8)
+    want = jax.value_and_grad(lambda model: z_loss_average(apply(model, tokens), targets))(lm)
+    if kind == "pipeline":
+        settings = {
+            "mesh": mp.create_mesh((2, 1, -1, 1, 1, 1), mpmd_axis="pp"),
+            "schedule": Std1F1B(microbatches=M),
+        }
+    else:
+        settings = {"mesh": mp.create_mesh((1, 2, -1, 1, 1, 1)), "microbatches": M}
+    got = mp.run(lm, inputs=tokens, targets=targets, loss_fn=z_loss_average, **settings)
+    jax.tree.map(_close, got, want)
