@@ -1,9 +1,11 @@
 """The benchmarks' one timing helper and one definition of spread.
 
 Every table reports, per contender, the min and median of the wall time over interleaved rounds,
-their spread ((max - min) / median over the rounds) and the issuing thread's CPU time next to it.
-`interleaved` times the rounds, `once` times one call (a first call, a compile), `summary` turns
-the per-round seconds into the reported figures. No benchmark script reads a clock itself.
+their spread ((max - min) / median over the rounds) and the issuing thread's CPU time next to it
+(on the wall clock where this machine's thread CPU clock is too coarse to time a call:
+`issue_clock`). `interleaved` times the rounds, `once` times one call (a first call, a compile),
+`summary` turns the per-round seconds into the reported figures, `ratio` divides two of them. No
+benchmark script reads a clock itself.
 """
 
 from __future__ import annotations
@@ -15,6 +17,26 @@ from collections.abc import Callable
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 WAITS = ("each", "last", None)
+
+
+def issue_clock():
+    """The clock the issuing thread's time is read on (`spectrax_mpmd._runtime.clock`): its CPU
+    time, or the wall clock where this machine's thread CPU clock moves in steps too coarse for
+    one call (10 ms under gVisor, where every call would read 0). `.now`, `.name`, `.note`."""
+    from spectrax_mpmd._runtime import issue_clock as measured  # a script sets JAX's flags first
+
+    return measured()
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """`numerator / denominator`, or None when the denominator measured 0 (a clock too coarse for
+    what it timed) or less: no ratio, where a division would raise or mislead."""
+    return numerator / denominator if denominator > 0 else None
+
+
+def times(value: float | None) -> str:
+    """A `ratio` as the tables print it: `1.03x`, or `n/a` when there is none."""
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def spread(values: list) -> float:
@@ -95,15 +117,15 @@ def interleaved(
     warmup: int = 0,
     wait: str | None = "each",
     issue_cpu_only: bool = False,
-    clock: Callable = time.thread_time,
+    clock: Callable | None = None,
     shuffle=None,
     collect_garbage: bool = True,
 ) -> tuple[dict, dict]:
     """Time every contender (a no-argument callable) `calls` times per round, the contenders
     interleaved over `rounds` rounds (so a load change on the shared machine hits them alike).
     Returns `(wall, cpu)`: per contender, the seconds per call of each round, on the wall clock
-    and on `clock` (default: the issuing thread's CPU time; `time.process_time` counts every
-    thread, a compiler's included).
+    and on `clock` (default: `issue_clock().now`, the issuing thread's CPU time where this machine
+    times it finely; `time.process_time` counts every thread, a compiler's included).
 
     setup: `setup(name)` runs before a contender's calls in every round, untimed (fresh inputs,
         a barrier between processes, a reset of a decoder's state).
@@ -123,6 +145,7 @@ def interleaved(
         raise ValueError(f"wait={wait!r}: expected one of {WAITS}.")
     if rounds < 1 or calls < 1:
         raise ValueError(f"rounds={rounds}, calls={calls}: both must be at least 1.")
+    clock = issue_clock().now if clock is None else clock
     wall = {name: [] for name in contenders}
     cpu = {name: [] for name in contenders}
     order = list(contenders)

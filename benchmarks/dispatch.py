@@ -20,6 +20,7 @@ which stays readable on a shared, noisy machine.
     python benchmarks/dispatch.py [--rounds 5] [--calls 1000] [--only spx.jit]
         [--json benchmarks/results/dispatch.json]
     python benchmarks/dispatch.py --facade   # the facade's own work per call, without XLA
+    JAX_PLATFORMS=tpu python benchmarks/dispatch.py   # on the accelerator (default: the CPU)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import interleaved, summary  # noqa: E402
+from _timing import interleaved, issue_clock, ratio, summary, times  # noqa: E402
 
 import spectrax_core as sc  # noqa: E402
 import spectrax_eager as spx  # noqa: E402
@@ -384,7 +385,7 @@ def run(d: int, rounds: int, calls: int, only: list[str] | None = None) -> dict:
     def us(seconds):
         return {w: {n: [x * 1e6 for x in v] for n, v in r.items()} for w, r in seconds.items()}
 
-    return {"d": d, "loss": ref, "losses": losses, "median_us": pick("median_us"), "min_us": pick("min_us"),
+    return {"d": d, "clock": issue_clock().name, "loss": ref, "losses": losses, "median_us": pick("median_us"), "min_us": pick("min_us"),
             "spread": pick("spread"), "cpu_median_us": pick("cpu_median_us"), "rounds_us": us(times),
             "rounds_cpu_us": us(cpu)}
 
@@ -439,8 +440,10 @@ def facade_table(d: int, calls: int) -> tuple[str, dict]:
 
 def table(result: dict) -> str:
     """Per workload: wall median (ratio to raw), min and spread ((max - min) / median over the
-    rounds), the calling thread's CPU time median (ratio to raw), and the paired overheads:
-    the median over rounds of (column - raw) in the same round, wall and thread CPU."""
+    rounds), the calling thread's CPU time median (ratio to raw; its wall time where this machine's
+    thread CPU clock is too coarse: the column names the clock), and the paired overheads: the
+    median over rounds of (column - raw) in the same round, wall and issue clock. A ratio to a
+    raw time that measured 0 prints as n/a."""
     med, low, cpu, spreads = result["median_us"], result["min_us"], result["cpu_median_us"], result["spread"]
     rounds, rounds_cpu = result["rounds_us"], result["rounds_cpu_us"]
     names = list(med["fwd"])
@@ -450,7 +453,7 @@ def table(result: dict) -> str:
     for w, title in WORKLOADS:
         raw, raw_cpu = med[w]["raw jax.jit"], cpu[w]["raw jax.jit"]
         lines.append(
-            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {'thread CPU':>16} "
+            f"{title:<22} {'median':>16} {'min':>8} {'spread':>7} {result['clock']:>16} "
             f"{'paired +wall':>13} {'+CPU':>7}"
         )
         for n in names:
@@ -458,8 +461,9 @@ def table(result: dict) -> str:
             d_wall = statistics.median(a - b for a, b in zip(rounds[w][n], rounds[w]["raw jax.jit"]))
             d_cpu = statistics.median(a - b for a, b in zip(rounds_cpu[w][n], rounds_cpu[w]["raw jax.jit"]))
             lines.append(
-                f"  {n:<20} {med[w][n]:8.1f} ({med[w][n] / raw:.2f}x) {low[w][n]:8.1f} {spread:6.0%} "
-                f"{cpu[w][n]:8.1f} ({cpu[w][n] / raw_cpu:.2f}x) {d_wall:13.1f} {d_cpu:7.1f}"
+                f"  {n:<20} {med[w][n]:8.1f} ({times(ratio(med[w][n], raw)):>5}) {low[w][n]:8.1f} "
+                f"{spread:6.0%} {cpu[w][n]:8.1f} ({times(ratio(cpu[w][n], raw_cpu)):>5}) {d_wall:13.1f} "
+                f"{d_cpu:7.1f}"
             )
     return "\n".join(lines)
 
@@ -483,13 +487,18 @@ def main() -> None:
         for d in args.dims:
             print(facade_table(d, max(args.calls, 1000) * 10)[0])
         return
+    device = jax.devices()[0]
+    print(f"on {device.device_kind} ({device.platform}); issue times on the {issue_clock().name} clock")
+    if issue_clock().note:
+        print(issue_clock().note)
     results = [run(d, args.rounds, args.calls, args.only) for d in args.dims]
     for r in results:
         print(table(r), end="\n\n")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        record = {"device": device.device_kind, "rounds": args.rounds, "calls": args.calls, "results": results}
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "calls": args.calls, "results": results}, f, indent=2)
+            json.dump(record, f, indent=2)
         print(f"wrote {args.json}")
 
 

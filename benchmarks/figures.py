@@ -16,8 +16,10 @@ the last word reads the record's figures (`{key}`, with `+ - * / // %`, numbers 
     python benchmarks/figures.py check                    list every marked figure that disagrees
 
 A record keeps every number of the benchmark's JSON under a flat key (`rows.Std1F1B.median_ms`),
-with the date, the machine (CPU, cores, load average, JAX version) and the command that produced
-it. `tests/test_figures.py` fails when a marked figure and its record disagree.
+with the date, the machine (CPU, cores, load average, JAX version), the device when the JSON names
+one (`"device"`: an accelerator's kind) and the command that produced it; a command may start with
+`NAME=value` words, set in its environment as a shell would. `tests/test_figures.py` fails when a
+marked figure and its record disagree.
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ SOURCES = {
         "runs/figures/train_lm_details/metrics.json",
         "the main job's --details tables (30 steps)",
     ),
+    "tpu_train_lm": Source(
+        f"{PY} examples/train_lm.py --out runs/figures/tpu_train_lm",
+        "runs/figures/tpu_train_lm/metrics.json",
+        "the README's first command on a machine with one TPU v5e chip (its ranks on fake CPU devices)",
+    ),
+    "tpu_train_lm_one_rank": Source(
+        f"{PY} examples/train_lm.py --stages 1 --details --out runs/figures/tpu_train_lm_one_rank",
+        "runs/figures/tpu_train_lm_one_rank/metrics.json",
+        "the main job on one TPU v5e chip: one rank, every stage on it, with --details",
+    ),
+    "tpu_accelerator_tests": Source(
+        f"{PY} -m pytest -q -o addopts= -m accelerator tests/mpmd/test_mpmd_accelerator.py "
+        "--junitxml runs/figures/tpu_accelerator_tests.xml",
+        "runs/figures/tpu_accelerator_tests.xml",
+        "the tests marked accelerator, on one TPU v5e chip",
+    ),
     "test_suite": Source(
         f"{PY} -m pytest -q --junitxml runs/figures/test_suite.xml",
         "runs/figures/test_suite.xml",
@@ -106,6 +124,7 @@ SOURCES = {
             ("offload", "--rounds 3 --calls 3", "offload and recompute: peaks and step times"),
             ("stack_decode", "--rounds 3", "per-token decode of a BlockStack against its blocks"),
             ("dispatch", "--rounds 3 --calls 300", "eager spx.jit against raw jax.jit"),
+            ("host_cost", "--rounds 7", "issue cost per cell of a one-rank step against a raw jax.jit call"),
             ("planner", "--runs 3", "the planner's predicted against measured peaks and busy time"),
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
@@ -125,7 +144,19 @@ SOURCES = {
             ),
         ]
     },
+    "tpu_dispatch": Source(
+        "JAX_PLATFORMS=tpu python benchmarks/dispatch.py --rounds 3 --calls 300 "
+        "--json benchmarks/results/tpu_dispatch.json",
+        "benchmarks/results/tpu_dispatch.json",
+        "eager spx.jit against raw jax.jit, on one TPU v5e chip",
+    ),
+    "tpu_host_cost": Source(
+        f"{PY} benchmarks/host_cost.py --rounds 7 --json benchmarks/results/tpu_host_cost.json",
+        "benchmarks/results/tpu_host_cost.json",
+        "issue cost per cell of a one-rank step against a raw jax.jit call, on one TPU v5e chip",
+    ),
 }
+ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")  # a command's leading NAME=value: its environment
 
 
 def flatten(value, prefix: str = "") -> dict:
@@ -175,7 +206,8 @@ def junit(path: Path) -> dict:
 
 def machine() -> str:
     """The CPU model, core count, load average and library versions, in one line."""
-    model = platform.processor() or platform.machine()
+    model = platform.processor()
+    model = model if model not in ("", "unknown") else platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if "model name" in ln]
@@ -200,10 +232,11 @@ def record(name: str, run: bool = True) -> dict:
 
         if source.fresh:
             shutil.rmtree(ROOT / source.fresh, ignore_errors=True)
-        argv = [sys.executable if word == PY else word for word in shlex.split(source.command)]
-        took, _ = once(lambda: subprocess.run(argv, cwd=ROOT, check=True), wait=None)
+        argv, env = command_environment(source.command)
+        took, _ = once(lambda: subprocess.run(argv, cwd=ROOT, check=True, env=env), wait=None)
     stamp = datetime.datetime.fromtimestamp(result.stat().st_mtime, datetime.UTC)
-    figures = flatten(junit(result) if result.suffix == ".xml" else json.loads(result.read_text()))
+    data = junit(result) if result.suffix == ".xml" else json.loads(result.read_text())
+    figures = flatten(data)
     if took is not None:
         figures["load_average_1m"] = load
         figures["command_wall_s"] = took
@@ -212,12 +245,23 @@ def record(name: str, run: bool = True) -> dict:
         "what": source.what,
         "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
+        **({"device": data["device"]} if isinstance(data.get("device"), str) else {}),
         "command": source.command,
         "figures": dict(sorted(figures.items())),
     }
     RECORDS.mkdir(parents=True, exist_ok=True)
     (RECORDS / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+def command_environment(command: str) -> tuple[list[str], dict]:
+    """`command` as an argument list (`python` this interpreter) and the environment to run it in:
+    this one, with the command's leading `NAME=value` words set."""
+    words, env = shlex.split(command), dict(os.environ)
+    while words and ENV_WORD.fullmatch(words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return [sys.executable if word == PY else word for word in words], env
 
 
 def load_records(folder: Path = RECORDS) -> dict:
@@ -332,7 +376,9 @@ def measurements_page(records: dict, quoted: dict) -> str:
     ]
     for name, data in records.items():
         lines += ["", f"## {name}: {data['what']}", "", f"- date: {data['date']}"]
-        lines += [f"- machine: {data['machine']}", f"- command: `{data['command']}`", ""]
+        lines += [f"- machine: {data['machine']}"]
+        lines += [f"- device: {data['device']}"] if "device" in data else []
+        lines += [f"- command: `{data['command']}`", ""]
         mine = sorted((expr, spec, pages) for (rec, expr, spec), pages in quoted.items() if rec == name)
         if mine:
             lines += ["| quoted figure | value | quoted in |", "|---|---|---|"]

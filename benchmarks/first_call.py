@@ -32,7 +32,7 @@ cpu_devices(8)  # before JAX is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _timing import interleaved, summary  # noqa: E402
+from _timing import interleaved, ratio, summary, times  # noqa: E402
 from mpmd_overhead import LM_CONFIGS, Updating, first_call_cpu, lm_steps  # noqa: E402
 
 from spectrax_mpmd._env import COMPILE_THREADS_ENV  # noqa: E402
@@ -135,7 +135,7 @@ def print_profile(row: dict, fixed_s: float) -> None:
     pipe, unsplit, serial = row["pipeline"], row["unsplit"], row["serial"]
     print(
         f"  ratios: first call {pipe['first_s'] / unsplit['first_s']:.2f}x, CPU "
-        f"{pipe['first_cpu_s'] / unsplit['first_cpu_s']:.2f}x, lowering "
+        f"{times(ratio(pipe['first_cpu_s'], unsplit['first_cpu_s']))}, lowering "
         f"{pipe['lower_s'] / unsplit['lower_s']:.2f}x, XLA compile (summed over threads) "
         f"{pipe['compile_s'] / unsplit['compile_s']:.2f}x; fixed cost per program {fixed_s * 1e3:.0f} ms "
         f"x {pipe['compiles']} = {fixed_s * pipe['compiles']:.2f} s"

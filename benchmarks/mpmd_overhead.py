@@ -29,7 +29,7 @@ pipeline rank per device. Sections (`--sections`, all by default):
 
 Every timed figure comes from `--rounds` interleaved rounds (each round runs every
 contender in turn, each call waited for): wall time min, median and spread
-((max - min) / median), and the issuing thread's CPU time (`time.thread_time`),
+((max - min) / median), and the issuing thread's CPU time (`_timing.issue_clock`),
 which other load on a shared machine barely moves. Writes every row as JSON.
 
     python benchmarks/mpmd_overhead.py [--rounds 7] [--sections schedules,scaling,first,host,lm]
@@ -51,7 +51,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from _timing import interleaved, once, summary  # noqa: E402
+from _timing import interleaved, once, ratio, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
@@ -369,9 +369,9 @@ def section_lm(rounds: int, configs: list) -> list:
             "around_plan_us_per_cell": t["mpmd"]["cpu_median_ms"] * 1e3 / host.cells - host.per_cell_us,
             "release_us_per_cell": release_us / host.cells,
             "calls_us_per_cell": host.calls_per_cell_us,
-            "issue_vs_calls": host.per_cell_us / host.calls_per_cell_us,
+            "issue_vs_calls": ratio(host.per_cell_us, host.calls_per_cell_us),
             "cell_call_us": cell_call_us,
-            "issue_vs_cell_call": host.per_cell_us / cell_call_us,
+            "issue_vs_cell_call": ratio(host.per_cell_us, cell_call_us),
             **{f"{k}_us_per_call": us / calls for k, (calls, us) in kinds.items()},
             "issue_share": host.issue_share,
             "first_s": mpmd_first,
@@ -379,7 +379,7 @@ def section_lm(rounds: int, configs: list) -> list:
             "first_vs_spmd": mpmd_first / spmd_first,
             "first_cpu_s": mpmd_first_cpu,
             "spmd_first_cpu_s": spmd_first_cpu,
-            "first_cpu_vs_spmd": mpmd_first_cpu / spmd_first_cpu,
+            "first_cpu_vs_spmd": ratio(mpmd_first_cpu, spmd_first_cpu),
             "compiled": report["compiled"],
             "relocated": report["relocated"],
             "lowered": report["lowered"],

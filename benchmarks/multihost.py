@@ -13,7 +13,7 @@ cross-process transport:
 
 Per layout, `--rounds` rounds of `--calls` steps (each call waited for: the loss and
 this process's gradients): step wall time min, median and spread ((max - min) /
-median), and each process's issuing-thread CPU time per step (`time.thread_time`
+median), and each process's issuing-thread CPU time per step (`_timing.issue_clock`
 around the calls: the host cost of issuing its own ranks' cells, transfers and the
 wait for its receives), next to the number of plan steps the process issues per
 call and the CPU time per issued step. Layouts are separate jobs, so their rounds are
@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _timing import interleaved, summary
+from _timing import interleaved, ratio, summary, times
 
 LAYOUTS = ((1, 4, None), (2, 2, "transfer"), (2, 2, "ppermute"), (4, 1, "transfer"), (4, 1, "ppermute"))
 D, B, LAYERS, M = 256, 64, 4, 8
@@ -235,14 +235,14 @@ def main() -> None:
     )
     for row in rows:
         row["ratio"] = row["median_ms"] / base
-        row["cpu_ratio"] = statistics.mean(row["cpu_per_process_ms"]) / base_cpu
+        row["cpu_ratio"] = ratio(statistics.mean(row["cpu_per_process_ms"]), base_cpu)
         row["issued_ratio"] = statistics.mean(row["issued_per_process"]) / base_issued
         cpus = " ".join(f"{c:.1f}" for c in row["cpu_per_process_ms"])
         issued = " ".join(str(n) for n in row["issued_per_process"])
         per = " ".join(f"{u:.0f}" for u in row["cpu_per_issued_us"])
         print(
             f"{row['layout']:17} {row['min_ms']:7.1f} {row['median_ms']:7.1f} {row['spread']:6.2f} "
-            f"{row['ratio']:5.2f}  {cpus} ({row['cpu_ratio']:.2f}x) | {issued} ({row['issued_ratio']:.2f}x) "
+            f"{row['ratio']:5.2f}  {cpus} ({times(row['cpu_ratio'])}) | {issued} ({row['issued_ratio']:.2f}x) "
             f"| {per}"
         )
     print("transfer latency, ms per MiB (4 MiB messages, median):")

@@ -11,7 +11,7 @@ Rows:
           one cell per rank plus the transfers between them).
 
 Rounds interleave the two sides; each reports min, median and spread ((max - min) / median)
-of wall time, and the issuing thread's CPU time (`time.thread_time`) next to it. JSON: per side
+of wall time, and the issuing thread's CPU time (`_timing.issue_clock`) next to it. JSON: per side
 `min_ms`, `median_ms`, `spread`, `cpu_min_ms`, `cpu_median_ms` (per call).
 
     python benchmarks/run.py [--rounds 7] [--out benchmarks/results/run.json]

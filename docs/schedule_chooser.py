@@ -1,17 +1,21 @@
 """The README's schedule chooser, computed from the schedules' own simulator.
 
 Every shipped schedule (`ALL_SCHEDULES` and `MORE_SCHEDULES`) is simulated on 4 ranks
-and 8 microbatches at the unit costs (T_F = T_I = T_W = 1, T_B = 2): its bubble, and its
-peak activation memory per rank relative to 1F1B's (a stage of a layout with v stages
-per rank holds 1/v of a rank's layers, so its activations count 1/v). `tests/test_readme.py`
-fails when the README's table differs from this one; `python docs/schedule_chooser.py
---write` rewrites it.
+and 8 microbatches at the unit costs (T_F = T_I = T_W = 1, T_B = 2), each rank on a device
+of its own and a cell costing its arithmetic alone: its cells per step, its bubble, its peak
+live activations per rank as `simulate(...).peak_activations` counts them ((stage,
+microbatch) activations), and that peak relative to 1F1B's with each activation weighed by
+its stage's share of a rank's layers (a layout with v stages per rank: 1/v). The table says
+what it assumes and when to rank with `mp.advise` instead; `tests/test_readme.py` checks
+both units and that the assumptions decide the ranking, and fails when the README's table
+differs from this one; `python docs/schedule_chooser.py --write` rewrites it.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 from spectrax_core import schedules as S
 
@@ -38,6 +42,20 @@ WHEN = {
 }
 
 
+class Row(NamedTuple):
+    """One schedule's line: its name, stages per rank (and layout), cells per step (every rank's,
+    a fused cell counted once), bubble, peak live (stage, microbatch) activations over the ranks,
+    that peak weighed by layers relative to Std1F1B's, and when to pick it."""
+
+    name: str
+    layout: str
+    cells: int
+    bubble: float
+    peak: int
+    memory: float
+    when: str
+
+
 def instance(cls) -> S.Schedule:
     """`cls` at the chooser's microbatches; loop layouts with two stages per rank."""
     if cls.layout == "loop":
@@ -45,37 +63,70 @@ def instance(cls) -> S.Schedule:
     return cls(microbatches=MICROBATCHES)
 
 
-def _memory(schedule, timeline) -> float:
-    per_stage = 1 / schedule.virtual_stages if schedule.layout != "flat" else 1.0
-    return max(timeline.peak_activations) * per_stage
+def layer_share(schedule) -> float:
+    """The share of a rank's layers one stage of `schedule` holds: 1/v for v stages per rank."""
+    return 1.0 if schedule.layout == "flat" else 1 / (schedule.num_stages(RANKS) // RANKS)
 
 
-def rows() -> list[tuple[str, str, float, float, str]]:
-    """`(name, stages per rank, bubble, peak activations x 1F1B's, when)` per shipped schedule."""
-    base = _memory(S.Std1F1B(MICROBATCHES), S.simulate(S.Std1F1B(MICROBATCHES), RANKS))
+def rows() -> list[Row]:
+    """One `Row` per shipped schedule."""
+    base = S.Std1F1B(MICROBATCHES)
+    base_peak = max(S.simulate(base, RANKS).peak_activations) * layer_share(base)
     out = []
     for cls in (*S.ALL_SCHEDULES, *S.MORE_SCHEDULES):
         schedule = instance(cls)
         timeline = S.simulate(schedule, RANKS)
         stages = schedule.num_stages(RANKS) // RANKS
         layout = "1" if cls.layout == "flat" else f"{stages} ({cls.layout})"
-        memory = _memory(schedule, timeline) / base
-        out.append((cls.__name__, layout, timeline.bubble_fraction, memory, WHEN[cls.__name__]))
+        peak = max(timeline.peak_activations)
+        cells = sum(map(len, schedule.actions(RANKS)))
+        memory = peak * layer_share(schedule) / base_peak
+        out.append(
+            Row(cls.__name__, layout, cells, timeline.bubble_fraction, peak, memory, WHEN[cls.__name__])
+        )
     return out
 
 
+ASSUMED = (
+    "T_B = 2), assuming each rank computes on a device of its own, in parallel with the others, and a "
+    "cell costs its arithmetic alone: no host time to issue it, free transfers. `peak` is "
+    "`simulate(...).peak_activations` at its largest over the ranks, counted in (stage, microbatch) "
+    "activations; `× 1F1B` weighs each by its stage's share of a rank's layers (1/v for v stages per "
+    "rank) and divides by Std1F1B's"
+)
+TRUST_ADVISE = (
+    "The ranking holds where those assumptions do. Where ranks share compute units (fake CPU devices "
+    "share the host's cores), a rank's bubble is time the others use, so a smaller bubble gains little; "
+    "and every cell costs the one host thread its issue (tens of microseconds), so with short cells a "
+    "schedule with more cells per step (split backwards, two stages per rank) loses more than its "
+    "bubble wins. There, or with transfers that cost, rank the schedules with `mp.advise`, which "
+    "measures your model's cells, their issue cost and how many ranks compute at once."
+)
+
+
+def preamble(by_name: dict) -> list[str]:
+    """What the table assumes and how its columns count, then when to rank with `mp.advise`."""
+    zbv, base = by_name["ZBV"], by_name["Std1F1B"]
+    units = (
+        f": ZBV's peak of {zbv.peak} half-rank activations weighs {zbv.memory:.2f}× Std1F1B's "
+        f"{base.peak} whole ones."
+    )
+    setting = f"Simulated on {RANKS} ranks, {MICROBATCHES} microbatches, unit costs (T_F = T_I = T_W = 1, "
+    return [setting + ASSUMED + units, "", TRUST_ADVISE]
+
+
 def table() -> str:
-    """The chooser as a Markdown table, fastest first."""
+    """The chooser as Markdown: what it assumes, then the table, fastest first."""
+    table_rows = rows()
     head = [
-        f"Simulated on {RANKS} ranks, {MICROBATCHES} microbatches, unit costs (T_F = T_I = T_W = 1, "
-        "T_B = 2); activations relative to 1F1B's, per rank.",
+        *preamble({r.name: r for r in table_rows}),
         "",
-        "| schedule | stages per rank | bubble | activations | pick it when |",
-        "|---|---|---|---|---|",
+        "| schedule | stages per rank | cells per step | bubble | peak | × 1F1B | pick it when |",
+        "|---|---|---|---|---|---|---|",
     ]
     body = [
-        f"| `{name}` | {layout} | {bubble:.0%} | {memory:.2f}× | {when} |"
-        for name, layout, bubble, memory, when in sorted(rows(), key=lambda r: (round(r[2], 4), r[3]))
+        f"| `{r.name}` | {r.layout} | {r.cells} | {r.bubble:.0%} | {r.peak} | {r.memory:.2f}× | {r.when} |"
+        for r in sorted(table_rows, key=lambda r: (round(r.bubble, 4), r.memory))
     ]
     return "\n".join(head + body) + "\n"
 

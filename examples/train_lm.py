@@ -4,7 +4,9 @@ The core `TransformerLM` is cut into `--stages` pipeline stages (embedding and
 the first blocks on rank 0, the last blocks, final norm and head on the last
 rank) and trained with a pipeline schedule on the public-domain text in
 `examples/data/corpus.txt` (Alice in Wonderland and As You Like It, one token
-per byte). Without an accelerator the script runs on 8 fake CPU devices.
+per byte). On a machine with fewer accelerators than ranks (none, or one) the
+ranks run on 8 fake CPU devices, and a note says which `--stages` fits the
+machine's own devices (`examples/_machine.py`).
 
 It prints a short summary (the run's configuration, the compile, a progress
 bar, the loss and tokens/s, the schedule's bubble simulated from one measured
@@ -21,6 +23,7 @@ peak memory, predicted and measured.
     python examples/train_lm.py                       # 4 stages, Std1F1B, 8 microbatches
     python examples/train_lm.py --schedule ZeroBubbleH1 --steps 300
     python examples/train_lm.py --details             # grid, compile phases, host and memory tables
+    python examples/train_lm.py --stages 1            # one rank: every stage on one accelerator
     python examples/train_lm.py --spmd                # the same model, one SPMD program
     python examples/train_lm.py --offload             # saved residuals in host memory between F and B
     python examples/train_lm.py --remat none,dots_saveable,true,none --offload 0.5   # per stage
@@ -53,6 +56,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
 
 import _plots  # noqa: E402  (examples/_plots.py: the PNGs)
+from _machine import choose_devices  # noqa: E402  (examples/_machine.py: the ranks' devices)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -273,10 +277,10 @@ def measured_cost(timeline, n_stages: int) -> schedules.StageCost:
     return schedules.StageCost(*(tuple(cost[kind]) for kind in "FBIW"))
 
 
-def unsplit_first_call(args, params, tx) -> float:
-    """Seconds of the first update of the same model as one program on one device (trace, compile
+def unsplit_first_call(args, params, tx, device) -> float:
+    """Seconds of the first update of the same model as one program on `device` (trace, compile
     and one step; `params` are consumed), the reference for the pipeline's first call."""
-    mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), devices=jax.devices()[:1])
+    mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), devices=[device])
     step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches, tx=tx)
     tokens, targets = next(batches(np.zeros(args.seq + 2, np.uint8), args.batch, args.seq))
     start = time.perf_counter()
@@ -300,11 +304,10 @@ def main(argv=None) -> dict:
     data = np.frombuffer(CORPUS.read_bytes(), np.uint8)
     schedule = make_schedule(args)
     n_stages = args.stages * schedule.virtual_stages
-    devices = jax.devices()
-    if len(devices) < args.stages:
-        raise SystemExit(
-            f"--stages {args.stages} needs {args.stages} devices; this machine has {len(devices)}."
-        )
+    devices, note = choose_devices(args.stages, jax.devices(), lambda: jax.devices("cpu"))
+    if note:
+        print(note)
+        jax.config.update("jax_default_device", devices[0])  # the prompt, the unsplit model: there too
     # the update runs inside the step's plan, each leaf's on its rank; the global norm crosses as a scalar
     lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
@@ -319,14 +322,14 @@ def main(argv=None) -> dict:
     lm = init_lm(jax.random.key(0)) if args.spmd or args.compile_reference else None  # whole, one device
     unsplit_params = lm if args.compile_reference else None
     if args.spmd:
-        mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices[: args.stages])  # data parallel
+        mesh = mp.create_mesh((1, args.stages, 1, 1, 1, 1), devices=devices)  # data parallel
         params = lm
         step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, microbatches=args.microbatches, tx=tx)
         print(
             f"SPMD: {args.stages}-way data parallel, {args.microbatches} microbatches per step (one program)"
         )
     else:
-        mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices[: args.stages])
+        mesh = mp.create_mesh((args.stages, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=devices)
         params = None  # made on the ranks once the batch's shapes are known (mp.init_on_owners)
         memory = memory_settings(args)
         step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=schedule, tx=tx, **memory)
@@ -393,7 +396,7 @@ def main(argv=None) -> dict:
         print(f"  first call's seconds: {phases}")
     unsplit_s = None
     if unsplit_params is not None and not args.spmd:
-        unsplit_s = unsplit_first_call(args, unsplit_params, tx)
+        unsplit_s = unsplit_first_call(args, unsplit_params, tx, devices[0])
         print(
             f"the same model's unsplit step (one program, one device): first call {unsplit_s:.1f} s; "
             f"the pipeline's is {first_s / unsplit_s:.2f}x that"
@@ -450,7 +453,7 @@ def main(argv=None) -> dict:
         )
         # the update waits for the global gradient norm (the clip), so every rank starts it together
         updated = schedules.with_update(
-            simulated, update_us(tx, params, devices[: args.stages]), validation="sync"
+            simulated, update_us(tx, params, devices), validation="sync"
         )
         print(
             f"pipeline bubble {simulated.bubble_fraction:.0%}, step {updated.makespan / 1e3:.1f} ms with the "
@@ -472,7 +475,7 @@ def main(argv=None) -> dict:
                 f"{(updated.makespan - simulated.makespan) / 1e3:.1f} ms"
             )
             host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
-            print("host cost of one step (issuing thread's CPU time per rank and cell kind):")
+            print(f"host cost of one step (issue time per rank and cell kind, {host.clock} clock):")
             print(host.table())
             peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
 
@@ -504,6 +507,7 @@ def main(argv=None) -> dict:
 
     metrics = {
         "mode": "spmd" if args.spmd else "mpmd",
+        "device": f"{len(devices)} x {devices[0].device_kind}",
         "schedule": repr(schedule),
         "stages": n_stages,
         "steps": args.steps,

@@ -156,6 +156,16 @@ class MpmdMesh:
         return f"MpmdMesh({dims}; mpmd_axis={self.mpmd_axis!r})"
 
 
+def default_device() -> jax.Device:
+    """Where a value with no placement of its own goes: JAX's default device (`jax.default_device`,
+    the `jax_default_device` setting, a device or a platform name) when one is set, else this
+    process's first device."""
+    chosen = jax.config.jax_default_device
+    if isinstance(chosen, str):
+        return jax.local_devices(backend=chosen)[0]
+    return chosen if chosen is not None else jax.local_devices()[0]
+
+
 def rank_holding(device_rank: dict, placed) -> int | None:
     """The pipeline rank holding `placed` (an array or a sharding) under `device_rank` (`device ->
     rank`): the one rank all its devices belong to; None when it spans several ranks, lies

@@ -21,6 +21,7 @@ from jaxtyping import Array
 from spectrax_core import apply, register_apply
 from spectrax_core.nn import BlockStack, KVCache
 
+from ._mesh import default_device
 from ._trace.context import outside_context_mesh
 from ._trace.marker import sxstage_iter
 from .errors import StageSplitError
@@ -81,9 +82,11 @@ class StagedStack(eqx.Module):
         return tuple(p.n_layers for p in self.parts)
 
     def to_stack(self) -> BlockStack:
-        """The blocks as one `BlockStack` again (concatenates every part's arrays on this process's first device)."""
+        """The blocks as one `BlockStack` again (concatenates every part's arrays on the default
+        device: `spectrax_mpmd._mesh.default_device`)."""
+        device = default_device()
         layers = jax.tree.map(
-            lambda *xs: jnp.concatenate([jax.device_put(x, jax.local_devices()[0]) for x in xs]),
+            lambda *xs: jnp.concatenate([jax.device_put(x, device) for x in xs]),
             *(p.layers for p in self.parts),
         )
         return BlockStack(layers=layers, n_layers=self.n_layers)

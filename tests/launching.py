@@ -1,16 +1,41 @@
 """Starting the multi-process tests' jobs: `python -m spectrax_mpmd.launch` (or any command) in its
 own process group, with the suite's environment, killed with its whole group at its time limit so
-that a hang fails the test instead of the suite."""
+that a hang fails the test instead of the suite. The processes of a job coordinate through a TCP
+socket on the loopback: on a machine that allows none, every such test is skipped, saying why."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+NO_SOCKETS = (
+    "this machine allows no TCP socket, not even on the loopback (binding 127.0.0.1 failed), and the "
+    "processes of a jax.distributed job coordinate through one"
+)
+
+
+@functools.cache
+def sockets_available() -> bool:
+    """Whether this process may bind a TCP socket on the loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def skip_without_sockets() -> None:
+    """Skip the calling test, saying why, where no socket can be opened (`NO_SOCKETS`)."""
+    if not sockets_available():
+        pytest.skip(NO_SOCKETS)
 
 
 def job_env(**extra: str) -> dict:
@@ -63,7 +88,9 @@ def launch(
 ) -> Job:
     """Start `python -m spectrax_mpmd.launch` running `script args` on `nproc` processes of `devices`
     CPU devices each, as a `Job` killed at `limit` s; `timeout` (of cross-process transfers, s) and
-    `transport` are the launcher's defaults when None."""
+    `transport` are the launcher's defaults when None. Skips the test where no socket can be
+    opened (`skip_without_sockets`)."""
+    skip_without_sockets()
     cmd = [sys.executable, "-m", "spectrax_mpmd.launch", "--nproc", str(nproc), "--devices-per-proc"]
     cmd.append(str(devices))
     if timeout is not None:

@@ -1,11 +1,13 @@
-"""The benchmarks' timing helper (`benchmarks/_timing.py`): its figures on known numbers, and that no
-benchmark script reads a clock itself (each goes through the helper, one definition of spread)."""
+"""The benchmarks' timing helper (`benchmarks/_timing.py`): its figures on known numbers, that no
+benchmark script reads a clock itself (each goes through the helper, one definition of spread), and
+that none divides by a CPU-clock figure, which a coarse clock reads as 0, without `ratio`."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,32 @@ def test_interleaved_rounds_calls_setup_and_after():
         assert cpu == {"a": [pytest.approx(per_call)] * 2}
     with pytest.raises(ValueError, match="wait="):
         t.interleaved(contenders, 1, wait="sometimes")
+
+
+def test_a_ratio_to_a_figure_measured_as_zero_is_none_and_prints_as_such():
+    t = _timing()
+    assert t.ratio(3.0, 2.0) == 1.5 and t.times(t.ratio(3.0, 2.0)) == "1.50x"
+    assert t.ratio(3.0, 0.0) is None and t.times(t.ratio(3.0, 0.0)) == "n/a"
+    wall, cpu = t.interleaved({"a": lambda: sum(range(1000))}, rounds=2, calls=50, wait=None)
+    assert t.issue_clock().name in ("thread CPU", "wall") and min(cpu["a"]) > 0  # the default clock
+
+
+CPU_FIGURE = re.compile(r"cpu(?!_count)|issue_(s|us|ms)\b|per_cell_us")  # a figure, not a core count
+
+
+def cpu_divisions(source: str) -> list[str]:
+    """Divisions whose divisor is a CPU-clock figure (`cpu`, `issue_us`, `per_cell_us` in its
+    code): on a machine whose thread clock ticks coarsely such a figure measures 0."""
+    divisions = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)]
+    return [f"line {n.lineno}: {ast.unparse(n)}" for n in divisions if CPU_FIGURE.search(ast.unparse(n.right))]
+
+
+def test_no_benchmark_divides_by_a_cpu_figure_without_ratio():
+    planted = "r = cpu[w][n] / raw_cpu\nq = host.per_cell_us / host.calls_per_cell_us\nok = ms / cells\n"
+    assert len(cpu_divisions(planted)) == 2
+    scripts = sorted(BENCH.glob("*.py"))
+    offenders = {p.name: hits for p in scripts if (hits := cpu_divisions(p.read_text()))}
+    assert offenders == {}, offenders
 
 
 def clock_reads(source: str) -> list[str]:

@@ -216,3 +216,10 @@ def test_the_unmarked_figure_check_finds_a_planted_one(planted):
 @pytest.mark.parametrize("text", NOT_FIGURES)
 def test_shapes_versions_marked_generated_and_derived_figures_pass(text):
     assert unmarked(text, "planner.md" if "3x" in text else "schedules.md") == set()
+
+
+def test_a_command_runs_with_its_leading_environment_words_set():
+    argv, env = figures.command_environment("JAX_PLATFORMS=tpu python benchmarks/dispatch.py --rounds 3")
+    assert argv == [sys.executable, "benchmarks/dispatch.py", "--rounds", "3"]
+    assert env["JAX_PLATFORMS"] == "tpu"
+    assert figures.command_environment("python -m pytest -o addopts=")[0][-1] == "addopts="

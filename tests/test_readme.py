@@ -73,8 +73,56 @@ def test_the_schedule_chooser_is_current_and_lists_every_shipped_schedule():
 
     chooser = _chooser()
     assert chooser.current(README.read_text()) == chooser.table()
-    rows = {name: (bubble, memory) for name, _, bubble, memory, _ in chooser.rows()}
+    rows = {r.name: (r.bubble, r.memory) for r in chooser.rows()}
     assert set(rows) == {cls.__name__ for cls in (*S.ALL_SCHEDULES, *S.MORE_SCHEDULES)}
     n, m = chooser.RANKS, chooser.MICROBATCHES
     assert abs(rows["Std1F1B"][0] - (n - 1) / (m + n - 1)) < 1e-12 and rows["Std1F1B"][1] == 1.0
     assert rows["GPipe"][1] == m / n  # GPipe holds all m microbatches, 1F1B at most n
+
+
+def test_the_choosers_memory_columns_are_the_simulators_count_and_its_weight_by_layers():
+    """`peak` is `simulate(...).peak_activations` as it reads; `× 1F1B` is that count with each
+    activation weighed by its stage's share of a rank's layers (1/v), over Std1F1B's; cells are
+    every rank's actions."""
+    from spectrax_core import schedules as S
+
+    chooser = _chooser()
+    rows = {r.name: r for r in chooser.rows()}
+    base = rows["Std1F1B"].peak
+    for cls in (*S.ALL_SCHEDULES, *S.MORE_SCHEDULES):
+        schedule, row = chooser.instance(cls), rows[cls.__name__]
+        v = schedule.num_stages(chooser.RANKS) // chooser.RANKS if cls.layout != "flat" else 1
+        assert row.peak == max(S.simulate(schedule, chooser.RANKS).peak_activations)
+        assert row.memory == pytest.approx(row.peak / v / base)
+        assert row.cells == sum(map(len, schedule.actions(chooser.RANKS)))
+    assert rows["ZBV"].peak == 2 * base and rows["ZBV"].memory == 1.0  # twice the count, half a rank each
+
+
+def test_the_choosers_assumptions_decide_its_ranking():
+    """The chooser ranks ZBV above Std1F1B with ranks computing in parallel and cells costing only
+    their arithmetic. The planner's step model (`spectrax_mpmd._planner.shared`, which `mp.advise`
+    predicts with) on the same cells, per layer (a stage of v per rank costs 1/v), agrees there; with
+    the 4 ranks sharing 2 compute units (CPU devices) ZBV's gain shrinks to under a third; and a cell
+    issue cost turns the order: a quarter of a rank's forward per cell on parallel ranks, a twentieth
+    on shared units."""
+    from spectrax_core import schedules as S
+    from spectrax_core.schedules import StageCost
+    from spectrax_mpmd._planner.shared import shared_makespan
+
+    chooser = _chooser()
+    n = chooser.RANKS
+
+    def gain(units, issue, shares):
+        """How much shorter ZBV's step is than Std1F1B's, as a share of Std1F1B's."""
+        steps = []
+        for cls in (S.ZBV, S.Std1F1B):
+            schedule = chooser.instance(cls)
+            stages, share = schedule.num_stages(n), chooser.layer_share(schedule)
+            cost = StageCost(*((t * share,) * stages for t in (1.0, 2.0, 1.0, 1.0)))
+            steps.append(shared_makespan(schedule, n, cost, units, issue, shares))
+        return 1 - steps[0] / steps[1]
+
+    rows = [r.name for r in sorted(chooser.rows(), key=lambda r: r.bubble)]
+    assert rows.index("ZBV") < rows.index("Std1F1B") and gain(n, 0.0, False) > 0.2
+    assert 0 <= gain(2, 0.0, True) < gain(n, 0.0, False) / 3
+    assert gain(n, 0.25, False) < 0 and gain(2, 0.05, True) < 0

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from .._mesh import default_device
 from .._optim import StagedOptState, state_shardings
 from .layout import (
     CheckpointError,
@@ -35,7 +36,7 @@ def sharding_of(x):
     """Where a target leaf goes: its sharding, or the default device for one without."""
     sharding = getattr(x, "sharding", None)
     if sharding is None:
-        return SingleDeviceSharding(jax.devices()[0])
+        return SingleDeviceSharding(default_device())
     return sharding
 
 

@@ -20,6 +20,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 
 from .._comm import Exchange, make_transport
+from .._mesh import default_device
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError
 
@@ -38,14 +39,15 @@ def _first_device(process: int) -> jax.Device:
 
 @outside_context_mesh
 def gather(tree, device: jax.Device | None = None):
-    """Every leaf of `tree` copied to one device (default: this process's first), e.g. parameters
+    """Every leaf of `tree` copied to one device (default: JAX's default device when one is set,
+    else this process's first: `spectrax_mpmd._mesh.default_device`), e.g. parameters
     spread over ranks. In a multi-process run every process must call it with the same tree (leaves
     of the same shapes); each then holds the whole tree, including the leaves of other processes."""
-    device = device if device is not None else jax.local_devices()[0]
+    device = device if device is not None else default_device()
     if device.process_index != jax.process_index():
         raise MpmdError(
             f"gather: device {device} belongs to process {device.process_index}, not to this process "
-            f"({jax.process_index()}); give one of jax.local_devices(), or None for the first."
+            f"({jax.process_index()}); give one of jax.local_devices(), or None for the default device."
         )
     leaves, treedef = jax.tree.flatten_with_path(tree)
     values = [x for _, x in leaves]

@@ -6,7 +6,9 @@
   runtime's own transfer (`spectrax_mpmd._comm.transfer`), so a step making many
   KiB-sized copies pays their fixed cost and not only their bytes.
 * The issuing thread's CPU time per copy and per compiled call: one thread issues
-  every rank's cells and copies, so a step is never shorter than its issuing.
+  every rank's cells and copies, so a step is never shorter than its issuing. Where
+  the thread CPU clock is too coarse to time one call, the wall clock times it
+  (`spectrax_mpmd._runtime.clock.issue_clock`).
 * How many compute units the ranks share (`parallelism`, the units a step is simulated
   on: `spectrax_mpmd._planner.shared`). Separate accelerators: one per rank, the
   issuing thread on a core of its own. Fake CPU devices share the host's cores (each
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._comm import transfer
+from .._runtime import issue_clock
 from .._trace.policy import HOST
 
 PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)  # bytes: a KiB-sized copy, a middling one, a MiB
@@ -101,11 +104,11 @@ def fit_line(sizes: Sequence[int], seconds: Sequence[float]) -> CopyFit:
 
 def _timed_copies(move, array, rounds: int) -> tuple[float, float]:
     """`(least wall seconds until ready, median issuing-thread seconds)` of `move(array)`."""
-    wall, issue = [], []
+    wall, issue, clock = [], [], issue_clock().now
     for _ in range(rounds):
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), clock()
         (moved,) = move(array)
-        issue.append(time.thread_time() - cpu)
+        issue.append(clock() - cpu)
         moved.block_until_ready()
         wall.append(time.perf_counter() - start)
     return min(wall), statistics.median(issue)
@@ -136,14 +139,14 @@ def parallelism(devices: Sequence, rounds: int = 3, size: int = 192) -> tuple[fl
     f = jax.jit(lambda x: jnp.tanh(jnp.tanh(x @ x) @ x) @ x)
     xs = [jax.device_put(jnp.full((size, size), 1e-3, jnp.float32), d) for d in devices]
     jax.block_until_ready([f(x) for x in xs])
-    alone, together, issue = math.inf, math.inf, []
+    alone, together, issue, clock = math.inf, math.inf, [], issue_clock().now
     for _ in range(rounds):
         start = time.perf_counter()
         f(xs[0]).block_until_ready()
         alone = min(alone, time.perf_counter() - start)
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), clock()
         ys = [f(x) for x in xs]
-        issue.append((time.thread_time() - cpu) / len(xs))
+        issue.append((clock() - cpu) / len(xs))
         jax.block_until_ready(ys)
         together = min(together, time.perf_counter() - start)
     return ranks_at_once(len(devices) * alone, together, len(devices)), statistics.median(issue)
@@ -185,10 +188,11 @@ def busy_and_wall(step, args: Sequence, rounds: int = 3) -> tuple[float, float, 
     cells timed one at a time (`measure_timeline`), their `cell_work` summed."""
     jax.block_until_ready(step(*args))
     work = wall = issue = issuing = math.inf
+    clock = issue_clock().now
     for _ in range(rounds):
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu = time.perf_counter(), clock()
         out = step(*args)
-        issued = time.thread_time() - cpu
+        issued = clock() - cpu
         jax.block_until_ready(out)
         wall = min(wall, time.perf_counter() - start)
         cells = [(e.end - e.start) * 1e-6 for row in step.measure_timeline(*args).events for e in row]

@@ -1,6 +1,7 @@
 """Running a plan: the hot loop (`Plan.run`), one instrumented replay, and the measurements
 built on it (timelines, peak activations and bytes, the host and stage profiles)."""
 
+from .clock import IssueClock, issue_clock
 from .host_profile import HostProfile, HostRow, host_profile
 from .measure import (
     action_spans,
@@ -15,6 +16,8 @@ from .slots import CellKind, InputKind, Output
 from .stage_profile import CellProfile, StageProfile, stage_profile
 
 __all__ = [
+    "IssueClock",
+    "issue_clock",
     "HostProfile",
     "HostRow",
     "host_profile",

@@ -2,9 +2,11 @@
 
 One thread issues every cell of a step. When the devices finish a cell faster
 than the host issues the next, the step is host-bound: its time is the issue
-time, not the arithmetic. `host_profile` measures issue CPU time (the issuing
-thread's `time.thread_time`, which other load on the machine barely moves) per
-rank and cell kind, and compares the whole step's issue time to its wall time.
+time, not the arithmetic. `host_profile` measures issue time per rank and cell
+kind on the issuing thread's CPU clock (`time.thread_time`, which other load on
+the machine barely moves), or on the wall clock where that clock is too coarse
+to time one call (`spectrax_mpmd._runtime.clock`), and compares the whole step's
+issue time to its wall time.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable
 import jax
 
 from .._comm import is_transfer
+from .clock import issue_clock
 from .replay import replay
 
 
@@ -40,16 +43,19 @@ class HostRow:
 class HostProfile:
     """Per-step host cost of a pipelined call (medians over rounds).
 
-    `rows`: per (rank, cell kind) counts and issue CPU time, where kind is a
+    `rows`: per (rank, cell kind) counts and issue time, where kind is a
     schedule cell (`F`, `B`, `I`, `W`, the last stage's `FB`, fused `F&B`) or
-    `setup` / `finish` (accumulators, gradient sums, casts). `issue_s`: thread
-    CPU time of issuing the whole step uninstrumented; `step_s`: wall time of the
+    `setup` / `finish` (accumulators, gradient sums, casts). `issue_s`: the time
+    of issuing the whole step uninstrumented; `step_s`: wall time of the
     step until its results are ready; `issue_share = issue_s / step_s` (near 1:
     host-bound). `cells`: schedule cells per step; `per_cell_us`: issue CPU per
     schedule cell, its transfers included; `calls_per_cell_us`: the same for the
     step's compiled calls and copies alone (each timed by itself, the sum of the
     rows), so `per_cell_us / calls_per_cell_us` is what running them as a plan
     adds (the loop, storing results, releasing buffers after their last use).
+    `clock` names the clock issue times were taken on: `"thread CPU"`, or `"wall"`
+    where this machine's thread CPU clock is too coarse to time one call (`clock_note`
+    says so, with its step).
     """
 
     rows: tuple[HostRow, ...]
@@ -57,6 +63,8 @@ class HostProfile:
     step_s: float
     cells: int
     rounds: int
+    clock: str = "thread CPU"
+    clock_note: str = ""
 
     @property
     def issue_share(self) -> float:
@@ -80,6 +88,7 @@ class HostProfile:
             "per_cell_us": self.per_cell_us,
             "calls_per_cell_us": self.calls_per_cell_us,
             "rounds": self.rounds,
+            "clock": self.clock,
         }
 
     def table(self) -> str:
@@ -92,12 +101,15 @@ class HostProfile:
             lines.append(
                 f"{r.rank:>4} {r.kind:8} {r.calls:>6} {r.transfers:>6} {r.call_us:>9.1f} {r.transfer_us:>9.1f} {per:>8.1f}"
             )
+        measure = "CPU" if self.clock == "thread CPU" else "wall time"
         lines.append(
-            f"step: issue {self.issue_s * 1e3:.2f} ms CPU of {self.step_s * 1e3:.2f} ms wall "
+            f"step: issue {self.issue_s * 1e3:.2f} ms {measure} of {self.step_s * 1e3:.2f} ms wall "
             f"({self.issue_share:.0%} issuing); {self.cells} schedule cells, "
-            f"{self.per_cell_us:.1f} us issue CPU per cell (with its sends), of which the calls and "
-            f"copies alone {self.calls_per_cell_us:.1f} us"
+            f"{self.per_cell_us:.1f} us issue {measure} per cell (with its sends), of which the calls "
+            f"and copies alone {self.calls_per_cell_us:.1f} us"
         )
+        if self.clock_note:
+            lines.append(f"({self.clock_note})")
         return "\n".join(lines)
 
 
@@ -123,8 +135,9 @@ def _rank_of(plan, fn) -> int:
 
 def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
     """Run `plan` `2 * rounds` times, each on `inputs()` (placed inputs, made outside the timed
-    part): instrumented runs give the per-(rank, kind) issue CPU time, uninstrumented ones the
-    whole step's issue CPU and wall time; medians over rounds."""
+    part): instrumented runs give the per-(rank, kind) issue time, uninstrumented ones the
+    whole step's issue and wall time; medians over rounds. Issue times are on `issue_clock()`."""
+    clock = issue_clock()
     owners = _step_owners(plan)
     keys = sorted(set(owners), key=lambda o: (o[0], o[1]))
     samples: dict = {k: [] for k in keys}
@@ -132,9 +145,9 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
     spent: dict = {}
 
     def call(k, fn, args):
-        start = time.thread_time()
+        start = clock.now()
         results = fn(*args)
-        cost = time.thread_time() - start
+        cost = clock.now() - start
         call_s, send_s = spent[owners[k]]
         spent[owners[k]] = (call_s, send_s + cost) if is_transfer(fn) else (call_s + cost, send_s)
         return results
@@ -146,9 +159,9 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
             samples[k].append(spent[k])
         placed_inputs = inputs()
         jax.block_until_ready(plan.buffers(placed_inputs))
-        wall_start, cpu_start = time.perf_counter(), time.thread_time()
+        wall_start, issue_start = time.perf_counter(), clock.now()
         out = plan.run(placed_inputs)
-        issue.append(time.thread_time() - cpu_start)
+        issue.append(clock.now() - issue_start)
         jax.block_until_ready(out)
         wall.append(time.perf_counter() - wall_start)
     counts: dict = {k: [0, 0] for k in keys}
@@ -166,4 +179,6 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
         for rank, kind in keys
     )
     cells = sum(len(cell.split("&")) for _, _, cell in plan.log if cell != "-")
-    return HostProfile(rows, statistics.median(issue), statistics.median(wall), cells, rounds)
+    return HostProfile(
+        rows, statistics.median(issue), statistics.median(wall), cells, rounds, clock.name, clock.note
+    )

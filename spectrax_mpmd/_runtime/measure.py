@@ -24,6 +24,7 @@ import numpy as np
 from spectrax_core.schedules import Cost, Event, StageMemory, Timeline
 
 from .._trace.policy import saved_bytes
+from .clock import FINE_S, moves, process_clock_step
 from .replay import replay
 from .slots import (
     Activation,
@@ -44,9 +45,15 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def clock_named(clock: str, where: str):
     """The timer `clock` names: `"wall"` (elapsed time) or `"cpu"` (this process's CPU time, all
-    its threads: what a cell computes, without the waits another process's load adds)."""
+    its threads: what a cell computes, without the waits another process's load adds), refused
+    where that clock is too coarse to time a cell."""
     if clock not in CLOCKS:
         raise ValueError(f"{where}: clock must be 'wall' or 'cpu', received {clock!r}.")
+    if clock == "cpu" and process_clock_step() > FINE_S:
+        raise ValueError(
+            f"{where}: clock='cpu' times each cell on this process's CPU clock, which on this machine "
+            f"{moves(process_clock_step())}: too coarse to time a cell. Pass clock='wall'."
+        )
     return CLOCKS[clock]
 
 

@@ -20,7 +20,7 @@ import jax
 import multihost_worker as worker
 import numpy as np
 import pytest
-from launching import Job, job_env, launch
+from launching import Job, job_env, launch, skip_without_sockets
 from mpmd_cases import RTOL, hetero_loss
 
 import spectrax_mpmd as mp
@@ -164,6 +164,7 @@ def test_lost_processes_end_the_job(tmp_path):
 
 
 def _free_port() -> int:
+    skip_without_sockets()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
