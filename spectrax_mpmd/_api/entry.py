@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from .._compile.compiler import Compiler
 from .._runtime import HostProfile, Output, Plan, host_profile
 from .._trace.args import DONATING_CALLS, Signature, signature
-from .._trace.context import check_no_trace
+from .._trace.context import building_for, check_no_trace
 from ..errors import MpmdError
 
 
@@ -23,6 +23,7 @@ class PipelinedFunction(Protocol):
 
     name: str
     fn: Callable
+    mesh: Any  # the MpmdMesh its plans run on
     static_argnums: tuple
     compiler: Compiler
     placer: Placer
@@ -149,7 +150,7 @@ def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
     if entry is None:
         stats = function.compiler.stats
         stats.reset()
-        with stats.timed("plan"):
+        with stats.timed("plan"), building_for(function.mesh):
             entry = function.build_entry(sig)
         entry.build = stats.report()
         function.cache[sig.key] = entry

@@ -18,6 +18,7 @@ Both questions have an exact answer in JAX's private `jax._src` modules (listed 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 from typing import Callable
@@ -25,7 +26,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ..errors import TraceContextError
+from ..errors import MpmdError, TraceContextError
 from .jax_private import private
 from .marker import sxstage_iter_p
 
@@ -93,6 +94,65 @@ class _Entered(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc):
         return self.context.__exit__(*exc)
+
+
+_STAGE_MESH: contextvars.ContextVar = contextvars.ContextVar("stage_mesh", default=None)
+
+
+def stage_mesh(mesh):
+    """The abstract mesh every pipeline rank's submesh of `mesh` has, its axes all `Auto` (None:
+    `mesh` is not a pipeline mesh, its ranks differ in shape, or an axis is `Explicit`)."""
+    if not getattr(mesh, "is_mpmd", False):
+        return None
+    shapes = {mesh.submesh(r).abstract_mesh for r in range(mesh.mpmd_dim)}
+    if len(shapes) != 1:
+        return None
+    abstract = shapes.pop()
+    return abstract if all(t == jax.sharding.AxisType.Auto for t in abstract.axis_types) else None
+
+
+@contextlib.contextmanager
+def building_for(mesh):
+    """The context a plan for `mesh` is built in: a function traced in it (`traced_mesh`) sees the
+    ranks' abstract submesh (`stage_mesh`) as JAX's context mesh, so a bare `PartitionSpec`
+    (`with_sharding_constraint(x, P("dp"))`) names the submesh's axes, and each stage program,
+    compiled on its own submesh, resolves it there. Without one (ranks of different shapes, or
+    `Explicit` axes) a bare `PartitionSpec` is refused with an `MpmdError` naming the working
+    form."""
+    abstract = stage_mesh(mesh)
+    token = _STAGE_MESH.set(abstract)
+    try:
+        if abstract is None:
+            with _bare_specs_refused(mesh):
+                yield
+        else:
+            yield
+    finally:
+        _STAGE_MESH.reset(token)
+
+
+def traced_mesh():
+    """A context for tracing a function of the plan being built: JAX's abstract mesh is the ranks'
+    (see `building_for`); no change outside a build, or for ranks without one."""
+    abstract = _STAGE_MESH.get()
+    return contextlib.nullcontext() if abstract is None else jax.sharding.use_abstract_mesh(abstract)
+
+
+@contextlib.contextmanager
+def _bare_specs_refused(mesh):
+    """JAX's error for a bare `PartitionSpec` traced without a context mesh, as an `MpmdError`."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not getattr(mesh, "is_mpmd", False) or "non-empty mesh in context" not in str(e):
+            raise
+        raise MpmdError(
+            "a bare PartitionSpec was given to a sharding constraint in a pipelined function, but the "
+            "pipeline ranks' submeshes differ in shape or have Explicit axes, so no one mesh resolves "
+            "it (it does when every rank's submesh has the same Auto axes, as create_mesh makes "
+            "them). Name the rank's submesh: jax.lax.with_sharding_constraint(x, "
+            "NamedSharding(mesh.submesh(k), P(...))), k the pipeline rank whose stage computes x."
+        ) from e
 
 
 def outside_context_mesh(fn: Callable) -> Callable:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..errors import StageSplitError
+from .context import traced_mesh
 from .graph import Edge, Stage, StageGraph
 from .jax_private import ClosedJaxpr, JaxprEqn, Literal, Var
 from .jaxpr import CALL_PRIMITIVES, contains_primitive, inline_calls, name_stack, resolve, sub_jaxprs
@@ -295,6 +297,18 @@ def trace(fn: Callable, args: Sequence[Any]) -> tuple[ClosedJaxpr, Any, Any, dic
         box.append(out_tree)
         return out_leaves
 
-    with recording_regions() as regions:
-        closed = jax.make_jaxpr(flat_fn)(*flat)
+    with recording_regions() as regions, traced_mesh():
+        closed = jax.make_jaxpr(flat_fn)(*on_context_mesh(flat))
     return closed, in_tree, box[0], regions
+
+
+def on_context_mesh(leaves: Sequence) -> list:
+    """`leaves` as abstract values on JAX's context mesh (the ranks' abstract submesh while a plan
+    is built, see `context.building_for`), replicated, so that values the function makes and the
+    arguments it reads share one mesh; unchanged without a context mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return list(leaves)
+    placed = NamedSharding(mesh, PartitionSpec())
+    avals = [x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x) for x in leaves]
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=placed) for a in avals]
