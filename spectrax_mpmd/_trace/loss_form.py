@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+import jax
 import numpy as np
 
 from .jax_private import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
@@ -208,9 +209,17 @@ class Analysis:
         return self.rule(self, em, ew, ins)
 
 
+def _data(x) -> np.ndarray:
+    """A literal or constant as numbers (a PRNG key as its key data)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
 def same_value(a, b) -> bool:
     """Whether two literals or constants are equal (NaN equal to NaN)."""
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = _data(a), _data(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     floating = np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)

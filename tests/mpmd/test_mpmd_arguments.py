@@ -165,8 +165,8 @@ def test_reduce_sum():
     assert_close(grads_only(p, x, y), jax.grad(sum_loss)(p, x, y))
 
 
-def test_reduce_must_be_mean_or_sum():
-    with pytest.raises(mp.MpmdError, match=r"reduce must be 'mean'.*or 'sum'.*got 'max'"):
+def test_reduce_must_be_none_mean_or_sum():
+    with pytest.raises(mp.MpmdError, match=r"reduce must be None.*'mean'.*or 'sum'.*got 'max'"):
         mp.sxvalue_and_grad(sum_loss, mesh=mesh2(), schedule=schedule(), reduce="max")
 
 
