@@ -13,7 +13,7 @@ from jax.extend import source_info_util
 
 from ..errors import MpmdError
 from .jax_private import ClosedJaxpr, Literal, Var
-from .jaxpr import inline_calls, needed_eqns, producers, resolve
+from .jaxpr import needed_eqns, producers, resolve
 from .loss_form import COEF, INV, LIN, ROW, SUM, TERM, TOP, Analysis, StructureError, Val
 from .loss_head import LossHead, body_with_packed_loss, head_of, widest
 from .loss_rules import rule
@@ -35,25 +35,43 @@ class NotExact(MpmdError):
 
 
 def flatten(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, dict]:
-    """`closed` with its plain calls (`jax.jit` helpers) inlined, and for each inlined equation the
-    call it came from (`id(eqn) -> call equation`: where the user's source line is)."""
-    jaxpr, mapping, inner, eqns, origin = closed.jaxpr, {}, {}, [], {}
-    for eqn in jaxpr.eqns:
-        eqn = eqn.replace(invars=[resolve(v, mapping) for v in eqn.invars])
-        if eqn.primitive.name not in PLAIN_CALLS:
-            eqns.append(eqn)
-            continue
-        flat, renamed, consts, _ = inline_calls(
-            jaxpr.replace(eqns=[eqn]), lambda e: e.primitive.name in PLAIN_CALLS
-        )
-        mapping.update(renamed)
-        inner.update(consts)
-        origin.update((id(e), eqn) for e in flat)
-        eqns += flat
-    flat_jaxpr = jaxpr.replace(
-        eqns=eqns, outvars=[resolve(v, mapping) for v in jaxpr.outvars], constvars=[*jaxpr.constvars, *inner]
+    """`closed` with its plain calls (`jax.jit` helpers) inlined, each inlined equation under its
+    full scope (its calls' name stacks: the stage region it was traced in); and for each inlined
+    equation the top-level call it came from (`id(eqn) -> call`: where the user's source line is)."""
+    out, origin, consts = [], {}, {}
+
+    def walk(eqns, mapping: dict, stack, call) -> None:
+        for eqn in eqns:
+            invars = [v if isinstance(v, Literal) else mapping.get(v, v) for v in eqn.invars]
+            scope = eqn.source_info.name_stack if stack is None else stack + eqn.source_info.name_stack
+            if eqn.primitive.name in PLAIN_CALLS:
+                body = eqn.params["jaxpr"]
+                inner = dict(zip(body.jaxpr.invars, invars))
+                for cv, value in zip(body.jaxpr.constvars, body.consts):
+                    inner[cv] = fresh = Var(cv.aval)
+                    consts[fresh] = value
+                walk(body.jaxpr.eqns, inner, scope, call or eqn)
+                mapping.update((o, resolve(r, inner)) for o, r in zip(eqn.outvars, body.jaxpr.outvars))
+            elif stack is None:
+                out.append(eqn.replace(invars=invars))
+            else:
+                outvars = []
+                for v in eqn.outvars:
+                    outvars.append(mapping.setdefault(v, Var(v.aval)) if isinstance(v, Var) else v)
+                new = eqn.replace(
+                    invars=invars, outvars=outvars, source_info=eqn.source_info.replace(name_stack=scope)
+                )
+                origin[id(new)] = call
+                out.append(new)
+
+    top: dict = {}
+    walk(closed.jaxpr.eqns, top, None, None)
+    jaxpr = closed.jaxpr.replace(
+        eqns=out,
+        outvars=[resolve(v, top) for v in closed.jaxpr.outvars],
+        constvars=[*closed.jaxpr.constvars, *consts],
     )
-    return ClosedJaxpr(flat_jaxpr, [*closed.consts, *inner.values()]), origin
+    return ClosedJaxpr(jaxpr, [*closed.consts, *consts.values()]), origin
 
 
 def where(eqn, origin: dict) -> str:
