@@ -37,7 +37,7 @@ from ._graph.module import Module, plan_of
 from ._graph.state import state_of
 from ._graph.variable import set_value
 from ._pipeline.meshes import cpu_context, create_cpu_mesh, create_mesh, parse_mesh_from_string
-from ._pipeline.mpmd import mpmd
+from ._pipeline.mpmd import spx_mesh_class
 from ._scope import ambient
 from ._sharding.mesh import (
     DEFAULT_MESH_AXIS_DIMS,
@@ -261,8 +261,8 @@ def get_partition_manager() -> PartitionManager | None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SpxMesh":  # the mesh type of `create_mesh`, from the MPMD runtime
-        return mpmd().MpmdMesh
+    if name == "SpxMesh":  # the mesh type of `create_mesh`, a `spectrax_mpmd.MpmdMesh`
+        return spx_mesh_class()
     raise AttributeError(f"module 'spectrax_eager.sharding' has no attribute {name!r}")
 
 

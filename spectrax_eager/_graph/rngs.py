@@ -3,6 +3,12 @@
 Each draw folds a per-stream counter into the stream's key and increments the
 counter. The counter is a Variable write, so transforms always let the
 `"rngs"` collection change (a draw under `jit` advances the stream).
+
+Outside a trace a stream is made and drawn from without JAX's context mesh,
+and its key and counter are kept uncommitted (on the default device, free to
+move): one `Rngs` then serves models built under different meshes (`with
+mesh:` of one, then of another), each drawn key going where the code using it
+runs.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from .._scope import ambient
 from .module import Module
@@ -41,14 +47,20 @@ class RngStream(Module):
 
     def __init__(self, seed: int | jax.Array, *, counter: int = 0, ref_id: int | None = None):
         del ref_id
-        key = jax.random.key(seed) if isinstance(seed, int) else seed
-        self.key = RngKey(key)
-        self.count = RngCount(jnp.asarray(counter, jnp.uint32))
+        with _no_context_mesh():
+            key = jax.random.key(seed) if isinstance(seed, int) else _uncommitted(seed)
+            self.key = RngKey(key)
+            self.count = RngCount(jax.device_put(np.uint32(counter)))
 
     def __call__(self) -> jax.Array:
-        count = self.count.value
-        self.count.value = count + 1
-        return jax.random.fold_in(self.key.value, count)
+        key, count = self.key.value, self.count.value
+        if isinstance(key, jax.core.Tracer) or isinstance(count, jax.core.Tracer):
+            self.count.value = count + 1
+            return jax.random.fold_in(key, count)
+        with _no_context_mesh():
+            key, count = _uncommitted(key), _uncommitted(count)
+            self.key.value, self.count.value = key, count + 1
+            return jax.random.fold_in(key, count)
 
 
 class Rngs(Module):
@@ -132,6 +144,26 @@ def resolve_rngs(rngs: Rngs | int | None = None) -> Rngs:
     raise TypeError(
         f"resolve_rngs: expected an spx.Rngs or an int seed (or a `with spx.seed(n):` block); received {rngs!r}."
     )
+
+
+def _no_context_mesh() -> contextlib.AbstractContextManager:
+    """JAX's context mesh cleared for the block (nothing to clear inside a trace, where JAX keeps
+    none and cannot set one)."""
+    try:
+        jax.sharding.get_mesh()
+    except ValueError:  # "`get_mesh` can only be used outside of `jax.jit`"
+        return contextlib.nullcontext()
+    return jax.set_mesh(None)
+
+
+def _uncommitted(value: jax.Array) -> jax.Array:
+    """`value` as an uncommitted array on the default device (as is when it already is one)."""
+    if not isinstance(value, jax.Array) or not value.committed:
+        return value
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(np.asarray(jax.random.key_data(value)))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
+    return jax.device_put(np.asarray(value))
 
 
 def split_stream_keys(stream: RngStream, axis_size: int) -> jax.Array:

@@ -23,12 +23,24 @@ class State(Mapping):
     Two States with the same variables (paths, classes, collections, metadata)
     have the same pytree structure, so `jax.tree.map(f, params, grads)` and
     optax work on them directly.
+
+    The gradients a pipelined `spx.run` returns also know each entry's pipeline
+    rank: `grads[r]` (an int) is the State of rank `r`'s entries, sorted by path
+    as `spectrax-lib` orders a State (collections, then each path component,
+    names before numbers, numbers by value).
     """
 
-    __slots__ = ("_infos", "_values")
+    __slots__ = ("_infos", "_values", "_ranks")
 
-    def __init__(self, data: Mapping[str, Mapping[str, Any]] | tuple = (), values: list | None = None):
-        """`State({collection: {path: value}})`; (`State(infos, values)` is the internal form)."""
+    def __init__(
+        self,
+        data: Mapping[str, Mapping[str, Any]] | tuple = (),
+        values: list | None = None,
+        ranks: tuple[int | None, ...] | None = None,
+    ):
+        """`State({collection: {path: value}})`; (`State(infos, values, ranks)` is the internal
+        form, `ranks` the pipeline rank of each entry, or None)."""
+        self._ranks = None if ranks is None else tuple(ranks)
         if values is not None:
             self._infos = tuple(data)
             self._values = list(values)
@@ -64,11 +76,34 @@ class State(Mapping):
         _check_unique(infos, "State.from_flat")
         return cls(tuple(infos), vals)
 
-    def __getitem__(self, collection: str) -> dict[str, Any]:
+    def __getitem__(self, collection: str | int) -> dict[str, Any] | State:
+        """`state[collection]`: `{path: value}`; `state[rank]` (an int): that pipeline rank's State."""
+        if isinstance(collection, int) and not isinstance(collection, bool):
+            return self._of_rank(collection)
         out = {i.path: v for i, v in zip(self._infos, self._values) if i.kind == collection}
         if not out:
             raise KeyError(f"State has no collection {collection!r}; it has {sorted(self)}.")
         return out
+
+    def _of_rank(self, rank: int) -> State:
+        if self._ranks is None:
+            raise KeyError(
+                f"State[{rank}]: an int reads one pipeline rank's entries of the gradients a pipelined "
+                "spx.run / spx.sxcall returned; this State has no pipeline ranks (it was made otherwise, "
+                f"e.g. by jax.tree.map or a State method); index it by collection, one of {sorted(self)}."
+            )
+        picked = sorted(
+            (k for k, r in enumerate(self._ranks) if r == rank),
+            key=lambda k: _seed_order(self._infos[k]),
+        )
+        if not picked:
+            held = sorted({r for r in self._ranks if r is not None})
+            raise KeyError(
+                f"State[{rank}]: no entry lies on pipeline rank {rank}; the entries lie on ranks {held}."
+            )
+        return State(
+            tuple(self._infos[k] for k in picked), [self._values[k] for k in picked], (rank,) * len(picked)
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(dict.fromkeys(i.kind for i in self._infos))
@@ -230,6 +265,12 @@ def _check_unique(infos: list[VarInfo], where: str) -> None:
                 "a path names one variable, so it belongs to one collection."
             )
         seen[i.path] = i.kind
+
+
+def _seed_order(info: VarInfo) -> tuple:
+    """`spectrax-lib`'s State order: by collection, then path component by component, names
+    before numbers and numbers by value."""
+    return tuple((c.isdigit(), int(c) if c.isdigit() else c) for c in (info.kind, *info.path.split(".")))
 
 
 def _short(value: Any) -> str:

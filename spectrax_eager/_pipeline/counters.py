@@ -60,7 +60,7 @@ def first_microbatch(counters: tuple, mesh: Any) -> tuple:
     """The first microbatch's counters, in every process of the job."""
     devices = np.asarray(getattr(mesh, "devices", ())).flat
     if all(d.process_index == jax.process_index() for d in devices):
-        return tuple(c[0] for c in counters)
+        return tuple(np.asarray(c)[0] for c in counters)
     mine = [_local_value(c) for c in counters]
     held = [json.loads(v) for v in _exchange().allgather(json.dumps(mine))]
     return tuple(
@@ -86,8 +86,8 @@ def _local_value(stacked: jax.Array) -> Any:
 
 
 def write_counters(plan: Any, positions: tuple[int, ...], counters: tuple) -> None:
-    """Store the new counters in the model's variables, on the devices the old values used."""
+    """Store the new counters (host values) in the model's variables, uncommitted as a stream keeps
+    them (`_graph/rngs.py`)."""
     for j, new in zip(positions, counters):
         var = plan.vars[j]
-        old = var.value
-        var.value = jax.device_put(new, old.sharding) if isinstance(old, jax.Array) else new
+        var.value = jax.device_put(np.asarray(new, var.value.dtype))

@@ -34,9 +34,13 @@ def create_mesh(
     slices or hosts along each axis, one `-1` allowed) they are arranged by
     `jax.experimental.mesh_utils.create_hybrid_device_mesh` (`should_sort_granules_by_key`,
     `allow_split_physical_axes` as there). `use_jax` is accepted (the order is already jax's).
-    Mesh axes are of jax's default (Auto) type: `axis_types` may only say "auto".
+    Mesh axes are of jax's default (Auto) type: `axis_types` may only say "auto". The mesh is an
+    `SpxMesh`: with a pipeline axis, `with mesh:` names it to the facade and leaves JAX's context
+    mesh unset, so JAX code in the block runs on the arrays of any rank (`spx_mesh.py`).
     """
     import spectrax_mpmd
+
+    from .spx_mesh import SpxMesh
 
     kinds = axis_types if isinstance(axis_types, list | tuple) else (axis_types,)
     if any(k is not None and str(getattr(k, "name", k)).lower() != "auto" for k in kinds):
@@ -61,7 +65,7 @@ def create_mesh(
             allow_split_physical_axes=allow_split_physical_axes,
         )
         devices = list(grid.flat)
-    return spectrax_mpmd.create_mesh(dims, axis_names, mpmd_axis=mpmd_axis, devices=devices)
+    return SpxMesh.of(spectrax_mpmd.create_mesh(dims, axis_names, mpmd_axis=mpmd_axis, devices=devices))
 
 
 def _filled(dims: tuple[int, ...], total: int, name: str) -> tuple[int, ...]:

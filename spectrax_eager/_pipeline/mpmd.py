@@ -17,7 +17,6 @@ MPMD_NAMES = (
     "stage_sizes",
     "MpmdMesh",
 )
-ALIASES = {"SpxMesh": "MpmdMesh"}  # seed name -> spectrax_mpmd name
 
 
 def mpmd() -> ModuleType:
@@ -28,8 +27,18 @@ def mpmd() -> ModuleType:
 
 
 def mpmd_name(name: str) -> Any:
-    """`spectrax_mpmd`'s object for the `spx` name `name` (a name of `MPMD_NAMES` or `SpxMesh`)."""
-    return getattr(mpmd(), ALIASES.get(name, name))
+    """`spectrax_mpmd`'s object for the `spx` name `name` (a name of `MPMD_NAMES`), or `SpxMesh`,
+    the mesh type of `spx.create_mesh` (a `spectrax_mpmd.MpmdMesh`)."""
+    if name == "SpxMesh":
+        return spx_mesh_class()
+    return getattr(mpmd(), name)
+
+
+def spx_mesh_class() -> type:
+    """`SpxMesh`, the mesh type of `spx.create_mesh` (imported now if it was not)."""
+    from .spx_mesh import SpxMesh
+
+    return SpxMesh
 
 
 def mpmd_mesh_class() -> type:

@@ -66,7 +66,8 @@ def run(
     mean among them), else the mean over microbatches or, with
     `microbatch_weight_fn(inputs, targets)`, the mean weighted by it; and its
     gradients, a `State` of the model's trainable parameters
-    (what `spx.grad` returns and `spx.Optimizer.update` takes). Forward mode
+    (what `spx.grad` returns and `spx.Optimizer.update` takes; on a pipeline
+    mesh `grads[r]` is rank `r`'s part, as `spectrax-lib` returns one per rank). Forward mode
     returns the outputs in batch order. On a mesh without a pipeline axis the
     same computation is one `jax.jit` over the mesh; the numbers agree.
     The counters of the model's `Rngs` streams advance as in an eager call, so
@@ -131,12 +132,19 @@ def run(
     if mode == "forward":
         return result
     value, grads = result
-    grads = State(tuple(info for info, s in zip(plan.infos, selected) if s), list(grads))
+    grads = State(tuple(info for info, s in zip(plan.infos, selected) if s), list(grads), _ranks(grads, mesh))
     if optimizers is None:
         return value, grads
     update(model, grads)
     store(optimizers, states)
     return value
+
+
+def _ranks(leaves: Sequence, mesh: Any) -> tuple[int | None, ...] | None:
+    """The pipeline rank holding each leaf (`state[rank]` reads them), or None without a pipeline."""
+    if getattr(mesh, "mpmd_dim", 1) == 1:
+        return None
+    return tuple(mesh.rank_of(leaf) for leaf in leaves)
 
 
 def _step(runner, plan, counters, args, optimizers, *, mesh, mode, has_aux) -> tuple[Any, tuple | None]:

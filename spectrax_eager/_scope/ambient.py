@@ -3,7 +3,7 @@
 A `with` block that sets something for the code it calls — `with spx.seed(0):`,
 `with logical_axis_rules(...)` (or a `PartitionManager`), `with spx.scope(...)`,
 a module's `policy` while it runs, `variable_init_placement`, `lazy_init`,
-`assign_stage`, the `Module.sow` sink of an `spx.jit` trace, the call hooks of
+`assign_stage`, `with mesh:` of a pipeline mesh, the `Module.sow` sink of an `spx.jit` trace, the call hooks of
 `spx.summary` and the stage markers of `spx.run` — replaces one field of the
 record for the block and restores that field when the block ends. Nothing else
 in the facade keeps ambient state. The record is a `contextvars.ContextVar`'s
@@ -29,6 +29,7 @@ class Ambient(NamedTuple):
     lazy_init: bool = False  # inside `spx.lazy_init()`
     materializing: bool = False  # inside `Module.sequential_init` / `materialize`
     stages: tuple = ()  # `(current, total)` of `assign_stage` blocks
+    mesh: Any = None  # the pipeline mesh of the innermost `with mesh:` (JAX's context mesh left unset)
     sow_sink: dict | None = None  # what `Module.sow` stores while `spx.jit` traces
     call_hooks: tuple = ()  # `hook(module, output)` after every module call (inspection)
     output_transforms: tuple = ()  # `fn(module, output) -> output` after every module call

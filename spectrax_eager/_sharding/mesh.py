@@ -44,8 +44,9 @@ def calculate_host_mesh_shape(
 
 @contextlib.contextmanager
 def use_mesh(mesh: Any) -> Iterator[Any]:
-    """Enter `mesh` (a jax `Mesh` or an `spx.create_mesh` mesh) for the block; yields it."""
-    with jax.set_mesh(to_jax_mesh(mesh)):
+    """Enter `mesh` (a jax `Mesh` or an `spx.create_mesh` mesh) for the block, as `with mesh:`
+    does (a pipeline mesh enters itself); yields it."""
+    with mesh if getattr(mesh, "is_mpmd", False) else jax.set_mesh(to_jax_mesh(mesh)):
         yield mesh
 
 

@@ -190,13 +190,19 @@ def rules_active() -> bool:
 def current_mesh() -> Mesh | AbstractMesh | None:
     """The mesh set by `with mesh:` (an `spx.create_mesh` mesh) / `jax.set_mesh(mesh)`, or None.
 
-    While a function is traced only the mesh's shape is known: an `AbstractMesh` then.
+    While a function is traced only the mesh's shape is known: an `AbstractMesh` then. A
+    pipeline mesh's `with mesh:` leaves JAX's context mesh unset (see `_pipeline/spx_mesh.py`):
+    outside a trace its `jax_mesh` is the current mesh then.
     """
     try:
         mesh = jax.sharding.get_mesh()
     except ValueError:  # under a trace
         mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh is None or mesh.empty else mesh
+        return None if mesh is None or mesh.empty else mesh
+    if mesh is None or mesh.empty:
+        pipeline = ambient.current().mesh
+        return None if pipeline is None else pipeline.jax_mesh
+    return mesh
 
 
 def as_jax_mesh(mesh: Any) -> Mesh | AbstractMesh | None:

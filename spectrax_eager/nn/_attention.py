@@ -72,10 +72,11 @@ def _no_cache(where: str, decode: bool) -> None:
 
 @also_named(q_proj="q", k_proj="k", v_proj="v", out_proj="o")
 class MultiheadAttention(CoreLayer):
-    """Multi-head attention shaped as PyTorch's: `embed_dim`, `num_heads`, `dropout` on the weights,
-    `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights, attn_mask,
-    average_attn_weights, is_causal)` returning `(output, weights or None)`; `attn(x)` (the query
-    alone, or the seed library's `mask=`) returns the output alone.
+    """Multi-head attention with PyTorch's arguments: `embed_dim`, `num_heads`, `dropout` on the
+    weights, `kdim` / `vdim`, and `forward(query, key, value, key_padding_mask, need_weights,
+    attn_mask, average_attn_weights, is_causal)`. It returns the output, whichever inputs are
+    given (`attn(x)`, `attn(q, kv)`, `attn(q, k, v)`), and `(output, weights)` when asked with
+    `need_weights=True`.
 
     Inputs are batch-first `(batch, length, features)` by default; pass
     `batch_first=False` for `(length, batch, features)`. Masks follow PyTorch:
@@ -137,24 +138,22 @@ class MultiheadAttention(CoreLayer):
         key: jax.Array | None = None,
         value: jax.Array | None = None,
         key_padding_mask: jax.Array | None = None,
-        need_weights: bool | None = None,
+        need_weights: bool = False,
         attn_mask: jax.Array | None = None,
         average_attn_weights: bool = True,
         is_causal: bool = False,
         *,
         mask: jax.Array | None = None,
         rngs: Rngs | None = None,
-    ) -> jax.Array | tuple[jax.Array, jax.Array | None]:
-        """Attend `query` to `key` / `value` (both default to `query`: self-attention).
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """Attend `query` to `key` (default `query`) and `value` (default `key`).
 
-        Called PyTorch's way, with `query, key, value` (or with `need_weights=`), it returns
-        `(output, weights or None)`; called with the query alone, or with only `key`, or with
-        `mask=` / `rngs=` (the seed library's form) it returns the output alone. `mask`
-        (boolean, True = may attend) broadcasts to `(batch, heads, L, S)` and combines with the
-        PyTorch masks; `rngs` gives this call's dropout key.
+        Returns the output `(batch, L, embed_dim)`; with `need_weights=True`, `(output,
+        weights)`, the weights `(batch, L, S)` averaged over heads (`(batch, heads, L, S)` with
+        `average_attn_weights=False`). `mask` (boolean, True = may attend) broadcasts to
+        `(batch, heads, L, S)` and combines with the PyTorch masks; `rngs` gives this call's
+        dropout key.
         """
-        pair = need_weights is not None or (value is not None and mask is None and rngs is None)
-        need_weights = bool(need_weights) if need_weights is not None else pair
         key = query if key is None else key
         value = key if value is None else value
         if not self.batch_first:
@@ -189,7 +188,7 @@ class MultiheadAttention(CoreLayer):
         y, weights = out if need_weights else (out, None)
         if not self.batch_first:
             y = jnp.swapaxes(y, 0, 1)
-        return (y, weights) if pair else y
+        return (y, weights) if need_weights else y
 
 
 def _both(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:

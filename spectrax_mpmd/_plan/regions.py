@@ -19,7 +19,9 @@ def region_schedule(graph, recorded: dict, schedule, n: int, region_ranks, owner
     Each region runs its own schedule (`sxstage_region(schedule=)`, else the call's;
     GPipe over one microbatch when neither is given, for a plain forward). Ranks:
     `region_ranks[name]` when given; otherwise each region gets `stages / virtual
-    stages` ranks of its own, in the order the regions' first stages run.
+    stages` consecutive ranks, in the order the regions' first stages run, each region
+    starting on the rank after the previous region's last; when the regions need more
+    ranks than the mesh has, the count wraps around to rank 0 (regions then share ranks).
     """
     stages: dict[str, list[int]] = {}
     for s, (region, _) in sorted(enumerate(graph.stage_regions), key=lambda x: x[1][1]):
@@ -57,9 +59,15 @@ def _region_ranks(stages: dict, schedules: dict, n: int, region_ranks, owner: st
                     f"{owner}: region {name!r} has {len(owned)} stage(s), which {schedules[name]!r} cannot "
                     f"spread over whole ranks ({v} virtual stages per rank); add or remove markers in it."
                 )
-            ranks[name] = tuple(range(start, start + len(owned) // v))
+            if len(owned) // v > n:
+                raise MpmdError(
+                    f"{owner}: region {name!r} needs {len(owned) // v} pipeline ranks (one per "
+                    f"{v} of its {len(owned)} stage(s)) but the mesh has {n}; remove markers in it or "
+                    "use a mesh with more pipeline ranks."
+                )
+            ranks[name] = tuple((start + k) % n for k in range(len(owned) // v))
             start += len(owned) // v
-        if start != n:
+        if start < n:
             need = ", ".join(f"{name}: {len(r)}" for name, r in ranks.items())
             raise MpmdError(
                 f"{owner}: the regions need {start} pipeline ranks ({need}) but the mesh has {n}; give "

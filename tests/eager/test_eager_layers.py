@@ -182,23 +182,25 @@ def _mha_ref(m, q_in, k_in, v_in, allowed=None, bias=None, causal=False):
 def test_multihead_attention_pytorch_masks_and_layouts():
     m = spx.nn.MultiheadAttention(6, 2, kdim=4, vdim=5, rngs=spx.Rngs(0))
     q, k, v = _rand(6, (2, 3, 6)), _rand(7, (2, 4, 4)), _rand(8, (2, 4, 5))
-    y, w = m(q, k, v)
+    y, w = m(q, k, v, need_weights=True)
     ref, probs = _mha_ref(m, q, k, v)
     _close(y, ref)
     _close(w, probs.mean(1))
-    _close(spx.nn.from_core(m.core_params())(q, k, v)[0], ref)
+    _close(m(q, k, v), ref)  # without need_weights=True: the output alone
+    _close(spx.nn.from_core(m.core_params())(q, k, v), ref)
     # boolean attn_mask: True = excluded; key_padding_mask: True = padding
     attn_mask = jnp.asarray(np.random.default_rng(1).random((3, 4)) > 0.6)
     pad = jnp.asarray([[False, False, True, False], [False, False, False, True]])
-    y, w = m(q, k, v, key_padding_mask=pad, attn_mask=attn_mask, average_attn_weights=False)
+    y, w = m(
+        q, k, v, key_padding_mask=pad, attn_mask=attn_mask, need_weights=True, average_attn_weights=False
+    )
     allowed = ~np.asarray(attn_mask)[None, None] & ~np.asarray(pad)[:, None, None, :]
     ref, probs = _mha_ref(m, q, k, v, allowed=allowed)
     _close(y, ref)
     _close(w, probs)
     # float masks are added; a 3-d attn_mask is (batch * heads, L, S)
     float_mask = _rand(9, (4, 3, 4))
-    y, w = m(q, k, v, attn_mask=float_mask, need_weights=False)
-    assert w is None
+    y = m(q, k, v, attn_mask=float_mask, need_weights=False)
     _close(y, _mha_ref(m, q, k, v, bias=np.asarray(float_mask).reshape(2, 2, 3, 4))[0])
     # causal self-attention, sequence-first layout
     seq_first = spx.nn.MultiheadAttention(6, 3, batch_first=False, rngs=spx.Rngs(1))
@@ -306,7 +308,9 @@ def test_constructor_keywords_init_dtypes_bias():
     assert stored.weight.dtype == jnp.bfloat16 and stored.bias is None
     xavier = spx.nn.Linear(20, 30, w_init=jax.nn.initializers.glorot_uniform(), rngs=r)
     assert float(jnp.abs(xavier.weight.value).max()) <= math.sqrt(6 / 50)
-    conv = spx.nn.Conv2d(2, 3, 3, padding="SAME", w_init=spx.init.zeros, b_init=spx.init.constant(2.0), rngs=r)
+    conv = spx.nn.Conv2d(
+        2, 3, 3, padding="SAME", w_init=spx.init.zeros, b_init=spx.init.constant(2.0), rngs=r
+    )
     _close(conv(jnp.ones((1, 4, 4, 2))), np.full((1, 4, 4, 3), 2.0))
     emb = spx.nn.Embed(5, 4, w_init=spx.init.normal(0.02), param_dtype=jnp.bfloat16, rngs=r)
     assert emb.table.dtype == jnp.bfloat16 and float(jnp.abs(emb.table.value).max()) < 0.2

@@ -58,7 +58,7 @@ class EncoderBlock(spx.Module):
 
     def forward(self, x):
         h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
+        x = x + self.attn(h, h, h)
         return x + self.mlp(self.norm2(x))
 
 

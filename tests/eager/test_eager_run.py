@@ -163,6 +163,32 @@ def test_run_train_grads_live_where_forward_order_puts_them(name):
         assert value.devices() <= rank_devices(mesh, rank), path
 
 
+def test_grads_indexed_by_rank_are_each_rank_s_part_in_path_order():
+    """`grads[r]`: the State of rank r's entries (where they live), sorted as spectrax-lib sorts a
+    State; a State without ranks and a rank holding nothing are KeyErrors saying so."""
+    mesh = mesh_of("pp4")
+    _, grads, _, _ = train_run("mpmd4-Std1F1B-m4")
+    parts = [grads[r] for r in range(4)]
+    assert all(type(part) is spx.State for part in parts)
+    assert sorted(key for part in parts for key in part.flat()) == sorted(grads.flat())
+    for r, part in enumerate(parts):
+        for c, path, value in part.items():
+            assert value.devices() <= rank_devices(mesh, r) and grads.get(c, path) is value
+    assert [p for _, p in parts[0].paths()] == ["blocks.0.lin.bias", "blocks.0.lin.weight", "embed.table"]
+    assert [p for _, p in parts[3].paths()] == [
+        "blocks.4.lin.bias",
+        "blocks.4.lin.weight",
+        "head.bias",
+        "head.weight",
+    ]
+    with pytest.raises(KeyError, match="no entry lies on pipeline rank 4; the entries lie on ranks"):
+        grads[4]
+    with pytest.raises(KeyError, match="has no pipeline ranks .* index it by collection"):
+        jax.tree.map(lambda g: g, grads)[0]
+    with pytest.raises(KeyError, match="has no pipeline ranks"):
+        train_run("spmd-m4")[1][0]
+
+
 @pytest.mark.parametrize("kind, microbatches", [("pp4", 2), ("spmd", 2)])
 def test_run_forward_matches_model_call(kind, microbatches):
     model, tokens, _ = model_and_batch()

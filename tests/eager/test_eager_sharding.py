@@ -160,3 +160,41 @@ def test_mpmd_mesh_as_context_nests():
         # the pipeline axis is not a rules axis: weights are laid out within a stage
         assert shd.get_partition_spec(shd.ColumnWise) == P("fsdp", "tp")
     assert shd.current_mesh() is None
+
+
+def test_a_pipeline_mesh_is_named_to_the_facade_and_not_to_jax():
+    """`with mesh:` of a pipeline mesh: the facade's current mesh (rules, placement of variables
+    built in the block), while JAX's context mesh stays unset, so JAX code runs on an array of one
+    rank's devices; a mesh without a pipeline axis is JAX's context mesh."""
+    pipe = spx.create_mesh((2, 2, 2), ("pp", "fsdp", "tp"), mpmd_axis="pp")
+    flat = spx.create_mesh((2, 4), ("fsdp", "tp"))
+    on_rank = jax.device_put(jnp.arange(4.0), NamedSharding(pipe.submesh(1), P()))
+    assert isinstance(pipe, spx.SpxMesh) and isinstance(flat, spx.sharding.SpxMesh)
+    with flat, pipe:
+        assert jax.sharding.get_abstract_mesh().empty and shd.current_mesh() is pipe.jax_mesh
+        np.testing.assert_allclose(on_rank * 2 + 1, [1, 3, 5, 7])
+        lin = spx.nn.Linear(8, 16, rngs=spx.Rngs(0))
+        assert lin.weight.value.sharding == NamedSharding(pipe.jax_mesh, P("fsdp", "tp"))
+        with flat:
+            assert jax.sharding.get_abstract_mesh() == flat.jax_mesh.abstract_mesh
+        assert shd.current_mesh() is pipe.jax_mesh
+    assert shd.current_mesh() is None
+
+
+def test_one_rngs_draws_under_meshes_of_different_shapes():
+    """A stream's key and counter stay uncommitted, so layers built under one mesh and then
+    another (sharing the `Rngs`) draw from it, and their keys go where each is used."""
+    rngs = spx.Rngs(0)
+    meshes = [
+        spx.create_mesh((1, 8), ("dp", "fsdp")),
+        spx.create_mesh((2, 4), ("dp", "fsdp")),
+        spx.create_mesh((2, 1, 4), ("pp", "dp", "fsdp"), mpmd_axis="pp"),
+    ]
+    weights = []
+    for mesh in meshes:
+        with mesh:
+            weights.append(spx.nn.Linear(8, 16, rngs=rngs).weight.value)
+    stream = rngs.default
+    assert not stream.key.value.committed and not stream.count.value.committed
+    assert int(stream.count.value) == 3
+    assert len({float(w.sum()) for w in weights}) == 3

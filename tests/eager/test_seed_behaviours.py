@@ -1,5 +1,5 @@
 """The seed library's behaviours as specifications: a Variable read as its value, the two forms
-of `spx.scan` and of `MultiheadAttention`'s result, a selector partitioning a State, the MPMD
+of `spx.scan`, `MultiheadAttention`'s result, a selector partitioning a State, the MPMD
 mesh's stage-local names, `StagesArray`, DualPipeV's task list and the regions of a jaxpr."""
 
 import jax
@@ -45,16 +45,22 @@ def test_scan_takes_the_seed_form_and_the_lax_form():
     assert spx.remat_scan(lambda m, x: m(x).sum(), lin, xs).shape == (4,)
 
 
-def test_attention_returns_the_output_for_the_seed_call_and_the_pair_for_pytorch_s():
+def test_attention_returns_the_output_for_every_call_and_the_pair_when_asked():
     attn = nn.MultiheadAttention(4, 2, rngs=spx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 3, 4))
     y = attn(x)
-    pair = attn(x, x, x)
     assert isinstance(y, jax.Array) and y.shape == (2, 3, 4)
+    for out in (
+        attn(x, x),
+        attn(x, x, x),
+        attn(x, x, x, need_weights=False),
+        attn(x, mask=jnp.ones((3, 3), bool)),
+    ):
+        assert isinstance(out, jax.Array)
+        np.testing.assert_allclose(out, y, rtol=1e-6)
+    pair = attn(x, x, x, need_weights=True)
     assert isinstance(pair, tuple) and pair[1].shape == (2, 3, 3)
     np.testing.assert_allclose(pair[0], y, rtol=1e-6)
-    assert isinstance(attn(x, need_weights=False), tuple)  # asked PyTorch's way: the pair
-    np.testing.assert_allclose(attn(x, mask=jnp.ones((3, 3), bool)), y, rtol=1e-6)
 
 
 def test_selector_partitions_a_state_and_optimizers_expose_their_parts():

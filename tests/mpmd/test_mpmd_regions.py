@@ -198,6 +198,56 @@ def test_regions_can_share_ranks():
     assert plan.schedule.stage_labels(3) == ("A0", "V0", "T0", "T1")
 
 
+def _two_towers(vision_stages):
+    """Vision (`vision_stages` stages) and text (two stages) as decorated regions; the loss after
+    both, in the default region (one stage)."""
+
+    def vision(w, x):
+        for k in range(vision_stages):
+            x = mp.sxstage_iter(x) if k else x
+            x = jnp.tanh(x @ w["vision"][k])
+        return x
+
+    def text(w, tokens, image):
+        h = jnp.tanh(w["emb"][tokens].mean(1) + image)
+        return jnp.tanh(mp.sxstage_iter(h) @ w["text"][1])
+
+    def loss(w, x, tokens, labels):
+        image = mp.sxstage_region("vision", schedule=S.GPipe(M))(vision)(w, x)
+        logits = mp.sxstage_region("text", schedule=S.GPipe(M))(text)(w, tokens, image) @ w["head"]
+        return cross_entropy(logits, labels)
+
+    params = tower_params(jax.random.PRNGKey(0), (("vision", None, vision_stages),), 2)
+    inputs, tokens, labels = batch((VISION,))
+    return loss, params, (inputs["vision"], tokens, labels)
+
+
+@pytest.mark.parametrize("n, stage_ranks", [(4, (0, 1, 2, 3, 0)), (2, (0, 1, 0, 1, 0))])
+def test_regions_needing_more_ranks_than_the_mesh_has_wrap_around(n, stage_ranks):
+    """Vision and text, two stages each, and the loss outside both: five stages on fewer ranks.
+    Each region starts on the rank after the previous one's last, counting on from rank 0 past
+    the mesh's last rank; the step is exact as on five ranks."""
+    loss, params, args = _two_towers(2)
+    step = mp.sxvalue_and_grad(loss, mesh=mesh(n), schedule=S.GPipe(M))
+    got_loss, got_grads = step(params, *args)
+    ref_loss, ref_grads = jax.value_and_grad(loss)(params, *args)
+    assert_close(got_loss, ref_loss)
+    assert_close(got_grads, ref_grads)
+    assert step.plan_for(params, *args).stage_ranks == stage_ranks
+
+
+def test_placement_errors_name_the_ranks_needed():
+    """A region needing more ranks than the mesh has, and regions leaving ranks idle."""
+    for vision_stages, n, match in (
+        (3, 2, r"region 'vision' needs 3 pipeline ranks \(one per 1 of its 3 stage.* mesh has 2"),
+        (2, 6, r"the regions need 5 pipeline ranks \(vision: 2, text: 2, default: 1\) but the mesh has 6"),
+    ):
+        loss, params, args = _two_towers(vision_stages)
+        step = mp.sxvalue_and_grad(loss, mesh=mesh(n), schedule=S.GPipe(M))
+        with pytest.raises(mp.MpmdError, match=match):
+            step(params, *args)
+
+
 def test_regions_are_no_ops_outside_the_pipeline():
     towers = (VISION,)
     loss = towers_loss(towers, ("text", S.Std1F1B(M), 2))
@@ -291,7 +341,7 @@ def test_marker_count_must_match_the_region_ranks():
         towers,
         region_ranks=ranks,
     )
-    _fails(loss, 4, r"the regions need 5 pipeline ranks \(vision: 3, text: 2\) but the mesh has 4", towers)
+    _fails(loss, 6, r"the regions need 5 pipeline ranks \(vision: 3, text: 2\) but the mesh has 6", towers)
 
 
 def test_a_region_schedule_that_does_not_validate_names_the_region():
