@@ -41,6 +41,8 @@ from .loss_form import (
 
 def rule(an: Analysis, em: JaxprEqn, ew: JaxprEqn, ins: list[Val]) -> list[Val]:
     name = em.primitive.name
+    if not em.outvars:  # an effect only (a debug callback): nothing flows on
+        return []
     if name in CALLS:
         return _call(an, em, ew, ins)
     if name == "cond":

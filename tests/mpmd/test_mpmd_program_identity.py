@@ -227,14 +227,27 @@ def test_training_stages_call_their_own_host_functions(family, schedule):
     p, x = host_case()
     want_record, got_record = [], []
     want = jax.value_and_grad(host_chain(TRAINING_FAMILIES[family], want_record))(p, x)
+    # a host function on per-row values is opaque to the loss proof (it could mix the rows): the
+    # step declares the mean of the microbatch losses, which for this mean over equal microbatches
+    # is the unsplit loss
+    opaque = family != "debug_callback"
     step = mp.sxvalue_and_grad(
         host_chain(TRAINING_FAMILIES[family], got_record),
         mesh=pipeline_mesh(n),
         schedule=make(microbatches=MICROBATCHES),
+        reduce="mean" if opaque else None,
     )
     assert_close(step(p, x), want)
     if family == "debug_callback":
         _assert_records_match(got_record, want_record, MICROBATCHES)
+
+
+def test_a_host_function_on_per_row_values_is_refused_by_the_loss_proof():
+    p, x = host_case()
+    loss = host_chain(TRAINING_FAMILIES["custom_vjp_pure_callback"], [])
+    step = mp.sxvalue_and_grad(loss, mesh=pipeline_mesh(4), schedule=S.Std1F1B(microbatches=MICROBATCHES))
+    with pytest.raises(mp.MpmdError, match="pure_callback.*reduce='mean'"):
+        step(p, x)
 
 
 def test_debug_print_of_each_stage_prints_its_own_text(capsys):
