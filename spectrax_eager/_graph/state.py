@@ -23,11 +23,7 @@ class State(Mapping):
     Two States with the same variables (paths, classes, collections, metadata)
     have the same pytree structure, so `jax.tree.map(f, params, grads)` and
     optax work on them directly.
-
-    The gradients a pipelined `spx.run` returns also know each entry's pipeline
-    rank: `grads[r]` (an int) is the State of rank `r`'s entries, sorted by path
-    as `spectrax-lib` orders a State (collections, then each path component,
-    names before numbers, numbers by value).
+    A pipelined `spx.run`'s gradients know each entry's rank: `grads[r]` is rank `r`'s State.
     """
 
     __slots__ = ("_infos", "_values", "_ranks")
@@ -79,31 +75,11 @@ class State(Mapping):
     def __getitem__(self, collection: str | int) -> dict[str, Any] | State:
         """`state[collection]`: `{path: value}`; `state[rank]` (an int): that pipeline rank's State."""
         if isinstance(collection, int) and not isinstance(collection, bool):
-            return self._of_rank(collection)
+            return _rank_part(self, collection)
         out = {i.path: v for i, v in zip(self._infos, self._values) if i.kind == collection}
         if not out:
             raise KeyError(f"State has no collection {collection!r}; it has {sorted(self)}.")
         return out
-
-    def _of_rank(self, rank: int) -> State:
-        if self._ranks is None:
-            raise KeyError(
-                f"State[{rank}]: an int reads one pipeline rank's entries of the gradients a pipelined "
-                "spx.run / spx.sxcall returned; this State has no pipeline ranks (it was made otherwise, "
-                f"e.g. by jax.tree.map or a State method); index it by collection, one of {sorted(self)}."
-            )
-        picked = sorted(
-            (k for k, r in enumerate(self._ranks) if r == rank),
-            key=lambda k: _seed_order(self._infos[k]),
-        )
-        if not picked:
-            held = sorted({r for r in self._ranks if r is not None})
-            raise KeyError(
-                f"State[{rank}]: no entry lies on pipeline rank {rank}; the entries lie on ranks {held}."
-            )
-        return State(
-            tuple(self._infos[k] for k in picked), [self._values[k] for k in picked], (rank,) * len(picked)
-        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(dict.fromkeys(i.kind for i in self._infos))
@@ -265,6 +241,27 @@ def _check_unique(infos: list[VarInfo], where: str) -> None:
                 "a path names one variable, so it belongs to one collection."
             )
         seen[i.path] = i.kind
+
+
+def _rank_part(state: State, rank: int) -> State:
+    """`state[rank]`: the State of the entries on pipeline rank `rank`, in `_seed_order`."""
+    if state._ranks is None:
+        raise KeyError(
+            f"State[{rank}]: an int reads one pipeline rank's entries of the gradients a pipelined "
+            "spx.run / spx.sxcall returned; this State has no pipeline ranks (it was made otherwise, "
+            f"e.g. by jax.tree.map or a State method); index it by collection, one of {sorted(state)}."
+        )
+    picked = sorted(
+        (k for k, r in enumerate(state._ranks) if r == rank), key=lambda k: _seed_order(state._infos[k])
+    )
+    if not picked:
+        held = sorted({r for r in state._ranks if r is not None})
+        raise KeyError(
+            f"State[{rank}]: no entry lies on pipeline rank {rank}; the entries lie on ranks {held}."
+        )
+    return State(
+        tuple(state._infos[k] for k in picked), [state._values[k] for k in picked], (rank,) * len(picked)
+    )
 
 
 def _seed_order(info: VarInfo) -> tuple:
