@@ -17,6 +17,7 @@ from .._api import sxvalue_and_grad_and_apply
 from ..errors import MpmdError
 from . import report
 from .memory import MemoryChoice
+from .model_error import MODEL_ERROR
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class Candidate:
     offload the candidate needs to fit (the step is built with them) and what they cost.
     `limit` says what sets the predicted time (`spectrax_mpmd._planner.predict.LIMITS`: the
     schedule's critical path, the issuing thread, or ranks sharing compute); `schedule_s` is
-    the simulated step alone (each rank on a device of its own), which breaks ties."""
+    the simulated step alone (each rank on a device of its own), which breaks ties. Every
+    seconds figure is calibrated on a measured step when `Advice.calibration` is set."""
 
     schedule: S.Schedule
     microbatches: int
@@ -114,7 +116,9 @@ class Advice:
     `measured` the candidates run to confirm the pick, each with its median step seconds,
     fastest first; `confidence` how the pick was made (`spectrax_mpmd._planner.confirm`);
     `devices`, when `advise` was given `devices=`, the devices per stage chosen
-    (`spectrax_mpmd._planner.device_advice.DeviceBalance`).
+    (`spectrax_mpmd._planner.device_advice.DeviceBalance`); `calibration` the measured plain
+    Std1F1B step every predicted time was scaled to (`spectrax_mpmd._planner.calibrate`; None
+    when none could be run, and the times are the model's alone).
     `print(advice)` is a short summary, `advice.table()` one line per candidate.
     """
 
@@ -131,6 +135,7 @@ class Advice:
     measured: tuple = ()
     confidence: str = ""
     devices: object = field(default=None, repr=False, compare=False)
+    calibration: object = field(default=None, repr=False, compare=False)
 
     @property
     def binding_rank(self) -> int:
@@ -153,6 +158,7 @@ class Advice:
             source=self.source,
             backend=self.backend,
             devices=self.devices,
+            calibration=self.calibration,
         )
 
     @property
@@ -243,19 +249,25 @@ class Advice:
         return report.as_dict(self)
 
 
-MODEL_ERROR = 0.25  # the time model's relative error, as the timing test holds it
-
-
 def predicted_confidence(advice: Advice) -> str:
-    """How far the pick's prediction is ahead of the next fitting candidate's."""
+    """How far the pick's prediction is ahead of the next fitting candidate's, against the ratio
+    error `MODEL_ERROR`: beyond it (the runner-up predicted over `1 + MODEL_ERROR` times the
+    pick's) the pick measures faster; within it, either may."""
     if not advice.fitting:
         return "nothing fits the budget"
     if len(advice.fitting) < 2:
         return "predicted: the only candidate that fits"
     first, second = advice.fitting[:2]
     gap = second.step_s / first.step_s - 1
-    beyond = "beyond" if gap > MODEL_ERROR else "within"
-    return f"predicted {gap:.0%} faster than the runner-up, {beyond} the model's {MODEL_ERROR:.0%} error"
+    if gap > MODEL_ERROR:
+        return (
+            f"predicted {gap:.0%} faster than the runner-up, beyond the model's {MODEL_ERROR:.0%} ratio "
+            "error: it measures faster"
+        )
+    return (
+        f"predicted {gap:.0%} faster than the runner-up, within the model's {MODEL_ERROR:.0%} ratio "
+        "error: either may measure faster"
+    )
 
 
 def check_budget(memory_budget) -> None:

@@ -27,6 +27,7 @@ from ..errors import MpmdError, StageSplitError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
 from .balance import _optimizer_copies
 from .cache import ProfileCache, default_directory
+from .calibrate import Calibration
 from .confirm import confirmed
 from .device_advice import advise_devices, device_options
 from .memory import fitted
@@ -173,11 +174,19 @@ def advise(
     seconds at the copy costs measured once, the recomputed forwards' seconds, host
     peaks); its layout is profiled once more with `remat=True`.
     Predicted times simulate the table on the measured compute units, the issuing thread a
-    serial resource among them (`spectrax_mpmd._planner.predict`). With `confirm` (default 3), the
-    up to `confirm` fastest fitting candidates predicted within the time model's error
-    of each other are built and run, and the fastest measured is picked
-    (`Advice.measured`, `Advice.confidence`; `spectrax_mpmd._planner.confirm`); 0 or 1
-    trusts the prediction. Every schedule shipped is a candidate by default. Profiles are
+    serial resource among them (`spectrax_mpmd._planner.predict`), and are calibrated: one
+    real gradient step of plain Std1F1B (at the most of `microbatches` that splits the
+    batch) always runs, to measure how many ranks compute at once, and every predicted time
+    is scaled so that this step's prediction equals its measured time (`Advice.calibration`;
+    the ranking and the ratios between candidates stay the model's). Which candidates are
+    test-run (built as whole training steps and timed): none when there is no
+    `memory_budget` or plain Std1F1B fits it (the pick, the fastest predicted, is then
+    never predicted slower than plain Std1F1B); when the budget rules plain Std1F1B out and
+    `confirm` (default 3) is at least 2, the up to `confirm` fastest fitting candidates
+    predicted within the model's ratio error (`MODEL_ERROR`, 25%) of the fastest, and the
+    fastest measured is picked (`Advice.measured`, `Advice.confidence`;
+    `spectrax_mpmd._planner.confirm`). `confirm` 0 or 1 trusts the prediction.
+    Every schedule shipped is a candidate by default. Profiles are
     kept on disk keyed by the program (`spectrax_mpmd._planner.cache`): `profile_cache`
     True (default) uses `$SPECTRAX_MPMD_PROFILE_CACHE` or `~/.cache/spectrax_mpmd/profiles`,
     a path that directory, False none; `Advice.cached` counts the profiles read back.
@@ -232,6 +241,7 @@ def advise(
         _raise_none_profiled(fn, n, virtual_stages, skipped, errors)
     if search:
         rows += [_searched(n, m, measured, memory_budget, backend) for m, measured in sorted(flat.items())]
+    calibration, rows = _calibrated(rows, profiler, microbatches, n, comm, (validation, guarded), backend)
     source = Source(fn, args, mesh, dict(step_kwargs), tx, update)
     advice = replace(
         ranked(rows, memory_budget, (*skipped, *unsupported)),
@@ -240,10 +250,30 @@ def advise(
         cached=profiler.cached,
         source=source,
         backend=backend,
+        calibration=calibration,
     )
     advice = confirmed(advice, confirm, profiler.rounds)
     advice = _with_devices(advice, on, tx, optimizer_states, memory_budget, rounds)
     return replace(advice, seconds=time.perf_counter() - started)
+
+
+def _calibrated(rows, profiler, microbatches, n: int, comm: float, update: tuple, backend) -> tuple:
+    """`(calibration, rows calibrated)`: plain Std1F1B's gradient step as measured
+    (`Profiler.plain_measured`) and as modelled from its profiles (the update left out, as the
+    measured step has none); `(None, rows)` when no such step could be run or profiled on these
+    arguments. `update` is `(validation, guarded)`."""
+    plain = profiler.plain_measured(microbatches)
+    if plain is None:
+        return None, rows
+    schedule, measured = plain
+    timing, holding = profiler.pair(schedule)
+    if isinstance(timing, MpmdError) or isinstance(holding, MpmdError):
+        return None, rows
+    inputs = _inputs(schedule, timing, holding, comm, holding.update.validation(*update))
+    predict = predictor(schedule, n, inputs.update_s, inputs.validation, backend)
+    predicted = predict(inputs.memory, inputs.cost)
+    calibration = Calibration(schedule, measured[1], predicted.seconds - predicted.update_s)
+    return calibration, [calibration.applied(c) for c in rows]
 
 
 def _with_devices(advice: Advice, on: dict | None, tx, optimizer_states, memory_budget, rounds) -> Advice:

@@ -79,7 +79,7 @@ def confirmed(advice: Advice, confirm: int, rounds: int) -> Advice:
     rest = tuple(c for c in advice.candidates if c is not pick)
     runner = measured[1]
     note = (
-        f"measured: {len(close)} candidates predicted within the model's {MODEL_ERROR:.0%} error of "
+        f"measured: {len(close)} candidates predicted within the model's {MODEL_ERROR:.0%} ratio error of "
         f"each other were run; the pick was {runner[1] / measured[0][1] - 1:.0%} faster than the next"
     )
     return replace(advice, candidates=(pick, *rest), measured=measured, confidence=note)

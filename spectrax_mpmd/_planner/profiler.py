@@ -115,6 +115,7 @@ class Profiler:
         self._profiles: dict = {}
         self._update_times: dict = {}  # stage count -> the whole tree's update seconds
         self._backend: BackendCost | None = None
+        self._plain: dict = {}  # microbatch counts -> `plain_measured`'s answer
         self.cache, self.cached = cache, 0  # profiles read from the disk cache
 
     @property
@@ -167,7 +168,19 @@ class Profiler:
         """`busy_and_wall` of a real step of plain Std1F1B at the most of `microbatches` that
         splits the arguments (over `rounds`, at least 3); None when none does. Kept in the disk
         cache next to the profiles."""
-        for m in sorted(microbatches, reverse=True):
+        plain = self.plain_measured(microbatches)
+        return None if plain is None else plain[1]
+
+    def plain_measured(self, microbatches: Sequence[int]) -> tuple[S.Std1F1B, MEASURED] | None:
+        """`(schedule, busy_and_wall)` of the real step `step_measured` measures: plain Std1F1B at
+        the most of `microbatches` that splits the arguments; None when none does. Measured once."""
+        counts = tuple(sorted(set(microbatches), reverse=True))
+        if counts not in self._plain:
+            self._plain[counts] = self._plain_step(counts)
+        return self._plain[counts]
+
+    def _plain_step(self, microbatches: Sequence[int]) -> tuple[S.Std1F1B, MEASURED] | None:
+        for m in microbatches:
             schedule = S.Std1F1B(microbatches=m)
             loss, loss_args = self._loss(schedule)
             measure = ("work, wall, issue and issuing", repr(schedule))
@@ -182,7 +195,7 @@ class Profiler:
                     continue  # e.g. the batch does not split into m microbatches, or cut for v > 1
                 if self.cache is not None:
                     self.cache.put(key, measured)
-            return tuple(measured)
+            return schedule, tuple(measured)
         return None
 
     def _loss(self, schedule) -> tuple[Callable, tuple]:

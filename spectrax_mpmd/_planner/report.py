@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_error import MODEL_ERROR
+
 
 def summary(advice) -> str:
     """The pick, why, the runner-up and the default with its cost."""
@@ -26,8 +28,13 @@ def summary(advice) -> str:
 
 
 def _footer(advice) -> list[str]:
-    """The lines that close both the summary and the table: how sure the advice is, and what it took."""
+    """The lines that close both the summary and the table: how sure the advice is, what its
+    absolute times are calibrated on, and what it took."""
     lines = [f"confidence: {advice.confidence}"] if advice.confidence else []
+    if advice.calibration is not None:
+        lines.append(f"calibrated: {advice.calibration.describe()}: within {MODEL_ERROR:.0%} at that load")
+    elif advice.candidates:
+        lines.append("uncalibrated: no plain Std1F1B step ran on these arguments; the times are the model's")
     if advice.seconds:
         cached = f", {advice.cached} from the disk cache" if advice.cached else ""
         lines.append(f"advised in {advice.seconds:.1f} s ({advice.profiles} profiled steps{cached})")
@@ -90,6 +97,7 @@ def as_dict(advice) -> dict:
         "binding_rank": advice.binding_rank,
         "measured": [{"label": c.brief(), "step_s": t} for c, t in advice.measured],
         "confidence": advice.confidence,
+        "calibration": None if advice.calibration is None else advice.calibration.as_dict(),
         "backend": None if advice.backend is None else advice.backend.as_dict(),
         "skipped": [{**_configuration(s), "reason": s.reason} for s in advice.skipped],
     }
