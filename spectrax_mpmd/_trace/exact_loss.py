@@ -9,6 +9,7 @@ terms) and the `LossHead` the loss cell evaluates (`loss_head`).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import source_info_util
 
 from ..errors import MpmdError
@@ -110,6 +111,23 @@ def _head_inputs(eqn, an: Analysis) -> list:
     ]
 
 
+def _adds_a_constant(eqn, an: Analysis) -> bool:
+    """Whether a head equation may add a constant to the sums (an addend, a padding value or a
+    branch that is not itself linear in them)."""
+    name = eqn.primitive.name
+    if name in ("cond", "pad"):
+        return True
+    if name not in ("add", "sub", "add_any", "concatenate", "select_n"):
+        return False
+    operands = eqn.invars[1:] if name == "select_n" else eqn.invars
+    return any(
+        bool(np.any(v.val))
+        if isinstance(v, Literal)
+        else an.env[v].tag not in (SUM, LIN) and not an.env[v].zero
+        for v in operands
+    )
+
+
 def prove(
     name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int
 ) -> tuple[ClosedJaxpr, LossHead]:
@@ -181,6 +199,7 @@ def prove(
         [w[v] for v in coefs],
         w.get(loss, loss),
         wide,
+        bool(terms) or any(_adds_a_constant(jm.eqns[k], an) for k in head),
     )
     if any(kinds.get(a) == PARAM for a in result.reads):
         raise _refuse(name, "a coefficient of the loss reads the parameters on the whole batch")

@@ -119,6 +119,7 @@ class LossHead:
     leaves: tuple[tuple[int, Var], ...]  # (flat leaf, whole invar) the coefficients read
     loss: object  # the whole-trace loss variable
     wide: np.dtype
+    affine: bool = True  # whether `h` may have a constant part (a term, an added constant)
 
     @property
     def reads(self) -> tuple[int, ...]:
@@ -149,6 +150,8 @@ class LossHead:
         if not sums:
             return jnp.where(first, h([]), jnp.zeros((), self.wide))
         base, linear = jax.jvp(h, (list(map(jnp.zeros_like, sums)),), (sums,))
+        if not self.affine:  # h(0) is zero (or 0 * inf for an infinite coefficient): not added
+            return linear
         return linear + jnp.where(first, base, jnp.zeros((), self.wide))
 
 
@@ -178,7 +181,9 @@ def body_with_packed_loss(closed: ClosedJaxpr, inputs: list, wide, like) -> Clos
     return ClosedJaxpr(jaxpr, [*closed.consts, *packer.consts])
 
 
-def head_of(whole: ClosedJaxpr, head_idx: list[int], sources, terms, coefs, loss, wide) -> LossHead:
+def head_of(
+    whole: ClosedJaxpr, head_idx: list[int], sources, terms, coefs, loss, wide, affine: bool
+) -> LossHead:
     """The head over `whole`'s equations `head_idx` (see `LossHead`)."""
     jaxpr = whole.jaxpr
     needed = reads(jaxpr, coefs)
@@ -193,4 +198,5 @@ def head_of(whole: ClosedJaxpr, head_idx: list[int], sources, terms, coefs, loss
         leaves,
         loss,
         wide,
+        affine,
     )
