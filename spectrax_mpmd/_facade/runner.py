@@ -73,6 +73,31 @@ def fold_keys(extra: Any, i) -> Any:
     return jax.tree.map(fold, extra)
 
 
+def refuse_shared_buffers(name: str, donated: tuple, kept: tuple) -> None:
+    """Refuse, before any device work, an array passed twice when one of its places is consumed
+    (`params`, `opt_state`): the call could not read it again (an optimizer state holding the
+    parameter arrays themselves, a batch that is a parameter)."""
+    places: dict[int, list[tuple[str, bool]]] = {}
+    named = [
+        *zip(donated, ("params", "opt_state"), (True, True)),
+        *zip(kept, ("extra", "inputs", "targets"), (False,) * 3),
+    ]
+    for tree, label, consumed in named:
+        for path, x in jax.tree_util.tree_leaves_with_path(tree):
+            if isinstance(x, jax.Array):
+                places.setdefault(id(x), []).append((label + jax.tree_util.keystr(path), consumed))
+    for found in places.values():
+        gone = [where for where, consumed in found if consumed]
+        if len(found) > 1 and gone:
+            other = next(where for where, _ in found if where != gone[0])
+            raise MpmdError(
+                f"{name}: {other} is the same array as {gone[0]}, which the update consumes (donates), "
+                "so it cannot read that array again. An optimizer state that holds the parameter arrays "
+                "themselves (an init returning `params`) does this, and so does a batch that is a "
+                "parameter. Pass a copy (`jax.tree.map(jnp.copy, opt_state)`)."
+            )
+
+
 def accumulated(name: str, loss: Callable, args: tuple, m: int, has_aux: bool, weight_fn) -> tuple:
     """`(value, grads)` of `loss(params, extra, inputs, targets)` with its `m` microbatches
     accumulated in one program (`lax.scan`; aux stacked per microbatch), each weighed as the
@@ -278,6 +303,7 @@ class Runner:
         self._check_batch(inputs, targets)
         if self.mpmd:
             return self.update_step(params, opt_state, extra, inputs, targets)
+        refuse_shared_buffers(self.name, (params, opt_state), (extra, inputs, targets))
         with jax.set_mesh(self.mesh):
             params, extra, inputs, targets = self._spmd_place((params, extra, inputs, targets))
             opt_state = jax.device_put(opt_state, NamedSharding(self.mesh, PartitionSpec()))  # one program

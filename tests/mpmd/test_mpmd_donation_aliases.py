@@ -95,3 +95,22 @@ def test_one_tree_in_two_donated_arguments_of_sxjit_is_refused():
     with pytest.raises(mp.MpmdError, match=r"argument 1 \('anchor'\)\['w0'\] is the same array as"):
         jitted(params, params, x, y)
     assert alive(params)
+
+
+def test_a_runner_without_a_pipeline_axis_refuses_a_state_holding_the_parameters():
+    """The one SPMD program donates too: refused before placement, naming both leaves."""
+
+    def apply_fn(params, x):
+        return jnp.tanh(x @ params["w0"]) @ params["w1"]
+
+    params, x, y = init()
+    step = mp.runner(
+        mesh=mp.create_mesh((1, 2, -1, 1, 1, 1)),
+        loss_fn=lambda out, y: jnp.mean((out - y) ** 2),
+        apply_fn=apply_fn,
+        microbatches=2,
+        tx=TX,
+    )
+    with pytest.raises(mp.MpmdError, match=r"opt_state\[0\]\['w0'\] is the same array as params\['w0'\]"):
+        step.update(params, TX.init(params), x, y)
+    assert alive((params, x, y))
