@@ -6,7 +6,20 @@ core's functions, and transforms turn calls on modules into pure JAX.
 
 from spectrax_core.schedules import Schedule
 
-from . import common_types, context, contrib, functional, hooks, init, inspect, nn, runtime, sharding, typing
+from . import (
+    common_types,
+    context,
+    contrib,
+    functional,
+    hooks,
+    init,
+    inspect,
+    nn,
+    runtime,
+    serialization,
+    sharding,
+    typing,
+)
 from ._compat.markers import Opaque, Static
 from ._compat.schedules import (
     DualPipeV,
@@ -126,9 +139,8 @@ from .sharding import (
     use_mesh,
     with_sharding_constraint,
 )
+from .typing import AxisNames
 
-#: Logical axis names of an array, one per axis (None: unsharded).
-AxisNames = tuple[str | None, ...]
 __version__ = "0.1.0"
 
 
@@ -146,6 +158,7 @@ __all__ = [
     "Policy",
     "common_types",
     "context",
+    "serialization",
     "scope",
     "variable_init_placement",
     "StateAxes",

@@ -16,6 +16,19 @@ import jax
 
 from spectrax_core.sharding import BATCH, EMBED, EXPERT, HEAD, KV_HEAD, LENGTH, MLP, VOCAB
 
+from ._compat.paths import not_built
+from ._sharding.specs import (
+    AttnKVSharding,
+    AttnQSharding,
+    ColumnWise,
+    ExpertActivations,
+    ExpertColumnWise,
+    ExpertRowWise,
+    HiddenStateSharding,
+    Replicated,
+    RowWise,
+)
+
 Array = jax.Array
 PRNGKey = jax.Array
 DType = jax.typing.DTypeLike
@@ -46,14 +59,23 @@ SEQUENCE_PARALLEL = SP = "sp"
 MODE_TRAIN = "train"
 MODE_DECODE = "decode"
 
+__getattr__ = not_built(
+    __name__,
+    "the modes here are MODE_TRAIN and MODE_DECODE, and the sharding presets those of spx.sharding "
+    "(ColumnWise, RowWise, HiddenStateSharding, ...)",
+)
+
 __all__ = [
     "Array",
+    "AttnKVSharding",
+    "AttnQSharding",
     "AxisIdxes",
     "AxisNames",
     "AxisType",
     "BATCH",
     "BIAS_HEAD_SEQ",
     "BIAS_KV_SEQ",
+    "ColumnWise",
     "DATA_PARALLEL",
     "DP",
     "DType",
@@ -63,10 +85,14 @@ __all__ = [
     "EXPERT",
     "EXPERT_GATE",
     "EXPERT_PARALLEL",
+    "ExpertActivations",
+    "ExpertColumnWise",
+    "ExpertRowWise",
     "FSDP",
     "FULLY_SHARDED_DATA_PARALLEL",
     "HEAD",
     "HEAD_DIM",
+    "HiddenStateSharding",
     "KV_HEAD",
     "KV_HEAD_DIM",
     "KV_LENGTH",
@@ -79,6 +105,8 @@ __all__ = [
     "PP",
     "PRNGKey",
     "QUERY_LENGTH",
+    "Replicated",
+    "RowWise",
     "SEQUENCE_PARALLEL",
     "SP",
     "Shape",

@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence, Union
 import jax
 import numpy as np
 
+from ._compat.paths import not_built
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 DType = jax.typing.DTypeLike
@@ -29,6 +31,8 @@ VariablePredicate = Callable[[str, Any], bool]
 #: Logical axis names of an array, one per axis (None: unsharded).
 AxisNames = tuple[Union[str, None], ...]
 Numeric = Union[int, float, np.number]
+
+__getattr__ = not_built(__name__, "variable hooks are not built, so there is no observer type; see spx.hooks")
 
 __all__ = [
     "Array",

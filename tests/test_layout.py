@@ -58,6 +58,13 @@ EAGER_ORDER = (
     "runtime",
     "sharding",
     "typing",
+    "api",
+    "core",
+    "lint",
+    "loggers",
+    "rng",
+    "serialization",
+    "transforms",
     "__init__",
 )
 MPMD_IMPORTING_PART = "_pipeline"  # the one part of spectrax_eager that may import spectrax_mpmd

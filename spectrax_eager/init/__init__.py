@@ -34,6 +34,8 @@ import jax.numpy as jnp
 
 from spectrax_core.init import Initializer, lecun_normal, lecun_uniform, ones, variance_scaling, zeros
 
+from .._compat.paths import keep_names
+
 _GAINS = {"linear": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3.0, "relu": math.sqrt(2.0), "selu": 0.75}
 _GAINS["leaky_relu"] = math.sqrt(2.0 / (1.0 + 0.01**2))
 _MODES = ("fan_in", "fan_out")
@@ -149,3 +151,7 @@ __all__ = [
     "xavier_uniform",
     "zeros",
 ]
+
+# `spectrax-lib`'s module paths `spectrax.init.constant`, ... hold these names too; each submodule
+# named like one of this module's functions is loaded now, the function kept under its name.
+keep_names(__name__, ("constant", "normal", "orthogonal", "uniform"))

@@ -32,14 +32,14 @@ from spectrax_core.sharding import (  # noqa: F401  (the core's tokens, importab
     Rules,
 )
 
-from ._compat.partition_axis import PartitionAxis
-from ._graph.module import Module, plan_of
-from ._graph.state import state_of
-from ._graph.variable import set_value
-from ._pipeline.meshes import cpu_context, create_cpu_mesh, create_mesh, parse_mesh_from_string
-from ._pipeline.mpmd import spx_mesh_class
-from ._scope import ambient
-from ._sharding.mesh import (
+from .._compat.partition_axis import PartitionAxis
+from .._graph.module import Module, plan_of
+from .._graph.state import state_of
+from .._graph.variable import set_value
+from .._pipeline.meshes import cpu_context, create_cpu_mesh, create_mesh, parse_mesh_from_string
+from .._pipeline.mpmd import spx_mesh_class
+from .._scope import ambient
+from .._sharding.mesh import (
     DEFAULT_MESH_AXIS_DIMS,
     DEFAULT_MESH_AXIS_NAMES,
     calculate_host_mesh_shape,
@@ -52,7 +52,7 @@ from ._sharding.mesh import (
     to_jax_mesh,
     use_mesh,
 )
-from ._sharding.named import (
+from .._sharding.named import (
     extract_sharding_structure,
     extract_shardings,
     get_corrected_named_sharding,
@@ -69,7 +69,7 @@ from ._sharding.named import (
     transpose_with_named_shardings,
     with_named_sharding,
 )
-from ._sharding.rules import (
+from .._sharding.rules import (
     Sharding,
     annotation_axes,
     as_jax_mesh,
@@ -82,7 +82,7 @@ from ._sharding.rules import (
     resolve,
     rules_block,
 )
-from ._sharding.specs import (
+from .._sharding.specs import (
     AttnKVSharding,
     AttnQSharding,
     ColumnWise,

@@ -11,12 +11,13 @@ from typing import Any, Callable
 
 import jax
 
-from ._graph.export import tree_state
-from ._graph.module import Module, _walk, plan_of
-from ._graph.rngs import Rngs, RngStream
-from ._graph.selector import mask
-from ._scope import ambient
-from ._transforms.lift import Split, rebuild
+from .._compat.paths import keep_names
+from .._graph.export import tree_state
+from .._graph.module import Module, _walk, plan_of
+from .._graph.rngs import Rngs, RngStream
+from .._graph.selector import mask
+from .._scope import ambient
+from .._transforms.lift import Split, rebuild
 
 
 def _shapes(out: Any) -> str:
@@ -196,3 +197,7 @@ __all__ = [
     "tabulate",
     "tree_state",
 ]
+
+# `spectrax-lib`'s module paths `spectrax.inspect.display`, ... hold these names too; each submodule
+# named like one of this module's functions (or `repr`) is loaded now, the name kept as it was.
+keep_names(__name__, ("display", "repr", "summary", "tabulate"))

@@ -1,9 +1,6 @@
-"""`spx.contrib`: the optimizers (also `spx.Optimizer`, ...), under the module name code written
-for the seed library imports.
-
-`Optimizer`: optax over the selected variables of a model; `MultiOptimizer`: one optax
-transformation per disjoint selection (e.g. a base model and its LoRA adapters).
-"""
+"""`Optimizer`: optax over the selected variables of a model; `MultiOptimizer`: one optax
+transformation per disjoint selection (e.g. a base model and its LoRA adapters); exported by
+`spx.contrib` and `spx`."""
 
 from __future__ import annotations
 
@@ -14,13 +11,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ._graph.export import clone, update
-from ._graph.module import Module, plan_of
-from ._graph.selector import as_selector
-from ._graph.state import State, state_of
-from ._graph.variable import Variable
-from ._graph.walk import trainable
-from .nn._containers import ModuleList
+from .._graph.export import clone, update
+from .._graph.module import Module, plan_of
+from .._graph.selector import as_selector
+from .._graph.state import State, state_of
+from .._graph.variable import Variable
+from .._graph.walk import trainable
+from ..nn._containers import ModuleList
 
 
 class OptState(Variable):

@@ -18,6 +18,8 @@ from spectrax_core import functional as _core
 from spectrax_core.functional import *  # noqa: F401,F403
 from spectrax_core.functional import __all__ as _core_names
 
+from .._compat.paths import keep_names
+
 
 def gelu(x: jax.Array, approximate: bool = False) -> jax.Array:
     """GELU, exact (erf) by default; `approximate=True` is the tanh form."""
@@ -142,3 +144,7 @@ def promote_dtype(*arrays: Any, dtype: Any = None) -> tuple[jax.Array, ...]:
 
 
 __all__ = sorted({*_core_names, "pool", "promote_dtype"})
+
+# `spectrax-lib`'s module paths `spectrax.functional.conv`, ... hold these names too; each submodule
+# named like one of this module's functions is loaded now, the function kept under its name.
+keep_names(__name__, ("conv", "dropout", "linear", "pool"))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ._graph.hooks import Hook, RemovableHandle, add_hook
-from ._graph.module import Module
+from .._graph.hooks import Hook, RemovableHandle, add_hook
+from .._graph.module import Module
 
 
 def _module(module: Module, where: str) -> Module:

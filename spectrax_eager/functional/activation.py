@@ -1,0 +1,48 @@
+"""`spectrax_eager.functional.activation`: `spectrax-lib`'s module path
+`spectrax.functional.activation`, holding functional ops (`spx.functional`'s)."""
+
+from . import (
+    celu,
+    elu,
+    gelu,
+    glu,
+    hard_sigmoid,
+    hard_silu,
+    hard_swish,
+    hard_tanh,
+    leaky_relu,
+    log_sigmoid,
+    log_softmax,
+    mish,
+    prelu,
+    relu,
+    selu,
+    sigmoid,
+    silu,
+    soft_sign,
+    softmax,
+    tanh,
+)
+
+__all__ = [
+    "celu",
+    "elu",
+    "gelu",
+    "glu",
+    "hard_sigmoid",
+    "hard_silu",
+    "hard_swish",
+    "hard_tanh",
+    "leaky_relu",
+    "log_sigmoid",
+    "log_softmax",
+    "mish",
+    "prelu",
+    "relu",
+    "selu",
+    "sigmoid",
+    "silu",
+    "soft_sign",
+    "softmax",
+    "tanh",
+]
