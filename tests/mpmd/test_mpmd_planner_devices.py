@@ -299,6 +299,7 @@ def test_predicted_peaks_on_ranks_of_1_1_2_4_devices_equal_a_real_steps(costs):
 # --- through advise -----------------------------------------------------------------------------
 
 
+@pytest.mark.timing  # which split wins rests on measured cells: measured with the other workers paused
 def test_advise_with_devices_gives_the_3x_last_stage_more_devices():
     loss, args = cut((1,) * len(WIDTHS))
     common = {"mesh": MESH, "schedules": (S.Std1F1B,), "microbatches": (M,), "virtual_stages": (1,)}
