@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import source_info_util
 
 from ..errors import MpmdError
-from .jax_private import ClosedJaxpr, Literal, Var
+from .jax_private import ClosedJaxpr, Literal, Var, source_info_util
 from .jaxpr import needed_eqns, producers, resolve
 from .loss_form import COEF, INV, LIN, ROW, SUM, TERM, TOP, Analysis, StructureError, Val
 from .loss_head import LossHead, body_with_packed_loss, head_of, widest

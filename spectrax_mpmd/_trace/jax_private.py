@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Primitive, Var
 from jax.interpreters import ad, batching, mlir
 
@@ -126,6 +127,7 @@ EXTENSION = [
     "ad",
     "batching",
     "mlir",
+    "source_info_util",
 ]
 __all__ = [
     "ATTRIBUTES",
@@ -142,5 +144,6 @@ __all__ = [
     "ad",
     "batching",
     "mlir",
+    "source_info_util",
     "private",
 ]

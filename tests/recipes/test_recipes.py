@@ -179,8 +179,10 @@ def _moe_loss(p, tokens, targets, key):
 @pytest.mark.parametrize("loss", [_dropout_loss, _moe_loss], ids=["dropout", "moe_aux_loss"])
 def test_per_microbatch_computations(schedule, loss):
     """Dropout (the key folded per microbatch) and an MoE layer's load-balancing loss against
-    the same microbatches computed one by one on one device."""
-    pipelined = _one_plan_and_unsplit(loss, batch_argnums=(1, 2))[0]
+    the same microbatches computed one by one on one device. The balance term is a product of two
+    means over the microbatch's tokens, per microbatch by nature: the step declares the mean of
+    the microbatch losses (`reduce="mean"`; without it the loss is refused, not averaged)."""
+    pipelined = _one_plan_and_unsplit(loss, batch_argnums=(1, 2), reduce="mean")[0]
     reference = _one_plan_and_unsplit(_microbatched(loss))[1]
     params = init(jax.random.key(5))
     data = [(*b, jax.random.key(10 + k)) for k, b in enumerate(batches(5))]
