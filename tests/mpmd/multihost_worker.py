@@ -183,7 +183,7 @@ def empty_loss(params, x, y):
     h = jax.numpy.tanh(x @ params["w0"])
     e = x[:, :0] * jax.numpy.sum(params["z"])
     h, e = mp.sxstage_iter((h, e))
-    out = jax.numpy.tanh(h @ params["w1"]) + jax.numpy.sum(e) + jax.numpy.sum(params["z"])
+    out = jax.numpy.tanh(h @ params["w1"]) + jax.numpy.sum(e, axis=1, keepdims=True) + jax.numpy.sum(params["z"])
     return jax.numpy.mean((out - y) ** 2)
 
 
