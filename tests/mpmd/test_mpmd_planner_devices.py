@@ -299,8 +299,7 @@ def test_predicted_peaks_on_ranks_of_1_1_2_4_devices_equal_a_real_steps(costs):
 # --- through advise -----------------------------------------------------------------------------
 
 
-@pytest.mark.timing  # which split wins rests on measured cells: measured with the other workers paused
-def test_advise_with_devices_gives_the_3x_last_stage_more_devices():
+def test_advise_with_devices_ranks_the_splits_of_its_own_profile():
     loss, args = cut((1,) * len(WIDTHS))
     common = {"mesh": MESH, "schedules": (S.Std1F1B,), "microbatches": (M,), "virtual_stages": (1,)}
     advice = mp.advise(
@@ -315,9 +314,11 @@ def test_advise_with_devices_gives_the_3x_last_stage_more_devices():
         rules=RULES,
         rounds=4,  # each cell's least of 4: a load burst on shared cores cannot make a light block heavy
     )
+    # which split wins rests on the cells this machine measures (the injected-cost tests above pin
+    # that a heavy stage gets the devices); here: the ranking and the wiring
     split = advice.devices
-    assert split.devices[-1] > max(split.devices[:-1]), split.table()
-    assert split.best.label == "chosen" and split.best.step_s < split.plan("even").step_s, split.table()
+    assert sum(split.devices) <= 8 and split.best is split.candidates[0], split.table()
+    assert split.best.step_s == min(c.step_s for c in split.candidates), split.table()
     assert advice.under(None).devices is split
     with pytest.raises(MeshError, match="device_axis must be one of"):
         mp.advise(loss, *args, **common, devices=8, device_axis="model")
