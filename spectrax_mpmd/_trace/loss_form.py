@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from .jax_private import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
-from .marker import sxstage_iter_p
+from .pruned import PER_OPERAND
 
 INV, ROW, MIX, COEF, SUM, LIN, TERM, TOP = "inv", "row", "mix", "coef", "sum", "lin", "term", "top"
 ROW_FREE_LINEAR = (SUM, LIN)
@@ -66,9 +66,7 @@ ELEMENTWISE = frozenset(
     population_count clz shift_left shift_right_logical shift_right_arithmetic reduce_precision
     stop_gradient add_any bitcast_convert_type""".split()
 )
-IDENTITY = frozenset(
-    {"sharding_constraint", "optimization_barrier", "device_put", "pvary", sxstage_iter_p.name}
-)
+IDENTITY = frozenset({"sharding_constraint", "device_put", "pvary"}) | PER_OPERAND
 RANDOM = frozenset(
     {"random_bits", "random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_seed"}
 )

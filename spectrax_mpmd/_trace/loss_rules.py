@@ -94,7 +94,7 @@ def _row_free(an: Analysis, em: JaxprEqn, ins: list[Val], params: bool) -> Val:
     name = em.primitive.name
     linear = [v for v in ins if v.tag in ROW_FREE_LINEAR]
     if not linear:
-        if name == "broadcast_in_dim" or name in LINEAR_UNARY:
+        if name in LINEAR_UNARY:
             return ins[0] if ins else Val(INV)
         return _generic(ins, params)
     if name in LINEAR_UNARY:
