@@ -27,7 +27,7 @@ from ._checkpoint.manager import (
     save_checkpoint,
 )
 from ._checkpoint.owners import init_on_owners, owner_layout
-from ._comm import initialize
+from ._comm import Exchange, initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
 from ._facade.parity import Parity, check_parity
@@ -44,7 +44,7 @@ from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from ._trace.marker import sxstage_iter
 from ._trace.policy import Offload
-from ._trace.region import sxstage_region
+from ._trace.region import regions_in, sxstage_region
 from .errors import (
     DistributedError,
     MarkerError,
@@ -81,6 +81,7 @@ __all__ = [
     "MpmdMesh",
     "sxstage_iter",
     "sxstage_region",
+    "regions_in",
     "sxjit",
     "sxvalue_and_grad",
     "sxgrad",
@@ -115,6 +116,7 @@ __all__ = [
     "TransferTimeoutError",
     "PeerLostError",
     "initialize",
+    "Exchange",
     "CheckpointManager",
     "CheckpointError",
     "Restored",

@@ -176,17 +176,6 @@ def rank_holding(device_rank: dict, placed) -> int | None:
     return ranks.pop() if len(ranks) == 1 else None
 
 
-class MpMdMesh(MpmdMesh):
-    """`MpmdMesh` built as `MpMdMesh(jax_mesh, mpmd_axis_name)`: a jax mesh and the name of
-    its pipeline axis. `mpmd_axis` is that name here (an index of it is
-    `jax_mesh.axis_names.index(mesh.mpmd_axis_name)`)."""
-
-    def __init__(self, jax_mesh: Mesh, mpmd_axis_name: str):
-        if not isinstance(jax_mesh, Mesh):
-            raise MeshError(f"MpMdMesh: expected a jax.sharding.Mesh, got {type(jax_mesh).__name__}.")
-        super().__init__(jax_mesh, mpmd_axis_name)
-
-
 def _slice_submeshes(mesh: Mesh, axis: str) -> tuple[Mesh, ...]:
     names = tuple(mesh.axis_names)
     pos = names.index(axis)

@@ -1,6 +1,7 @@
 """The packages' layout: no import cycle inside a package, the MPMD folders and the eager facade's
 parts imported in order (a part never imports one above it), only the facade's `_pipeline` importing
-`spectrax_mpmd` (and `import spectrax_eager` not importing it at all), the facade's ambient state
+`spectrax_mpmd`, and only its public names (and `import spectrax_eager` not importing it at all),
+the facade's ambient state
 in one context variable, and every module, class and function within its size budget.
 
 Every import statement counts, wherever it sits (module level, inside a function, under
@@ -170,6 +171,41 @@ def mpmd_importers(root: Path = ROOT) -> list[str]:
     ]
 
 
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def private_mpmd_uses(root: Path = ROOT) -> list[str]:
+    """Where spectrax_eager reaches past `spectrax_mpmd`'s public names: an import of a private
+    module or name (`spectrax_mpmd._trace`, `from spectrax_mpmd import _mesh`), or a private
+    attribute of the imported package (`mp._comm`)."""
+    found = []
+    for name, path in _modules(root, "spectrax_eager").items():
+        private = {t for t in imported_modules(path) if t.split(".")[0] == "spectrax_mpmd" and _private(t)}
+        found += [  # `from spectrax_mpmd._x import y` once, as `spectrax_mpmd._x`
+            f"{name} imports {target}"
+            for target in sorted(private)
+            if not any(target.startswith(other + ".") for other in private)
+        ]
+        tree = ast.parse(path.read_text())
+        aliases = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name == "spectrax_mpmd"
+        }
+        found += [
+            f"{name} reads {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+        ]
+    return found
+
+
 def context_variables(root: Path, package: str) -> list[str]:
     """Where the modules of `package` make a `ContextVar` or a `threading.local` (ambient state)."""
     found = []
@@ -331,6 +367,7 @@ def test_planted_eager_violations_are_found(tmp_path, monkeypatch):
         "spectrax_eager._graph.module (_graph) imports spectrax_eager._transforms.jit (_transforms), a part above it"
     ]
     assert mpmd_importers(tmp_path) == ["spectrax_eager._transforms.jit imports spectrax_mpmd"]
+    assert private_mpmd_uses(tmp_path) == ["spectrax_eager._pipeline.run imports spectrax_mpmd._comm"]
     assert context_variables(tmp_path, "spectrax_eager") == [
         "spectrax_eager/_scope/ambient.py:2 ContextVar",
         "spectrax_eager/_scope/lazy.py:2 ContextVar",
@@ -352,6 +389,33 @@ def test_eager_parts_import_only_parts_below_them():
 
 def test_only_the_eager_pipeline_part_imports_spectrax_mpmd():
     found = mpmd_importers()
+    assert not found, "\n".join(found)
+
+
+def test_planted_private_mpmd_uses_are_found(tmp_path, monkeypatch):
+    """Each way of reaching a private part of spectrax_mpmd from the facade is reported; public
+    names are not."""
+    _plant(
+        tmp_path,
+        {
+            "spectrax_eager/__init__.py": "",
+            "spectrax_eager/_pipeline/__init__.py": "",
+            "spectrax_eager/_pipeline/a.py": "def f():\n    from spectrax_mpmd._trace.jaxpr import name_stack\n",
+            "spectrax_eager/_pipeline/b.py": "from spectrax_mpmd import _mesh, MpmdMesh\n",
+            "spectrax_eager/_pipeline/c.py": "import spectrax_mpmd as mp\nx = mp._comm.Exchange\ny = mp.run\n",
+            "spectrax_eager/_pipeline/d.py": "import spectrax_mpmd\nfrom spectrax_mpmd import sxjit\n",
+        },
+    )
+    monkeypatch.setattr("test_import_direction.ROOT", tmp_path)
+    assert private_mpmd_uses(tmp_path) == [
+        "spectrax_eager._pipeline.a imports spectrax_mpmd._trace.jaxpr",
+        "spectrax_eager._pipeline.b imports spectrax_mpmd._mesh",
+        "spectrax_eager._pipeline.c reads mp._comm",
+    ]
+
+
+def test_the_facade_uses_only_public_names_of_spectrax_mpmd():
+    found = private_mpmd_uses()
     assert not found, "\n".join(found)
 
 

@@ -38,6 +38,8 @@ MPMD_ADDED = {
     "DeviceBalance",
     "check_parity",
     "Parity",
+    "regions_in",
+    "Exchange",
 }
 
 SCHEDULES = {

@@ -71,9 +71,9 @@ def first_microbatch(counters: tuple, mesh: Any) -> tuple:
 @functools.cache  # one exchange per process (a cache of the object, not ambient state)
 def _exchange() -> Any:
     """The exchange of counters among the processes of a job, made on first use."""
-    from spectrax_mpmd._comm import Exchange
+    import spectrax_mpmd as mp
 
-    return Exchange("spx.run rng counters")
+    return mp.Exchange("spx.run rng counters")
 
 
 def _local_value(stacked: jax.Array) -> Any:

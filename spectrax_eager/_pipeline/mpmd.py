@@ -43,6 +43,6 @@ def spx_mesh_class() -> type:
 
 def mpmd_mesh_class() -> type:
     """`MpMdMesh`: the runtime's mesh built as `MpMdMesh(jax_mesh, mpmd_axis_name)`."""
-    from spectrax_mpmd._mesh import MpMdMesh
+    from .spx_mesh import MpMdMesh
 
     return MpMdMesh

@@ -50,3 +50,15 @@ class SpxMesh(spectrax_mpmd.MpmdMesh):
             return super().__exit__(*exc)
         self._blocks.pop().__exit__(*exc)
         return None
+
+
+class MpMdMesh(spectrax_mpmd.MpmdMesh):
+    """`spectrax_mpmd.MpmdMesh` built as `spectrax-lib` builds its mesh, `MpMdMesh(jax_mesh,
+    mpmd_axis_name)`: a jax mesh and the name of its pipeline axis (`mpmd_axis` here)."""
+
+    def __init__(self, jax_mesh: jax.sharding.Mesh, mpmd_axis_name: str):
+        if not isinstance(jax_mesh, jax.sharding.Mesh):
+            raise spectrax_mpmd.MeshError(
+                f"MpMdMesh: expected a jax.sharding.Mesh, got {type(jax_mesh).__name__}."
+            )
+        super().__init__(jax_mesh, mpmd_axis_name)

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 
 import jax
 
+from spectrax_core.schedules import Schedule
+
 from ..errors import StageSplitError
+from .jaxpr import name_stack, sub_jaxprs
 
 SCOPE_PREFIX = "sxstage_region:"
 DEFAULT_REGION = "default"
@@ -46,7 +49,7 @@ class sxstage_region(contextlib.ContextDecorator):  # noqa: N801 - named like th
             raise StageSplitError(
                 f"sxstage_region: {DEFAULT_REGION!r} names the code outside every region; pick another name."
             )
-        if schedule is not None and not hasattr(schedule, "actions"):
+        if schedule is not None and not isinstance(schedule, Schedule):
             raise StageSplitError(
                 f"sxstage_region({name!r}): schedule must be a schedule object (e.g. GPipe(microbatches=4)) "
                 f"or None for the call's, received {schedule!r}."
@@ -96,3 +99,21 @@ def region_of(name_stack: str) -> str:
             "nest. Close the outer region first, or make the inner one part of it."
         )
     return found[0] if found else DEFAULT_REGION
+
+
+def regions_in(jaxpr) -> tuple[str, ...]:
+    """The `sxstage_region`s `jaxpr` (a `Jaxpr` or `ClosedJaxpr`, e.g. `jax.make_jaxpr(fn)(...)`)
+    was traced in, each once, in the order its equations first enter them (nested jaxprs, loop
+    bodies and calls, included)."""
+    names: dict[str, None] = {}
+
+    def walk(j) -> None:
+        for eqn in getattr(j, "jaxpr", j).eqns:
+            region = region_of(name_stack(eqn))
+            if region != DEFAULT_REGION:
+                names.setdefault(region)
+            for sub in sub_jaxprs(eqn):
+                walk(sub)
+
+    walk(jaxpr)
+    return tuple(names)
