@@ -11,6 +11,56 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+#: What to use instead of the names of `spectrax-lib`'s modules whose names are not built here,
+#: by topic (`not_kept`).
+INSTEAD = {
+    "core": (
+        "spectrax-lib's core internals are not kept; a model's structure and values are read with "
+        "spx.export, spx.iter_variables and spx.tree_state, and the core's public names are spx's"
+    ),
+    "variable hooks": (
+        "variable hooks are not built; forward hooks are spx.hooks.register_forward_hook and "
+        "register_forward_pre_hook"
+    ),
+    "logging": (
+        "metric logging is not part of this project; log the values a training step returns with a "
+        "logger of your own"
+    ),
+    "mpmd internals": (
+        "spectrax-lib's MPMD compiler internals are not kept; pipelines compile through sxjit, "
+        "sxvalue_and_grad, sxcall and spx.run (spectrax_mpmd.treduce reduces over microbatches), "
+        "and loops inside a stage are jax.lax loops"
+    ),
+    "stage markers": (
+        "stage boundaries are marked with spx.sxstage_iter, and spx.run cuts a `blocks` ModuleList,"
+        " a PipelineSequential or assign_stage blocks into stages"
+    ),
+    "fusion": (
+        "which forward and backward run fused is the schedule's table (KimiK2, DualPipeV); "
+        "spectrax_core.schedules holds the actions and the simulator"
+    ),
+    "spmd pipelines": (
+        "pipelines here run one program per rank (MPMD): spx.run on a mesh with a pipeline axis, or sxjit"
+    ),
+    "stage types": (
+        "stages are cut by spx.run (a `blocks` ModuleList, a PipelineSequential, assign_stage), and"
+        " a mesh from spx.create_mesh(..., mpmd_axis=...) is its own MPMD view"
+    ),
+    "checkpoints": (
+        "checkpoints are written by spx.save_checkpoint and read by spx.restore_checkpoint, and by "
+        "spectrax_mpmd.CheckpointManager for pipelined training"
+    ),
+    "transform internals": (
+        "spectrax-lib's transform internals are not kept; spx.jit, spx.grad, spx.vmap, spx.scan, "
+        "... take modules as arguments directly"
+    ),
+}
+
+
+def not_kept(module: str, topic: str) -> Callable[[str], Any]:
+    """`not_built(module, INSTEAD[topic])`: the `__getattr__` of a module none of whose names is built."""
+    return not_built(module, INSTEAD[topic])
+
 
 def not_built(module: str, use: str) -> Callable[[str], Any]:
     """A module `__getattr__` for `module`: a public name it lacks raises `ImportError` (what

@@ -2,12 +2,7 @@
 `spectrax.serialization.async_manager`; none of its names is built here, and importing one says what
 to use."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 
-__getattr__ = not_built(
-    __name__,
-    "checkpoints are written by spx.save_checkpoint and read by spx.restore_checkpoint, and by "
-    "spectrax_mpmd.CheckpointManager for pipelined training",
-)
-
+__getattr__ = not_kept(__name__, "checkpoints")
 __all__ = ()

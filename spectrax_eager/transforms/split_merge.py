@@ -2,12 +2,7 @@
 `spectrax.transforms.split_merge`; none of its names is built here, and importing one says what to
 use."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 
-__getattr__ = not_built(
-    __name__,
-    "spectrax-lib's transform internals are not kept; spx.jit, spx.grad, spx.vmap, spx.scan, "
-    "... take modules as arguments directly",
-)
-
+__getattr__ = not_kept(__name__, "transform internals")
 __all__ = ()

@@ -1,11 +1,7 @@
 """`spectrax_eager.runtime.spmd.api`: `spectrax-lib`'s module path `spectrax.runtime.spmd.api`; none of
 its names is built here, and importing one says what to use."""
 
-from ..._compat.paths import not_built
+from ..._compat.paths import not_kept
 
-__getattr__ = not_built(
-    __name__,
-    "pipelines here run one program per rank (MPMD): spx.run on a mesh with a pipeline axis, or sxjit",
-)
-
+__getattr__ = not_kept(__name__, "spmd pipelines")
 __all__ = ()

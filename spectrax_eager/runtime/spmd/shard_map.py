@@ -2,11 +2,7 @@
 `spectrax.runtime.spmd.shard_map`; none of its names is built here, and importing one says what to
 use."""
 
-from ..._compat.paths import not_built
+from ..._compat.paths import not_kept
 
-__getattr__ = not_built(
-    __name__,
-    "pipelines here run one program per rank (MPMD): spx.run on a mesh with a pipeline axis, or sxjit",
-)
-
+__getattr__ = not_kept(__name__, "spmd pipelines")
 __all__ = ()
