@@ -30,17 +30,18 @@ from ._checkpoint.owners import init_on_owners, owner_layout
 from ._comm import Exchange, initialize
 from ._facade.decode import PipelineDecoder
 from ._facade.gather import gather
-from ._facade.parity import Parity, check_parity
 from ._facade.generate.split import DecodeSplit, decode_split
+from ._facade.parity import Parity, check_parity
 from ._facade.run import run, runner, sxcall
 from ._facade.runner import Runner, call_with, pipeline_stages, train_loss
 from ._facade.step_decode import StepDecoder
 from ._mesh import MpmdMesh, create_mesh, create_rank_mesh, mesh_of_ranks
 from ._optim import StagedOptimizer, StagedOptState
 from ._planner.advise import Advice, Candidate, advise
-from ._planner.balance import Balance, balance, split_blocks
+from ._planner.balance import Balance, auto_balance, balance, split_blocks
 from ._planner.device_advice import DeviceBalance
 from ._runtime import CellProfile, HostProfile, HostRow, StageProfile
+from ._settings import StepSettings
 from ._stages import StagedStack, stage_blocks, stage_sizes, unstage_blocks
 from ._trace.marker import sxstage_iter
 from ._trace.policy import Offload
@@ -67,6 +68,7 @@ __all__ = [
     "call_with",
     "train_loss",
     "Runner",
+    "StepSettings",
     "sxcall",
     "gather",
     "check_parity",
@@ -100,6 +102,7 @@ __all__ = [
     "Offload",
     "advise",
     "balance",
+    "auto_balance",
     "Balance",
     "DeviceBalance",
     "split_blocks",

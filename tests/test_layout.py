@@ -27,6 +27,7 @@ MPMD_ORDER = (
     "_compile",
     "_comm",
     "_mesh",
+    "_settings",
     "_runtime",
     "_plan",
     "_stages",

@@ -40,6 +40,8 @@ MPMD_ADDED = {
     "Parity",
     "regions_in",
     "Exchange",
+    "StepSettings",
+    "auto_balance",
 }
 
 SCHEDULES = {

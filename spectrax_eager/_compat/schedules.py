@@ -1,11 +1,13 @@
-"""The schedule classes as `spx` names: `spectrax_core.schedules`' classes, also taking the
-arguments written for `spectrax-lib` (`GPipe(8, False)`, `InterleavedH1(8, virtual_stages=2,
-stage_layout="interleaved")`, `DualPipeV(8, zero_bubble=True)`, `KimiK2(8, extra_warmup=1)`).
+"""The schedules as `spx` names: constructors of `spectrax_core.schedules`' classes that also
+take the arguments written for `spectrax-lib` (`GPipe(8, False)`, `InterleavedH1(8,
+virtual_stages=2, stage_layout="interleaved")`, `DualPipeV(8, zero_bubble=True)`,
+`KimiK2(8, extra_warmup=1)`).
 
-Each is a subclass of the core class (so `isinstance` and the runtime see the core's
-schedule); it builds the same table. An argument that only tunes how that library ran the
-table is accepted with no effect here; one asking for a different table than this runtime
-builds is refused, naming the value that is built.
+`spx.GPipe(8)` is `spectrax_core.schedules.GPipe(microbatches=8)`: one class per schedule name
+across the packages, so a schedule compares, hashes and caches alike whichever package
+built it (`isinstance` checks take the core class). An argument that only tunes how that
+library ran the table is accepted with no effect here; one asking for a different table than
+this runtime builds is refused, naming the value that is built.
 """
 
 from __future__ import annotations
@@ -43,24 +45,25 @@ def _check_layout(name: str, stage_layout) -> None:
     )
 
 
-def _subclass(base: type, __init__) -> type:
-    """`base` under its own name, built with `__init__` (which takes the seed's arguments)."""
-    return type(
-        base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": __name__}
+def _named(make, base: type):
+    """`make` under `base`'s name and docstring: the `spx` constructor of core class `base`."""
+    make.__name__ = make.__qualname__ = base.__name__
+    make.__doc__ = (
+        f"`spectrax_core.schedules.{base.__name__}`, also from `spectrax-lib`'s arguments.\n\n{base.__doc__}"
     )
+    return make
 
 
-def _flat(base: type) -> type:
-    def __init__(self, microbatches: int, lazy_bwd_batching: bool = False):
+def _flat(base: type):
+    def make(microbatches: int, lazy_bwd_batching: bool = False):
         _check_lazy(base.__name__, lazy_bwd_batching)
-        base.__init__(self, microbatches)
+        return base(microbatches)
 
-    return _subclass(base, __init__)
+    return _named(make, base)
 
 
-def _interleaved(base: type) -> type:
-    def __init__(
-        self,
+def _interleaved(base: type):
+    def make(
         microbatches: int,
         lazy_bwd_batching: bool = False,
         virtual_stages: int = 2,
@@ -68,9 +71,9 @@ def _interleaved(base: type) -> type:
     ):
         _check_lazy(base.__name__, lazy_bwd_batching)
         _check_layout(base.__name__, stage_layout)
-        base.__init__(self, microbatches, virtual_stages)
+        return base(microbatches, virtual_stages)
 
-    return _subclass(base, __init__)
+    return _named(make, base)
 
 
 GPipe = _flat(core.GPipe)
@@ -82,15 +85,31 @@ InterleavedGPipe = _interleaved(core.InterleavedGPipe)
 Interleaved1F1BPlusOne = _interleaved(core.Interleaved1F1BPlusOne)
 
 
-class DualPipeV(core.DualPipeV):
-    __doc__ = core.DualPipeV.__doc__
+def _dualpipev(microbatches: int, lazy_bwd_batching: bool = False, zero_bubble: bool = True):
+    _check_lazy("DualPipeV", lazy_bwd_batching)
+    _require(
+        "DualPipeV", "zero_bubble", zero_bubble, True, "its warm-up and tail split backwards into I and W"
+    )
+    return core.DualPipeV(microbatches)
 
-    def __init__(self, microbatches: int, lazy_bwd_batching: bool = False, zero_bubble: bool = True):
-        _check_lazy("DualPipeV", lazy_bwd_batching)
-        _require(
-            "DualPipeV", "zero_bubble", zero_bubble, True, "its warm-up and tail split backwards into I and W"
-        )
-        super().__init__(microbatches)
+
+def _kimi(
+    microbatches: int,
+    lazy_bwd_batching: bool = False,
+    virtual_stages: int = 2,
+    stage_layout: str = BUILT_LAYOUT,
+    extra_warmup: int = 1,
+    split_backward: bool = False,
+):
+    _check_lazy("KimiK2", lazy_bwd_batching)
+    _check_layout("KimiK2", stage_layout)
+    _require("KimiK2", "extra_warmup", extra_warmup, 1, "one extra warm-up forward per rank")
+    _require("KimiK2", "split_backward", split_backward, False, "each steady F/B pair is one fused cell")
+    return core.KimiK2(microbatches, virtual_stages)
+
+
+DualPipeV = _named(_dualpipev, core.DualPipeV)
+KimiK2 = _named(_kimi, core.KimiK2)
 
 
 def dualpipev_tasks(
@@ -101,25 +120,6 @@ def dualpipev_tasks(
     if not 0 <= mpmd_idx < mpmd_dim:
         raise ValueError(f"dualpipev_tasks: mpmd_idx must be in [0, {mpmd_dim}), got {mpmd_idx}.")
     return DualPipeV(n_mubatches, zero_bubble=zero_bubble).actions(mpmd_dim)[mpmd_idx]
-
-
-class KimiK2(core.KimiK2):
-    __doc__ = core.KimiK2.__doc__
-
-    def __init__(
-        self,
-        microbatches: int,
-        lazy_bwd_batching: bool = False,
-        virtual_stages: int = 2,
-        stage_layout: str = BUILT_LAYOUT,
-        extra_warmup: int = 1,
-        split_backward: bool = False,
-    ):
-        _check_lazy("KimiK2", lazy_bwd_batching)
-        _check_layout("KimiK2", stage_layout)
-        _require("KimiK2", "extra_warmup", extra_warmup, 1, "one extra warm-up forward per rank")
-        _require("KimiK2", "split_backward", split_backward, False, "each steady F/B pair is one fused cell")
-        super().__init__(microbatches, virtual_stages)
 
 
 __all__ = [

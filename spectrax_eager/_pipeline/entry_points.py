@@ -65,23 +65,16 @@ def sxjit(
 def _jitted_step(name: str, fn, argnums, value: bool):
     """The step of `spectrax_mpmd.sxvalue_and_grad` (`value`) or `sxgrad` for `sxjit`ted `fn`."""
     mp = mpmd()
-    if not (getattr(fn, "name", None) == "sxjit" and hasattr(fn, "mesh") and hasattr(fn, "fn")):
+    settings = getattr(fn, "settings", None)
+    if not (isinstance(settings, mp.StepSettings) and settings.name == "sxjit"):
         raise TypeError(
             f"{name}: give a function compiled with spx.sxjit(mesh=..., schedule=...), or the loss itself "
             f"with mesh= and schedule= ({name}(loss, mesh=mesh, schedule=spx.GPipe(4)))."
         )
-    if fn.schedule is None:
+    if settings.schedule is None:
         raise TypeError(f"{name}: the sxjit function needs a schedule (spx.sxjit(mesh=..., schedule=...)).")
     make = mp.sxvalue_and_grad if value else mp.sxgrad
-    return make(
-        fn.fn,
-        argnums,
-        mesh=fn.mesh,
-        schedule=fn.schedule,
-        static_argnums=fn.static_argnums,
-        batch_argnums=fn.batch_argnums,
-        region_ranks=fn.region_ranks,
-    )
+    return make(fn.fn, argnums, mesh=settings.mesh, schedule=settings.schedule, **settings.keywords())
 
 
 def sxgrad(fn: Callable, argnums=0, *, mesh=None, **options) -> Callable:

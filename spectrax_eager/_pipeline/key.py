@@ -148,23 +148,26 @@ class RunKey(NamedTuple):
     stage_sizes: Any
     loss: Any
     optimizer: Any  # the optimizers' transformations and selections, by value (None: gradients out)
-    memory: Any = ()  # what each stage keeps for its backward (remat, offload) and the microbatch weight
+    memory: Any = ()  # what each stage keeps for its backward (remat, offload), the weight, the budget
 
 
-def run_key(
-    plan, selected, mesh, mode, microbatches, schedule, has_aux, stage_sizes, loss_fn, optimizers, memory=()
-):
-    """The run's `RunKey`, or None when a value it depends on has no key by content."""
+def run_key(plan, selected, settings, loss_fn, optimizers) -> RunKey | None:
+    """The `RunKey` of a run of `plan` with `settings` (a `spectrax_mpmd.StepSettings`), or None
+    when a value it depends on has no key by content."""
+    memory = {"remat": settings.remat, "offload": settings.offload}
+    for name in ("microbatch_weight_fn", "memory_budget"):  # in the key when given, by value
+        if getattr(settings, name) is not None:
+            memory[name] = getattr(settings, name)
     try:
         return RunKey(
             plan.graphdef,
             selected,
-            mesh_key(mesh),
-            mode,
-            microbatches,
-            schedule,
-            has_aux,
-            stage_sizes,
+            mesh_key(settings.mesh),
+            settings.mode,
+            settings.microbatches,
+            settings.schedule,
+            settings.has_aux,
+            settings.stage_sizes,
             function_key(loss_fn),
             None if optimizers is None else optimizer_key(plan, optimizers),
             _hashable(memory),

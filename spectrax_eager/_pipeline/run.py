@@ -51,6 +51,7 @@ def run(
     remat: Any = False,
     offload: Any = False,
     microbatch_weight_fn: Callable | None = None,
+    memory_budget: int | None = None,
     fuse_1f1b: bool | None = None,
     fuse_zb: bool | None = None,
     max_new_tokens: Any = None,
@@ -76,8 +77,9 @@ def run(
     and other non-parameter variables are read, not written back.
     `fuse_1f1b` / `fuse_zb` may be given as False (or None): the schedule's table says which
     forward and backward run as one fused cell (`KimiK2`, `DualPipeV` have them).
-    `stage_sizes="auto"` splits the `blocks` by their profiled costs (see
-    `spectrax_mpmd.balance`), once per configuration.
+    `stage_sizes="auto"` splits the `blocks` by their profiled costs, once per configuration,
+    as `spectrax_mpmd.run` does (`spectrax_mpmd.auto_balance`: the microbatch weights, `remat`,
+    `offload`, the optimizer and `memory_budget`, bytes per device, all count).
 
     `wrt` selects the variables to differentiate (any selector: `"lora"`, a
     collection, a filter; default the `"parameters"` collection). With
@@ -112,23 +114,28 @@ def run(
     if mode == "generate" or options or max_new_tokens is not None:
         return _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, options)
 
-    plan = plan_of(model)
+    settings = mp.StepSettings.of("spx.run", locals())
+    return run_with(model, inputs, targets, settings, loss_fn, wrt, optimizer)
+
+
+def run_with(model: Module, inputs, targets, settings, loss_fn, wrt="parameters", optimizer=None) -> Any:
+    """`run` with its step's settings made (`settings`, a `spectrax_mpmd.StepSettings`)."""
+    import spectrax_mpmd as mp
+
+    plan, mode = plan_of(model), settings.mode
     optimizers = optimizers_of(optimizer) if optimizer is not None else None
     if optimizers is not None and mode != "train":
         raise mp.MpmdError("spx.run: optimizer= updates a training step; use mode='train'.")
     selected = trainable(plan, wrt) if optimizers is None else selection(plan, optimizers)
     values = [v._value for v in plan.vars]
-    if isinstance(stage_sizes, str) and stage_sizes != "auto":
-        raise mp.MpmdError(f"spx.run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
     diff = [v for v, s in zip(values, selected) if s]
     rest = [v for v, s in zip(values, selected) if not s]
     args, counters = (diff, rest, inputs, targets), counter_positions(plan)
-    config = (mode, microbatches, schedule, has_aux, stage_sizes)
-    memory = {"remat": remat, "offload": offload}
-    if microbatch_weight_fn is not None:  # part of the cache key, by value
-        memory["microbatch_weight_fn"] = microbatch_weight_fn
-    runner = _runner(model, plan, selected, args, counters, mesh, config, loss_fn, optimizers, memory)
-    result, states = _step(runner, plan, counters, args, optimizers, mesh=mesh, mode=mode, has_aux=has_aux)
+    runner = _runner(model, plan, selected, args, counters, settings, loss_fn, optimizers)
+    mesh = settings.mesh
+    result, states = _step(
+        runner, plan, counters, args, optimizers, mesh=mesh, mode=mode, has_aux=settings.has_aux
+    )
     if mode == "forward":
         return result
     value, grads = result
@@ -163,31 +170,14 @@ def _step(runner, plan, counters, args, optimizers, *, mesh, mode, has_aux) -> t
     return result, states
 
 
-def _runner(model, plan, selected, args, counters, mesh, config, loss_fn, optimizers, memory) -> Any:
+def _runner(model, plan, selected, args, counters, settings, loss_fn, optimizers) -> Any:
     """The runner of this configuration: the cached one (its loss function now `loss_fn`), or a
-    new one, remembered. `config` is `(mode, microbatches, schedule, has_aux, stage_sizes)`."""
-    mode, microbatches, schedule, has_aux, stage_sizes = config
-    sizes = None if stage_sizes is None or stage_sizes == "auto" else tuple(stage_sizes)
-    key = run_key(plan, selected, mesh, *config[:4], sizes or stage_sizes, loss_fn, optimizers, memory)
+    new one, remembered."""
+    key = run_key(plan, selected, settings, loss_fn, optimizers)
     runner, loss = _runners.get(key, (None, None)) if key is not None else (None, None)
     if runner is None:
-        runner, loss = new_runner(
-            model,
-            plan,
-            selected,
-            args,
-            counters,
-            mesh=mesh,
-            mode=mode,
-            loss_fn=loss_fn,
-            microbatches=microbatches,
-            schedule=schedule,
-            has_aux=has_aux,
-            sizes=sizes,
-            stage_sizes=stage_sizes,
-            tx=None if optimizers is None else grouped(plan, selected, optimizers),
-            memory=memory,
-        )
+        tx = None if optimizers is None else grouped(plan, selected, optimizers)
+        runner, loss = new_runner(model, plan, selected, args, counters, settings.replace(tx=tx), loss_fn)
         _remember(key, runner, loss)
     elif loss is not None:
         loss.fn = loss_fn

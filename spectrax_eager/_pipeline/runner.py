@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spectrax_core.schedules import GPipe
-
-from .._graph.module import Module, build
+from .._graph.module import build
 from ..nn._containers import ModuleList
 from .counters import counting_loss, per_microbatch
 from .stages import StagePlan, call, run_marked, stage_plan
@@ -48,21 +46,12 @@ def _forward(
     return forward
 
 
-def _plan_stages(model: Module, mesh, schedule, sizes, inputs) -> StagePlan | None:
+def _balanced_sizes(model, plan, selected, args, settings, loss_fn) -> tuple[int, ...] | None:
+    """`stage_sizes="auto"`: the split `spectrax_mpmd.auto_balance` picks from the profiled blocks
+    of the model's `blocks` ModuleList, as for `spectrax_mpmd.run` (None without a pipeline)."""
     import spectrax_mpmd as mp
 
-    n_stages = mp.pipeline_stages(mesh, schedule)
-    return None if n_stages == 1 else stage_plan(model, n_stages, sizes, inputs)
-
-
-def _balanced_sizes(
-    model, plan, selected, args, *, mesh, schedule, loss_fn, has_aux
-) -> tuple[int, ...] | None:
-    """`stage_sizes="auto"`: the split `spectrax_mpmd.balance` picks from the profiled blocks of
-    the model's `blocks` ModuleList (None without a pipeline)."""
-    import spectrax_mpmd as mp
-
-    if mp.pipeline_stages(mesh, schedule) == 1:
+    if settings.model_stages() == 1:
         return None
     if loss_fn is None:
         raise mp.MpmdError(
@@ -80,52 +69,24 @@ def _balanced_sizes(
         forward = _forward(plan.graphdef, selected, stage_plan(model, len(sizes), sizes, inputs))
         return mp.train_loss(forward, loss_fn), args
 
-    chosen = mp.balance(
-        cut, mesh=mesh, schedule=schedule, n_blocks=len(blocks), batch_argnums=(2, 3), has_aux=has_aux
-    )
-    return chosen.sizes
+    return mp.auto_balance(cut, len(blocks), settings).sizes
 
 
-def new_runner(
-    model,
-    plan,
-    selected,
-    args,
-    counters,
-    *,
-    mesh,
-    mode,
-    loss_fn,
-    microbatches,
-    schedule,
-    has_aux,
-    sizes,
-    stage_sizes,
-    tx=None,
-    memory: dict | None = None,
-) -> tuple[Any, CurrentLoss | None]:
-    """A runner for this configuration (its stage split chosen now for `stage_sizes="auto"`) and
-    the holder of its current loss function."""
+def new_runner(model, plan, selected, args, counters, settings, loss_fn) -> tuple[Any, CurrentLoss | None]:
+    """A runner for this configuration (`settings`, a `spectrax_mpmd.StepSettings`; its stage
+    split chosen now for `stage_sizes="auto"`) and the holder of its current loss function."""
     import spectrax_mpmd as mp
 
-    if stage_sizes == "auto":
-        schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
-        sizes = _balanced_sizes(
-            model, plan, selected, args, mesh=mesh, schedule=schedule, loss_fn=loss_fn, has_aux=has_aux
-        )
+    sizes = settings.stage_sizes
+    if sizes == "auto":
+        sizes = _balanced_sizes(model, plan, selected, args, settings, loss_fn)
     loss = CurrentLoss(loss_fn) if loss_fn is not None else None
-    counting = bool(counters) and mode == "train" and loss is not None
-    stages = _plan_stages(model, mesh, schedule, sizes, args[2])
-    runner = mp.Runner(
-        _forward(plan.graphdef, selected, stages, counters, mode),
-        mesh=mesh,
-        mode=mode,
-        loss_fn=counting_loss(loss, has_aux) if counting else loss,
-        microbatches=microbatches,
-        schedule=schedule,
-        has_aux=has_aux or counting,
-        name="spx.run",
-        tx=tx,
-        **(memory or {}),
+    counting = bool(counters) and settings.mode == "train" and loss is not None
+    n_stages = settings.model_stages()
+    stages = None if n_stages == 1 else stage_plan(model, n_stages, sizes, args[2])
+    runner = mp.Runner.of(
+        _forward(plan.graphdef, selected, stages, counters, settings.mode),
+        counting_loss(loss, settings.has_aux) if counting else loss,
+        settings.replace(has_aux=settings.has_aux or counting),
     )
     return runner, loss

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..nn._containers import PipelineSequential
-from .run import no_fusion, run
+from .run import no_fusion, run_with
 
 
 def sxcall(
@@ -38,6 +38,7 @@ def sxcall(
     """
     import spectrax_mpmd as mp
 
+    settings = mp.StepSettings.of("spx.sxcall", locals())
     no_fusion("spx.sxcall", fuse_1f1b=fuse_1f1b, fuse_zb=fuse_zb)
     unsupported = dict(
         transport=(transport != "device_put", "arrays move between ranks with jax.device_put"),
@@ -54,21 +55,12 @@ def sxcall(
         return mp.sxcall(stages, batch, mesh=mesh, schedule=schedule, loss_fn=loss_fn, mode=mode)
     if mode == "forward":
         inputs = batch[0] if isinstance(batch, tuple) and len(batch) == 1 else batch
-        return run(stages, inputs=inputs, mesh=mesh, mode=mode, schedule=schedule)
+        return run_with(stages, inputs, None, settings, None)
     if not (isinstance(batch, tuple) and len(batch) >= 1):
         raise mp.MpmdError("spx.sxcall: with mode='train', batch must be a tuple (inputs, *targets).")
     inputs, targets = batch[0], batch[1:]
     loss = None if loss_fn is None else _spread_targets(loss_fn)
-    out = run(
-        stages,
-        inputs=inputs,
-        targets=targets,
-        mesh=mesh,
-        mode=mode,
-        loss_fn=loss,
-        schedule=schedule,
-        has_aux=has_aux,
-    )
+    out = run_with(stages, inputs, targets, settings, loss)
     if has_aux:
         (value, aux), grads = out
         return value, grads, aux

@@ -2,7 +2,6 @@
 `profile_stages`."""
 
 from .apply import sxvalue_and_grad_and_apply
-from .checks import check_mesh, check_schedule
 from .grad import profile_stages, step_function, sxgrad, sxvalue_and_grad
 from .jit import sxjit
 from .treduce import Add, Concat, Max, Mean, Reduction, treduce
@@ -14,8 +13,6 @@ __all__ = [
     "Mean",
     "Reduction",
     "treduce",
-    "check_mesh",
-    "check_schedule",
     "profile_stages",
     "step_function",
     "sxgrad",

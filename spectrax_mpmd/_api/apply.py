@@ -8,6 +8,7 @@ after the fact (`validation`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
@@ -16,9 +17,9 @@ import optax
 
 from spectrax_core.schedules import Schedule
 
-from .._trace.args import as_tuple
+from .._settings import StepSettings
 from ..errors import MpmdError
-from .grad import sxvalue_and_grad
+from .grad import _StepFunction
 from .jit import sxjit
 from .validation import VALIDATIONS, guarded_update
 
@@ -76,33 +77,42 @@ def sxvalue_and_grad_and_apply(
     `optax.polyak_sgd` in a chain), and whatever `update_kwargs(loss, aux)` returns
     (a dict; `aux` is None without `has_aux`).
     """
-    name = "sxvalue_and_grad_and_apply"
-    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+    settings = StepSettings.of("sxvalue_and_grad_and_apply", locals())
+    if tx is None:
         raise MpmdError(
-            f"{name}: tx must be an optax.GradientTransformation (with init and update), got {type(tx).__name__}."
+            f"{settings.name}: tx must be an optax.GradientTransformation (with init and update), got None."
         )
-    grad_step = sxvalue_and_grad(
-        fn,
-        mesh=mesh,
-        schedule=schedule,
-        has_aux=has_aux,
-        remat=remat,
-        offload=offload,
-        rules=rules,
-        batch_argnums=batch_argnums,
-        static_argnums=static_argnums,
-        reduce=reduce,
-        region_ranks=region_ranks,
-        microbatch_weight_fn=microbatch_weight_fn,
-    )
-    if update_kwargs is not None and not callable(update_kwargs):
-        raise MpmdError(
-            f"{name}: update_kwargs must be a function (loss, aux) -> dict of tx.update's keyword "
-            f"arguments, got {type(update_kwargs).__name__}."
-        )
-    if validation not in VALIDATIONS:
-        raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {validation!r}.")
-    grad_step.name = name
+    update = Update(update_kwargs, donate, max_grad_norm, skip_nonfinite, validation)
+    return apply_step(fn, settings, update)
+
+
+@dataclass(frozen=True)
+class Update:
+    """How a whole training step updates the parameters after `tx` (see
+    `sxvalue_and_grad_and_apply`)."""
+
+    update_kwargs: Callable | None = None
+    donate: bool = True
+    max_grad_norm: float | None = None
+    skip_nonfinite: bool = False
+    validation: str = "sync"
+
+    def check(self, name: str) -> None:
+        if self.update_kwargs is not None and not callable(self.update_kwargs):
+            raise MpmdError(
+                f"{name}: update_kwargs must be a function (loss, aux) -> dict of tx.update's keyword "
+                f"arguments, got {type(self.update_kwargs).__name__}."
+            )
+        if self.validation not in VALIDATIONS:
+            raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {self.validation!r}.")
+
+
+def apply_step(fn: Callable, settings: StepSettings, update: Update = Update()) -> Callable:
+    """The whole training step of `fn` with `settings` (`settings.tx` the optimizer), updated as
+    `update` says: what `sxvalue_and_grad_and_apply` returns."""
+    name, tx, has_aux = settings.name, settings.tx, settings.has_aux
+    update.check(name)
+    grad_step = _StepFunction(fn, settings)
 
     def train_step(*call_args):
         if len(call_args) < 2:
@@ -115,32 +125,32 @@ def sxvalue_and_grad_and_apply(
             params,
             opt_state,
             grads,
-            max_grad_norm=max_grad_norm,
-            skip_nonfinite=skip_nonfinite,
-            validation=validation,
-            extra=update_arguments(name, tx, value if has_aux else (value, None), update_kwargs),
+            max_grad_norm=update.max_grad_norm,
+            skip_nonfinite=update.skip_nonfinite,
+            validation=update.validation,
+            extra=update_arguments(name, tx, value if has_aux else (value, None), update.update_kwargs),
         )
         return value, params, opt_state
 
-    shifted = tuple(k + 1 if k > 0 else k for k in as_tuple(static_argnums))
-    step = sxjit(train_step, mesh=mesh, static_argnums=shifted, donate_argnums=(0, 1) if donate else ())
-
-    step.unsplit = unsplit_step(fn, tx, has_aux, max_grad_norm, skip_nonfinite, update_kwargs)
+    shifted = tuple(k + 1 if k > 0 else k for k in settings.static_argnums)
+    donated = (0, 1) if update.donate else ()
+    step = sxjit(train_step, mesh=settings.mesh, static_argnums=shifted, donate_argnums=donated)
+    step.unsplit = unsplit_step(fn, tx, has_aux, update)
     step.parity_groups = (("loss", "aux") if has_aux else "loss", "params", "opt_state")
     return step
 
 
-def unsplit_step(fn, tx, has_aux, max_grad_norm, skip_nonfinite, update_kwargs) -> Callable:
+def unsplit_step(fn, tx, has_aux, update: Update) -> Callable:
     """The one-plan step unsplit: `jax.value_and_grad`, the clip and `tx` on the whole tree."""
 
     def step(params, opt_state, *args):
         value, grads = jax.value_and_grad(fn, has_aux=has_aux)(params, *args)
-        if max_grad_norm is not None:
-            grads, _ = optax.clip_by_global_norm(max_grad_norm).update(grads, optax.EmptyState())
-        extra = update_arguments("unsplit", tx, value if has_aux else (value, None), update_kwargs)
+        if update.max_grad_norm is not None:
+            grads, _ = optax.clip_by_global_norm(update.max_grad_norm).update(grads, optax.EmptyState())
+        extra = update_arguments("unsplit", tx, value if has_aux else (value, None), update.update_kwargs)
         updates, new_state = tx.update(grads, opt_state, params, **extra)
         new_params = optax.apply_updates(params, updates)
-        if skip_nonfinite:
+        if update.skip_nonfinite:
             finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
             keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
             new_params, new_state = (

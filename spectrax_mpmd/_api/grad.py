@@ -26,7 +26,8 @@ from .._runtime import (
     peak_activations,
     stage_profile,
 )
-from .._trace.args import Signature, as_tuple, classify, traced_avals
+from .._settings import StepSettings
+from .._trace.args import Signature, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
 from .._trace.graph import StageGraph
 from .._trace.pipelined import inside_train_step
@@ -36,14 +37,7 @@ from .._trace.weights import reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
-from .checks import (
-    check_mesh,
-    check_reduce,
-    check_schedule,
-    check_weight_fn,
-    microbatches,
-    pipeline_schedule,
-)
+from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 from .weighing import step_weights, with_aux
 from .whole_batch import WholeBatchTrace
@@ -81,41 +75,24 @@ def param_specs(rules, mesh, dynamic, sig: Signature, argnums, ranges) -> dict:
 
 @methods_outside_context_mesh
 class _StepFunction:
-    """The callable returned by `sxvalue_and_grad` / `sxgrad`."""
+    """The callable returned by `sxvalue_and_grad` / `sxgrad`: `fn` run as `settings` say."""
 
     def __init__(
         self,
         fn,
-        argnums=0,
+        settings: StepSettings,
         *,
-        mesh,
-        schedule,
-        has_aux=False,
-        remat=False,
-        offload=False,
-        rules=None,
-        batch_argnums=None,
-        static_argnums=(),
-        reduce=None,
-        region_ranks=None,
-        microbatch_weight_fn=None,
         value=True,
         exact=True,
         fold_keys=True,
         compiler: Compiler | None = None,
     ):
-        self.name = "sxvalue_and_grad" if value else "sxgrad"
-        self.fn, self.argnums, self.static_argnums = fn, as_tuple(argnums), as_tuple(static_argnums)
-        self.given_argnums = argnums  # as the caller wrote it: an int gives one gradient tree
-        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
-        self.mesh = check_mesh(self.name, mesh)
-        check_reduce(self.name, reduce)
-        self.v, self.schedule_error = check_schedule(self.name, schedule, self.mesh.mpmd_dim)
-        self.schedule, self.has_aux, self.remat, self.rules = schedule, has_aux, remat, rules
-        self.value, self.reduce, self.region_ranks, self.offload = value, reduce, region_ranks, offload
-        self.weight_fn, self.exact = check_weight_fn(self.name, microbatch_weight_fn, reduce), exact
+        self.fn, self.settings, self.value, self.exact = fn, settings, value, exact
+        self.mesh = settings.pipeline_mesh
+        self.schedule_error = settings.schedule_error()
+        if self.schedule_error is None:
+            stage_policies(settings.remat, settings.offload, self.n_stages)  # per-stage values fit
         self.fold_keys = fold_keys  # broadcast PRNG keys folded per microbatch
-        stage_policies(remat, offload, None if self.schedule_error else self.n_stages)  # bad values fail now
         self.compiler = compiler if compiler is not None else Compiler()
         self.placer = Placer()
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
@@ -123,15 +100,38 @@ class _StepFunction:
         functools.update_wrapper(self, fn)
 
     @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def static_argnums(self) -> tuple[int, ...]:
+        return self.settings.static_argnums
+
+    @property
+    def has_aux(self) -> bool:
+        return self.settings.has_aux
+
+    @property
+    def schedule(self):
+        """The call's schedule (None where its regions name theirs); the step's other settings
+        are `step.settings`."""
+        return self.settings.schedule
+
+    @property
+    def given_argnums(self):
+        """`argnums` as the caller wrote it: an int gives one gradient tree."""
+        return self.settings.argnums
+
+    @property
     def n_stages(self) -> int:
-        count = getattr(self.schedule, "num_model_stages", None)  # else ranks x virtual stages
-        return count(self.mesh.mpmd_dim) if count is not None else self.mesh.mpmd_dim * self.v
+        return self.settings.model_stages()
 
     def pipeline(self, sig: Signature) -> Pipeline:
         """Trace and split the loss for this signature: what a plan of it is built from."""
+        settings = self.settings
         whole = WholeBatchTrace(with_aux(sig.bind(self.fn), self.has_aux), sig, self.compiler.stats)
-        m = microbatches(self.name, self.schedule, lambda: whole.regions)
-        kinds = classify(self.name, self.fn, sig, self.argnums, self.batch_argnums, m)
+        m = microbatches(settings, lambda: whole.regions)
+        kinds = classify(self.name, self.fn, sig, settings.positions, settings.batch_argnums, m)
         if not self.fold_keys:
             kinds = dataclasses.replace(kinds, keys=frozenset())
         micro = traced_avals(sig, kinds, m)
@@ -145,12 +145,12 @@ class _StepFunction:
                 f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
                 "reduce it (e.g. mean over the batch) before returning."
             )
-        pipeline_schedule(self, None, regions)
+        pipeline_schedule(settings, self.schedule_error, None, regions)
         with self.compiler.stats.timed("analysis"):
             closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
-        schedule = pipeline_schedule(self, graph, regions)
+        schedule = pipeline_schedule(settings, self.schedule_error, graph, regions)
         dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
         args = PlanArgs(
@@ -158,9 +158,9 @@ class _StepFunction:
             batch=tuple(kinds.batch),
             batch_avals={a: sig.aval(a) for a in kinds.batch},
             keys=kinds.keys,
-            param_specs=param_specs(self.rules, self.mesh, dynamic, sig, kinds.argnums, ranges),
+            param_specs=param_specs(settings.rules, self.mesh, dynamic, sig, kinds.argnums, ranges),
             weights=weights,
-            **stage_policies(self.remat, self.offload, len(graph.stages)),
+            **stage_policies(settings.remat, settings.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
@@ -328,22 +328,7 @@ def sxvalue_and_grad(
     (`{region name: (rank, ...)}`, `"default"` for the code outside regions)
     places them, by default on consecutive ranks of their own.
     """
-    return _StepFunction(
-        fn,
-        argnums,
-        mesh=mesh,
-        schedule=schedule,
-        has_aux=has_aux,
-        remat=remat,
-        offload=offload,
-        rules=rules,
-        batch_argnums=batch_argnums,
-        static_argnums=static_argnums,
-        reduce=reduce,
-        region_ranks=region_ranks,
-        microbatch_weight_fn=microbatch_weight_fn,
-        value=True,
-    )
+    return _StepFunction(fn, StepSettings.of("sxvalue_and_grad", locals()), value=True)
 
 
 def sxgrad(
@@ -363,28 +348,14 @@ def sxgrad(
     microbatch_weight_fn: Callable | None = None,
 ) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
-    return _StepFunction(
-        fn,
-        argnums,
-        mesh=mesh,
-        schedule=schedule,
-        has_aux=has_aux,
-        remat=remat,
-        offload=offload,
-        rules=rules,
-        batch_argnums=batch_argnums,
-        static_argnums=static_argnums,
-        reduce=reduce,
-        region_ranks=region_ranks,
-        microbatch_weight_fn=microbatch_weight_fn,
-        value=False,
-    )
+    return _StepFunction(fn, StepSettings.of("sxgrad", locals()), value=False)
 
 
-def step_function(fn: Callable, *, compiler: Compiler, **kwargs) -> Callable:
-    """`sxvalue_and_grad(fn, **kwargs)` compiling through `compiler`, which several steps may
-    share: a program two of them have in common compiles once (the planner profiles many)."""
-    return _StepFunction(fn, compiler=compiler, **kwargs)
+def step_function(fn: Callable, settings: StepSettings, *, compiler: Compiler, **options) -> Callable:
+    """The `sxvalue_and_grad` step of `fn` with `settings`, compiling through `compiler`, which
+    several steps may share: a program two of them have in common compiles once (the planner
+    profiles many). `options` are `_StepFunction`'s (`exact`, `fold_keys`)."""
+    return _StepFunction(fn, settings, compiler=compiler, **options)
 
 
 def profile_stages(

@@ -19,12 +19,13 @@ from .._runtime import (
     measure_peak_bytes_by_kind,
     measured_timeline,
 )
+from .._settings import StepSettings
 from .._trace.args import Signature, as_tuple, classify, traced_avals
 from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from .agree import InputsCheck
-from .checks import check_mesh, check_schedule, microbatches, pipeline_schedule
+from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
 from .train_step import build_train_step
 from .whole_batch import WholeBatchTrace
@@ -34,25 +35,21 @@ from .whole_batch import WholeBatchTrace
 class _JitFunction:
     """The callable returned by `sxjit`: runs `fn`'s stages, each on its own rank."""
 
-    def __init__(self, fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks=None):
-        self.fn, self.name = fn, "sxjit"
-        self.mesh = check_mesh("sxjit", mesh)
-        self.v, self.schedule_error = check_schedule("sxjit", schedule, self.mesh.mpmd_dim)
-        self.schedule, self.region_ranks = schedule, region_ranks
-        self.microbatched = batch_argnums is not None  # then the batch splits as the schedule says
-        self.batch_argnums = None if batch_argnums is None else as_tuple(batch_argnums)
-        self.static_argnums = as_tuple(static_argnums)
-        self.donate_argnums = as_tuple(donate_argnums)
+    def __init__(self, fn, settings: StepSettings, donate_argnums: tuple[int, ...]):
+        self.fn, self.settings, self.name = fn, settings, settings.name
+        self.mesh, self.static_argnums = settings.pipeline_mesh, settings.static_argnums
+        self.schedule_error = settings.schedule_error()
+        self.donate_argnums = donate_argnums
         self.compiler, self.placer, self.cache = Compiler(), Placer(), {}
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         functools.update_wrapper(self, fn)
 
     def build_entry(self, sig: Signature) -> Entry:
-        kinds, split_batch, m = None, {}, 1
-        if self.batch_argnums is not None:
+        settings, kinds, split_batch, m = self.settings, None, {}, 1
+        if settings.microbatched:  # the batch splits as the schedule says
             whole = WholeBatchTrace(sig.bind(self.fn), sig, self.compiler.stats)
-            m = microbatches(self.name, self.schedule, lambda: whole.regions)
-            kinds = classify("sxjit", self.fn, sig, (), self.batch_argnums, m)
+            m = microbatches(settings, lambda: whole.regions)
+            kinds = classify("sxjit", self.fn, sig, (), settings.batch_argnums, m)
             split_batch = dict(
                 batch=tuple(kinds.batch), batch_avals={a: sig.aval(a) for a in kinds.batch}, keys=kinds.keys
             )
@@ -63,10 +60,11 @@ class _JitFunction:
         found = find_pipeline_call(closed, self.name)
         if found is not None:
             return build_train_step(self, sig, found, out_tree, donated)
-        pipeline_schedule(self, None, regions)
+        pipeline_schedule(settings, self.schedule_error, None, regions)
+        v = 1 if settings.schedule is None else settings.schedule.virtual_stages
         with self.compiler.stats.timed("split"):
-            graph = split(closed, self.mesh.mpmd_dim * self.v)
-        schedule = pipeline_schedule(self, graph, regions)
+            graph = split(closed, self.mesh.mpmd_dim * v)
+        schedule = pipeline_schedule(settings, self.schedule_error, graph, regions)
         args = PlanArgs(donated=donated, **split_batch)
         self.last_graph = graph
         plan = build_plan(self.compiler, build_forward_plan, graph, schedule, self.mesh, args)
@@ -166,4 +164,5 @@ def sxjit(
             batch_argnums=batch_argnums,
             region_ranks=region_ranks,
         )
-    return _JitFunction(fn, mesh, schedule, static_argnums, donate_argnums, batch_argnums, region_ranks)
+    settings = StepSettings.of("sxjit", locals() | {"mode": "forward"})
+    return _JitFunction(fn, settings, as_tuple(donate_argnums))

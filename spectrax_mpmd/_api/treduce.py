@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._settings import StepSettings
 from .._trace.jaxpr import eval_eqns, read
 from .._trace.pipelined import inside_train_step, traced_train_step
 from ..errors import MpmdError
@@ -99,11 +100,12 @@ def treduce(fn: Callable, xs, schedule=None, *, axis: int = 0, operation=Add, mi
     `microbatch_weight_fn(microbatch)` gives each microbatch a weight `w_i`: the `Mean`
     outputs (the loss among them) are then `sum(w_i * out_i) / sum(w_i)`.
     """
+    settings = StepSettings.of("treduce", locals())
     if not jax.tree.leaves(xs):
         raise MpmdError("treduce: xs holds no arrays; pass the microbatched batch.")
     m = _length(xs, axis)
     if inside_train_step() and schedule is not None:
-        return _pipelined(fn, xs, schedule, axis, operation, m, microbatch_weight_fn)
+        return _pipelined(fn, xs, settings, axis, operation, m)
     outs = [fn(_microbatch(xs, i, axis)) for i in range(m)]
     tree = jax.tree.structure(outs[0])
     stacked = [jnp.stack(leaves) for leaves in zip(*(jax.tree.leaves(o) for o in outs))]
@@ -114,7 +116,8 @@ def treduce(fn: Callable, xs, schedule=None, *, axis: int = 0, operation=Add, mi
     return jax.tree.unflatten(tree, [_reduce(op, x, weights) for op, x in zip(ops, stacked)])
 
 
-def _pipelined(fn, xs, schedule, axis: int, operation, m: int, weight_fn):
+def _pipelined(fn, xs, settings: StepSettings, axis: int, operation, m: int):
+    schedule, weight_fn = settings.schedule, settings.microbatch_weight_fn
     if axis != 0:
         raise MpmdError(f"treduce: inside sxjit the microbatches lie on axis 0 of xs; got axis={axis}.")
     if m != schedule.microbatches:
@@ -141,18 +144,14 @@ def _pipelined(fn, xs, schedule, axis: int, operation, m: int, weight_fn):
         return weight_fn(_microbatch(xs, 0, 0))
 
     jitted = traced_train_step()
-    step = step_function(
-        loss,
-        compiler=jitted.compiler,
+    step_settings = settings.replace(
         mesh=jitted.mesh,
-        schedule=schedule,
         has_aux=True,
         batch_argnums=1,
-        reduce="sum" if ops[0] is Add else "mean",
+        reduce=None if weight_fn is not None else "sum" if ops[0] is Add else "mean",
         microbatch_weight_fn=None if weight_fn is None else weight,
-        exact=False,
-        fold_keys=False,
     )
+    step = step_function(loss, step_settings, compiler=jitted.compiler, exact=False, fold_keys=False)
 
     @jax.custom_vjp
     def run(floats, xs, others):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 from .._trace.args import Signature
-from .._trace.split import trace
 from .._trace.exact_loss import BATCH, PARAM
+from .._trace.split import trace
 from .._trace.weights import loss_weights
 from ..errors import MpmdError
 
@@ -31,15 +31,15 @@ def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callab
     `closed` is its loss traced on `micro` (the microbatch's avals), `whole()` on the whole
     batch (traced when first needed), `m` microbatches."""
     roles = {a: PARAM for a in kinds.params} | {a: BATCH for a in kinds.batch}
-    weight = None
-    if step.weight_fn is not None:
-        weight = trace(sig.bind(step.weight_fn), sig.in_tree.unflatten(micro))[0]
+    weight, settings = None, step.settings
+    if settings.microbatch_weight_fn is not None:
+        weight = trace(sig.bind(settings.microbatch_weight_fn), sig.in_tree.unflatten(micro))[0]
 
     return loss_weights(
         step.name,
         closed,
         roles,
-        reduce=step.reduce,
+        reduce=settings.reduce,
         weight_fn=weight,
         whole=whole,
         m=m,

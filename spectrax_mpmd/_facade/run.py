@@ -13,19 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spectrax_core import apply
-from spectrax_core.schedules import GPipe
 
-from .._planner.balance import balance
+from .._planner.balance import auto_balance
+from .._settings import StepSettings
 from .._stages import _blocks_of, stage_blocks
 from .._trace.marker import sxstage_iter
 from ..errors import MpmdError
-
-MODES = ("train", "forward")
-DATA_AXES = ("dp", "fsdp")
-
-
 from .generate.entry import Generation, check_options
-from .runner import Runner, call_with, pipeline_stages, train_loss
+from .runner import Runner, call_with, train_loss
 
 
 def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None) -> Callable:
@@ -40,64 +35,46 @@ def core_forward(apply_fn: Callable, n_stages: int, sizes: Sequence[int] | None)
     return forward
 
 
-def _auto_runner(
-    mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget, memory: dict
-) -> Callable:
-    """A train step whose stage sizes are chosen on its first call by `balance` (kept as
+def _auto_runner(settings: StepSettings, apply_fn: Callable, loss_fn: Callable) -> Callable:
+    """A train step whose stage sizes are chosen on its first call by `auto_balance` (kept as
     `step.balance`); later calls reuse that split."""
-    schedule = schedule if schedule is not None else GPipe(microbatches=microbatches)
-    weight = memory["microbatch_weight_fn"]
-    profiled = dict(memory, microbatch_weight_fn=weight and (lambda model, extra, x, y: weight(x, y)))
+    settings = settings.with_schedule()
 
     def step(model, inputs, targets=None):
         if step.runner is None:
-            n_blocks = _blocks_of(model).n_layers
 
             def cut(sizes):
                 forward = core_forward(apply_fn, len(sizes), sizes)
                 return train_loss(forward, loss_fn), (model, None, inputs, targets)
 
-            step.balance = balance(
-                cut,
-                mesh=mesh,
-                schedule=schedule,
-                n_blocks=n_blocks,
-                memory_budget=memory_budget,
-                batch_argnums=(2, 3),
-                has_aux=has_aux,
-                rules=rules,
-                **profiled,
-            )
-            step.runner = Runner(
-                core_forward(apply_fn, pipeline_stages(mesh, schedule), step.balance.sizes),
-                mesh=mesh,
-                loss_fn=loss_fn,
-                schedule=schedule,
-                has_aux=has_aux,
-                rules=rules,
-                **memory,
-            )
+            step.balance = auto_balance(cut, _blocks_of(model).n_layers, settings)
+            forward = core_forward(apply_fn, settings.model_stages(), step.balance.sizes)
+            step.runner = Runner.of(forward, loss_fn, settings)
         return step.runner(model, None, inputs, targets)
 
     step.runner = step.balance = None
-    step.generate = Generation(mesh, schedule, lambda: step.balance and step.balance.sizes)
+    step.generate = Generation(settings.mesh, settings.schedule, lambda: step.balance and step.balance.sizes)
     return step
 
 
-def _advised(advice, mesh, schedule, tx, memory: dict) -> tuple:
-    """The mesh, schedule, optimizer and per-stage `remat`/`offload` of `advice`'s best
-    configuration (see `runner`); `memory` holds the caller's, which win when set."""
-    if mesh is not None or schedule is not None:
+def _advised(advice, given: dict) -> StepSettings:
+    """The settings of a `runner` call with `advice`: the mesh, schedule, optimizer and per-stage
+    `remat`/`offload` of its best configuration (the caller's `tx`, `remat` and `offload` win
+    when set)."""
+    if given["mesh"] is not None or given["schedule"] is not None:
         raise MpmdError(
             "runner: advice= gives the mesh and the schedule (its best configuration); drop mesh= and "
             "schedule=, or drop advice= (e.g. schedule=advice.candidates[k].schedule for another one)."
         )
     if getattr(advice, "source", None) is None:
         raise MpmdError(f"runner: advice= takes what mp.advise returns, got {type(advice).__name__}.")
-    chosen = advice.best.memory
-    if chosen is not None and not any(v is not False for v in memory.values()):
+    chosen, memory = advice.best.memory, {}
+    if chosen is not None and given["remat"] is False and given["offload"] is False:
         memory = {"remat": chosen.remat, "offload": chosen.offload}
-    return advice.source.mesh, advice.best.schedule, tx if tx is not None else advice.source.tx, memory
+    tx = given["tx"] if given["tx"] is not None else advice.source.tx
+    return StepSettings.of(
+        "run", {**given, **memory, "mesh": advice.source.mesh, "schedule": advice.best.schedule, "tx": tx}
+    )
 
 
 def runner(
@@ -140,49 +117,33 @@ def runner(
     model's `blocks` are cut into that configuration's ranks x virtual stages
     (evenly, or by `stage_sizes`), as the advised function cut them.
     """
-    if advice is not None:
-        mesh, schedule, tx, memory = _advised(
-            advice, mesh, schedule, tx, {"remat": remat, "offload": offload}
-        )
-        remat, offload = memory["remat"], memory["offload"]
-    if mesh is None:
+    settings = StepSettings.of("run", locals()) if advice is None else _advised(advice, locals())
+    if settings.mesh is None:
         raise MpmdError("runner: mesh= is required (an mp.create_mesh mesh), or advice= from mp.advise.")
-    if tx is not None and isinstance(stage_sizes, str):
-        raise MpmdError(
-            "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."
-        )
-    if isinstance(stage_sizes, str):
-        if stage_sizes != "auto":
-            raise MpmdError(f"run: stage_sizes must be block counts, None or 'auto', got {stage_sizes!r}.")
-        if mode != "train":
+    return _runner_of(settings, apply_fn, loss_fn)
+
+
+def _runner_of(settings: StepSettings, apply_fn: Callable, loss_fn: Callable | None) -> Callable:
+    """The step `runner` returns for `settings`."""
+    if settings.stage_sizes == "auto":
+        if settings.tx is not None:
+            raise MpmdError(
+                "run: tx= needs the stage sizes fixed; pass the block counts (e.g. a balance's sizes)."
+            )
+        if settings.mode != "train":
             raise MpmdError(
                 "run: stage_sizes='auto' balances a training step from its profiled costs; with "
                 "mode='forward' give the block counts (e.g. the `balance.sizes` of a training run)."
             )
-        if pipeline_stages(mesh, schedule) > 1:
+        if settings.model_stages() > 1:
             if loss_fn is None:
                 raise MpmdError(
                     "run: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss."
                 )
-            memory = dict(remat=remat, offload=offload, microbatch_weight_fn=microbatch_weight_fn)
-            return _auto_runner(
-                mesh, loss_fn, microbatches, schedule, has_aux, apply_fn, rules, memory_budget, memory
-            )
-        stage_sizes = None
-    inner = Runner(
-        core_forward(apply_fn, pipeline_stages(mesh, schedule), stage_sizes),
-        mesh=mesh,
-        mode=mode,
-        loss_fn=loss_fn,
-        microbatches=microbatches,
-        schedule=schedule,
-        has_aux=has_aux,
-        rules=rules,
-        region_ranks=region_ranks,
-        tx=tx,
-        remat=remat,
-        offload=offload,
-        microbatch_weight_fn=microbatch_weight_fn,
+            return _auto_runner(settings, apply_fn, loss_fn)
+        settings = settings.replace(stage_sizes=None)
+    inner = Runner.of(
+        core_forward(apply_fn, settings.model_stages(), settings.stage_sizes), loss_fn, settings
     )
 
     @functools.wraps(inner.__call__)
@@ -192,9 +153,8 @@ def runner(
     def update(model, opt_state, inputs, targets=None):
         return inner.update(model, opt_state, None, inputs, targets)
 
-    fixed = None if stage_sizes is None else tuple(stage_sizes)
     step.runner, step.update = inner, update
-    step.generate = Generation(mesh, schedule, lambda: fixed)
+    step.generate = Generation(settings.mesh, settings.schedule, lambda: settings.stage_sizes)
     return step
 
 
@@ -255,22 +215,7 @@ def run(
         raise MpmdError(
             f"run: {sorted(options) or ['max_new_tokens']} are generation options; pass mode='generate'."
         )
-    step = runner(
-        mesh=mesh,
-        mode=mode,
-        loss_fn=loss_fn,
-        microbatches=microbatches,
-        schedule=schedule,
-        has_aux=has_aux,
-        stage_sizes=stage_sizes,
-        apply_fn=apply_fn,
-        rules=rules,
-        memory_budget=memory_budget,
-        region_ranks=region_ranks,
-        remat=remat,
-        offload=offload,
-        microbatch_weight_fn=microbatch_weight_fn,
-    )
+    step = _runner_of(StepSettings.of("run", locals()), apply_fn, loss_fn)
     return step(model, inputs, targets)
 
 
@@ -289,6 +234,7 @@ def sxcall(
     one gradient tree per stage. `mode="forward"`: `batch` is the inputs;
     returns the last stage's outputs in batch order.
     """
+    settings = StepSettings.of("sxcall", locals())
     if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[0]) for s in stages):
         raise MpmdError(
             "sxcall: stages must be a non-empty list of (apply_fn, params) pairs; for an eager "
@@ -304,7 +250,7 @@ def sxcall(
                 x = sxstage_iter(x)
         return x
 
-    step = Runner(forward, mesh=mesh, mode=mode, loss_fn=loss_fn, schedule=schedule, name="sxcall")
+    step = Runner.of(forward, loss_fn, settings)
     params = [p for _, p in stages]
     if mode == "train":
         if not (isinstance(batch, tuple) and len(batch) == 2):

@@ -16,20 +16,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from spectrax_core import sharding as core_sharding
-from spectrax_core.schedules import GPipe
 
-from .._api import sxjit, sxvalue_and_grad, sxvalue_and_grad_and_apply
-from .._mesh import MpmdMesh, as_mpmd_mesh
+from .._api.apply import apply_step
+from .._api.grad import _StepFunction
+from .._api.jit import _JitFunction
+from .._mesh import MpmdMesh
+from .._settings import StepSettings
 from .._trace.args import fold_key, is_prng_key
 from .._trace.context import methods_outside_context_mesh
 from .._trace.exact_loss import BATCH, OTHER, PARAM
 from .._trace.weights import microbatched_loss
 from ..errors import MpmdError
 
-MODES = ("train", "forward")
 DATA_AXES = ("dp", "fsdp")
 
 
@@ -42,25 +43,11 @@ def call_with(fn: Callable, first: Any, inputs: Any) -> Any:
     return fn(first, inputs)
 
 
-def _is_mpmd(mesh) -> bool:
-    if isinstance(mesh, MpmdMesh):
-        return mesh.is_mpmd
-    if isinstance(mesh, Mesh):
-        return "pp" in mesh.axis_names
-    raise MpmdError(f"run: mesh must be an MpmdMesh or a jax.sharding.Mesh, got {type(mesh).__name__}.")
-
-
 def pipeline_stages(mesh, schedule=None) -> int:
     """How many stages a run on `mesh` cuts the model into: the schedule's model stages, ranks x
     virtual stages for the named schedules (n for DualPipe, which runs each twice; 1 without a
     pipeline axis)."""
-    if not _is_mpmd(mesh):
-        return 1
-    n = as_mpmd_mesh(mesh).mpmd_dim
-    if schedule is None:
-        return n
-    count = getattr(schedule, "num_model_stages", None)
-    return count(n) if count is not None else n * schedule.virtual_stages
+    return StepSettings("pipeline_stages", mesh=mesh, schedule=schedule).model_stages()
 
 
 def fold_keys(extra: Any, i) -> Any:
@@ -173,58 +160,47 @@ class Runner:
         offload=False,
         microbatch_weight_fn: Callable | None = None,
     ):
-        if mode not in MODES:
-            raise MpmdError(f"{name}: mode must be 'train' or 'forward', got {mode!r}.")
-        if mode == "train" and loss_fn is None:
+        self._build(forward, loss_fn, StepSettings.of(name, locals()))
+
+    @classmethod
+    def of(cls, forward: Callable, loss_fn: Callable | None, settings: StepSettings) -> Runner:
+        """The runner of `forward` and `loss_fn` with `settings` (as the keywords would give them)."""
+        runner = cls.__new__(cls)
+        runner._build(forward, loss_fn, settings)
+        return runner
+
+    def _build(self, forward: Callable, loss_fn: Callable | None, settings: StepSettings) -> None:
+        if settings.mode == "train" and loss_fn is None:
             raise MpmdError(
-                f"{name}: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss "
+                f"{settings.name}: mode='train' needs loss_fn=, a function (outputs, targets) -> scalar loss "
                 "(e.g. spectrax_core.losses.softmax_cross_entropy); use mode='forward' for outputs."
             )
-        if schedule is not None and microbatches not in (1, schedule.microbatches):
-            raise MpmdError(
-                f"{name}: microbatches={microbatches} but the schedule has "
-                f"microbatches={schedule.microbatches}; give one of them."
-            )
-        self.forward, self.mode, self.loss_fn = forward, mode, loss_fn
-        self.microbatch_weight_fn = microbatch_weight_fn
-        self.has_aux, self.rules, self.name = has_aux, rules, name
-        self.mpmd = _is_mpmd(mesh)
-        self.mesh = (
-            as_mpmd_mesh(mesh) if self.mpmd else (mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh)
-        )
-        self.microbatches = schedule.microbatches if schedule is not None else microbatches
-        if tx is not None and mode != "train":
-            raise MpmdError(f"{name}: an optimizer (tx=) updates a training step; use mode='train'.")
-        self.tx = tx
-        if self.mpmd:
-            schedule = schedule if schedule is not None else GPipe(microbatches=self.microbatches)
-            train = dict(
-                mesh=self.mesh,
-                schedule=schedule,
-                has_aux=has_aux,
-                batch_argnums=(2, 3),
-                rules=rules,
-                region_ranks=region_ranks,
-                remat=remat,
-                offload=offload,
-                microbatch_weight_fn=self._weight_of(),
-            )
-            if tx is not None:
-                self.update_step = sxvalue_and_grad_and_apply(self._loss, tx, **train)
-            if mode == "train":
-                self.step = sxvalue_and_grad(self._loss, **train)
-            else:
-                self.step = sxjit(
-                    self._forward_only,
-                    mesh=self.mesh,
-                    schedule=schedule,
-                    batch_argnums=2,
-                    region_ranks=region_ranks,
-                )
-        else:
-            self.step = jax.jit(self._spmd_train if mode == "train" else self._spmd_forward)
+        self.forward, self.loss_fn = forward, loss_fn
+        self.mpmd = settings.pipelined
+        if not self.mpmd:
+            mesh = settings.mesh
+            self.settings, self.mesh = settings, mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh
+            self.step = jax.jit(self._spmd_train if settings.mode == "train" else self._spmd_forward)
             self.update_step = jax.jit(self._spmd_update, donate_argnums=(0, 1))
-        self.schedule = schedule
+            return
+        self.settings = settings = settings.with_schedule()
+        self.mesh = settings.pipeline_mesh
+        if settings.mode == "forward":
+            self.step = _JitFunction(self._forward_only, settings.replace(batch_argnums=2), ())
+            return
+        step = settings.runner_step()
+        if settings.tx is not None:
+            self.update_step = apply_step(self._loss, step)
+        self.step = _StepFunction(self._loss, step)
+
+    # the settings other parts read (each is `self.settings`'s)
+    name = property(lambda self: self.settings.name)
+    mode = property(lambda self: self.settings.mode)
+    tx = property(lambda self: self.settings.tx)
+    rules = property(lambda self: self.settings.rules)
+
+    schedule = property(lambda self: self.settings.schedule)
+    microbatches = property(lambda self: self.settings.microbatches)
 
     # -- the traced functions ------------------------------------------------------------
     def _loss(self, params, extra, inputs, targets):
@@ -241,18 +217,14 @@ class Runner:
 
     def _spmd_train(self, params, extra, inputs, targets):
         args = (params, extra, inputs, targets)
-        return accumulated(self.name, self._loss, args, self.microbatches, self.has_aux, self._weight_of())
-
-    def _weight_of(self):
-        """The user's microbatch weight as a function of the step's arguments (None without)."""
-        weight = self.microbatch_weight_fn
-        if weight is None:
-            return None
-        return lambda params, extra, inputs, targets: weight(inputs, targets)
+        step = self.settings.runner_step()
+        return accumulated(
+            step.name, self._loss, args, step.microbatches, step.has_aux, step.microbatch_weight_fn
+        )
 
     def _spmd_update(self, params, opt_state, extra, inputs, targets):
         value, grads = self._spmd_train(params, extra, inputs, targets)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
+        updates, opt_state = self.settings.tx.update(grads, opt_state, params)
         return value, optax.apply_updates(params, updates), opt_state
 
     def _spmd_forward(self, params, extra, inputs):
@@ -286,9 +258,10 @@ class Runner:
 
     def __call__(self, params, extra, inputs, targets=None):
         self._check_batch(inputs, targets)
-        if self.mode == "forward" and targets is not None:
+        mode = self.settings.mode
+        if mode == "forward" and targets is not None:
             raise MpmdError(f"{self.name}: mode='forward' takes no targets.")
-        args = (params, extra, inputs) + ((targets,) if self.mode == "train" else ())
+        args = (params, extra, inputs) + ((targets,) if mode == "train" else ())
         if self.mpmd:
             return self.step(*args)
         with jax.set_mesh(self.mesh):
@@ -298,7 +271,7 @@ class Runner:
         """One training step with the runner's `tx`: `(loss, params, opt_state)`, the update run
         on each parameter's rank inside the pipelined plan (one SPMD program without a pipeline).
         `params` and `opt_state` (`tx.init(params)`) are consumed: keep what it returns."""
-        if self.tx is None:
+        if self.settings.tx is None:
             raise MpmdError(f"{self.name}: this runner has no optimizer; build it with tx=.")
         self._check_batch(inputs, targets)
         if self.mpmd:
@@ -313,8 +286,8 @@ class Runner:
         """Parameters by `rules` (replicated without), batch leaves split over the data axes."""
         mesh = self.mesh
         params, extra, *batch = args
-        if self.rules is not None:
-            specs = core_sharding.param_specs(params, self.rules, mesh=mesh)
+        if self.settings.rules is not None:
+            specs = core_sharding.param_specs(params, self.settings.rules, mesh=mesh)
             params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
         else:
             params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))

@@ -20,8 +20,8 @@ import optax
 from spectrax_core import schedules as S
 from spectrax_core.schedules import StageCost, StageMemory
 
-from .._api import check_mesh
 from .._api.validation import VALIDATIONS
+from .._settings import StepSettings
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError, StageSplitError
 from .advice import Advice, Candidate, Skipped, Source, check_budget, fits, ranked
@@ -200,8 +200,8 @@ def advise(
     that does not divide the batch) is skipped and listed, with the reason, in
     `Advice.skipped`; if every one is, the error says why for each.
     """
+    mesh = StepSettings.of("advise", {"mesh": mesh, "tx": tx}, **step_kwargs).pipeline_mesh
     started = time.perf_counter()
-    mesh = check_mesh("advise", mesh)
     n = mesh.mpmd_dim
     _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm)
     _check_guard(max_grad_norm, skip_nonfinite)
@@ -209,9 +209,8 @@ def advise(
     update = {"max_grad_norm": max_grad_norm, "skip_nonfinite": skip_nonfinite, "validation": validation}
     candidates = _candidates(schedules, microbatches, virtual_stages, n)
     optimizer = tx if tx is not None or optimizer_states is not None else optax.adam(1e-3)
-    cache = None if profile_cache is False else ProfileCache(
-        default_directory() if profile_cache is True else profile_cache
-    )
+    directory = default_directory() if profile_cache is True else profile_cache
+    cache = None if profile_cache is False else ProfileCache(directory)
     measured = {"optimizer": optimizer, "optimizer_states": optimizer_states, "cache": cache}
     profiler = Profiler(fn, args, mesh, step_kwargs, rounds=rounds, **measured)
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)

@@ -22,8 +22,10 @@ import optax
 
 from spectrax_core import schedules as S
 
-from .._api import check_mesh, check_schedule, sxvalue_and_grad
+from .._api import step_function
+from .._compile.compiler import Compiler
 from .._mesh import MpmdMesh, as_mpmd_mesh
+from .._settings import StepSettings
 from .._stages import stage_sizes
 from .._trace.context import outside_context_mesh
 from ..errors import StageSplitError
@@ -255,26 +257,57 @@ def balance(
     `DeviceBalance` whose candidates are `"chosen"` and `"even"`).
     """
 
-    mesh = check_mesh("balance", mesh)
+    settings = StepSettings.of("balance", locals(), **step_kwargs)
+    options = Options(optimizer_states, rounds, devices, device_sizes, device_axis, cost_model)
+    return balance_step(fn, n_blocks, settings, options)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How `balance` counts the optimizer's state and profiles (see `balance`)."""
+
+    optimizer_states: float | None = None
+    rounds: int = 2
+    devices: int | None = None
+    device_sizes: Sequence[int] = (1, 2, 4)
+    device_axis: str = "tp"
+    cost_model: str = "measured"
+
+
+@outside_context_mesh
+def auto_balance(cut: Callable, n_blocks: int, settings: StepSettings) -> Balance | DeviceBalance:
+    """The split `stage_sizes="auto"` chooses for a run with `settings` (`run`, `Runner` and the
+    eager `spx.run` alike): `balance` of the step the run differentiates, with every setting of
+    it (weights, memory budget, rules, remat, offload, optimizer). `cut(sizes)` returns
+    `(loss, args)` as `balance`'s `fn`."""
+    step = settings.with_schedule().runner_step()
+    return balance_step(cut, n_blocks, step, Options())
+
+
+def balance_step(
+    fn: Callable, n_blocks: int, settings: StepSettings, options: Options
+) -> Balance | DeviceBalance:
+    """`balance` of the step with `settings` (`settings.tx` the optimizer whose state counts)."""
+    mesh, schedule, memory_budget = settings.pipeline_mesh, settings.schedule, settings.memory_budget
+    tx, rounds, devices, cost_model = settings.tx, options.rounds, options.devices, options.cost_model
     if schedule is None:
         raise StageSplitError("balance: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
-    check_schedule("balance", schedule, mesh.mpmd_dim)
+    step_kwargs = settings.keywords()  # the device-choosing paths take the step's keywords
     n_stages = mesh.mpmd_dim * schedule.virtual_stages
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
     loss, args = fn((1,) * n_blocks)
-    copies, note = _optimizer_copies(tx, optimizer_states, args[0])
-    settings = {"memory_budget": memory_budget, "optimizer_states": copies, "rounds": rounds, **step_kwargs}
+    copies, note = _optimizer_copies(tx, options.optimizer_states, args[0])
+    profiled = {"memory_budget": memory_budget, "optimizer_states": copies, "rounds": rounds, **step_kwargs}
     if devices is None and not mesh.uniform:
-        return balance_on_ranks(loss, args, mesh, schedule, n_blocks, cost_model, **settings)
+        return balance_on_ranks(loss, args, mesh, schedule, n_blocks, cost_model, **profiled)
     if devices is not None:
-        on = {"devices": devices, "sizes": device_sizes, "axis": device_axis, "blocks": n_blocks}
-        return balance_on_devices(loss, args, mesh, schedule, {**on, "cost_model": cost_model}, **settings)
-    step = sxvalue_and_grad(
-        loss,
-        mesh=one_rank_mesh(mesh),
-        schedule=per_block_schedule(schedule.microbatches, n_blocks),
-        **step_kwargs,
+        on = {"devices": devices, "sizes": options.device_sizes, "axis": options.device_axis}
+        on |= {"blocks": n_blocks, "cost_model": cost_model}
+        return balance_on_devices(loss, args, mesh, schedule, on, **profiled)
+    per_block = per_block_schedule(schedule.microbatches, n_blocks)
+    step = step_function(
+        loss, settings.replace(mesh=one_rank_mesh(mesh), schedule=per_block), compiler=Compiler()
     )
     profile = step.profile_stages(*args, rounds=rounds)
     return balance_from_profile(

@@ -29,6 +29,7 @@ from spectrax_core import schedules as S
 from .._api import step_function
 from .._compile.compiler import Compiler
 from .._runtime import StageProfile
+from .._settings import StepSettings
 from ..errors import DistributedError, MeshError, MpmdError, StageSplitError, TraceContextError
 from .backend import BackendCost, busy_and_wall, measure_backend, step_units
 from .cache import ProfileCache, profile_key, program_digest, update_digest
@@ -187,8 +188,10 @@ class Profiler:
             key = self._key(loss, loss_args, measure, self.step_kwargs, True)
             measured = None if self.cache is None else self.cache.get(key, MEASURED)
             if measured is None:
-                kwargs = {"mesh": self.mesh, "schedule": schedule, "compiler": self.compiler}
-                step = step_function(loss, **kwargs, **self.step_kwargs)
+                settings = StepSettings.of(
+                    "advise", {"mesh": self.mesh, "schedule": schedule}, **self.step_kwargs
+                )
+                step = step_function(loss, settings, compiler=self.compiler)
                 try:
                     measured = busy_and_wall(step, loss_args, max(self.rounds, 3))
                 except MpmdError:
@@ -228,7 +231,8 @@ class Profiler:
         return profile_key(program, update, settings, self.mesh)
 
     def _measured(self, schedule, timed: bool, loss, loss_args, kwargs: dict) -> Profiled | MpmdError:
-        step = step_function(loss, mesh=self.mesh, schedule=schedule, compiler=self.compiler, **kwargs)
+        settings = StepSettings.of("advise", {"mesh": self.mesh, "schedule": schedule}, **kwargs)
+        step = step_function(loss, settings, compiler=self.compiler)
         try:
             measured = step.profile_stages(*loss_args, rounds=self.rounds if timed else 0)
             return Profiled(measured, self._update(step, loss_args, measured))

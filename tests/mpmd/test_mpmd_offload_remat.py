@@ -147,7 +147,7 @@ def test_offloaded_activations_still_count_as_live_activations(stepped):
     step, args, _, _, off = stepped
     if not off:
         pytest.skip("nothing offloaded")
-    kept = mp.sxvalue_and_grad(hetero_loss, mesh=step.mesh, schedule=step.schedule, remat=step.remat)
+    kept = mp.sxvalue_and_grad(hetero_loss, mesh=step.mesh, schedule=step.schedule, remat=step.settings.remat)
     assert step.measure_peak_activations(*args) == kept.measure_peak_activations(*args)
 
 

@@ -17,11 +17,11 @@ import jax
 
 from spectrax_core.models import generate
 
+from ..._settings import StepSettings
 from ..._stages import stage_blocks
 from ..._trace.context import methods_outside_context_mesh
 from ...errors import MpmdError
 from ..decode import PipelineDecoder
-from ..runner import _is_mpmd
 from .stages import same_model
 
 OPTIONS = ("groups", "lengths", "sampler", "keys", "stop_tokens", "pad_id", "max_len", "record")
@@ -48,7 +48,7 @@ class Generation:
 
     def __init__(self, mesh, schedule=None, sizes: Callable[[], Sequence[int] | None] = lambda: None):
         self.mesh, self.schedule, self.sizes = mesh, schedule, sizes
-        self.mpmd = _is_mpmd(mesh)
+        self.mpmd = StepSettings("run", mesh=mesh).pipelined
         self.decoder = None
 
     def decoder_for(self, model):
