@@ -157,9 +157,8 @@ def main() -> None:
     params_batch = model(args)
     mesh = mp.create_mesh((1, 1, 1, 1, 8, 1), mpmd_axis="pp")
     on = {"sizes": (1, 2, 4), "axis": "tp"}
-    costs = profile_blocks(
-        cut((1,) * args.blocks), params_batch, mesh, schedule, args.blocks, on, args.rounds, {"rules": RULES}
-    )
+    settings = mp.StepSettings("balance", mesh=mesh, schedule=schedule, rules=RULES)
+    costs = profile_blocks(cut((1,) * args.blocks), params_batch, settings, args.blocks, on, args.rounds)
     advice = {name: advised(costs, schedule, name) for name in ("measured", "work")}
     chosen = {
         name: Split(*(tuple(a["plans"]["chosen"][k]) for k in ("blocks", "devices")))

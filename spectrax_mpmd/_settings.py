@@ -211,7 +211,9 @@ class StepSettings:
         )
 
     def replace(self, **changes) -> StepSettings:
-        """These settings with `changes`, checked again."""
+        """These settings with `changes`, checked again (a new schedule brings its microbatches)."""
+        if changes.get("schedule") is not None:
+            changes.setdefault("microbatches", changes["schedule"].microbatches)
         return dataclasses.replace(self, **changes)
 
     def keywords(self) -> dict[str, Any]:

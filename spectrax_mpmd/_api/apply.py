@@ -8,7 +8,7 @@ after the fact (`validation`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
 import jax
@@ -105,6 +105,9 @@ class Update:
             )
         if self.validation not in VALIDATIONS:
             raise MpmdError(f"{name}: validation must be one of {VALIDATIONS}, got {self.validation!r}.")
+
+
+UPDATE_OPTIONS = frozenset(f.name for f in fields(Update))
 
 
 def apply_step(fn: Callable, settings: StepSettings, update: Update = Update()) -> Callable:

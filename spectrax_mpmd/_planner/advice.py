@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 
 from spectrax_core import schedules as S
 
-from .._api import sxvalue_and_grad_and_apply
+from .._api.apply import UPDATE_OPTIONS, Update, apply_step
+from .._settings import StepSettings
 from ..errors import MpmdError
 from . import report
 from .memory import MemoryChoice
@@ -82,16 +83,22 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Source:
-    """What the advice was made from: `fn` and `args` as given to `advise`, its mesh, the step's
-    keyword arguments, the optimizer and the update's settings (`max_grad_norm`,
-    `skip_nonfinite`, `validation`, as `sxvalue_and_grad_and_apply` takes them)."""
+    """What the advice was made from: `fn` and `args` as given to `advise`, the step's settings
+    (its mesh and optimizer among them) and the update's (`max_grad_norm`, `skip_nonfinite`,
+    `validation`, as `sxvalue_and_grad_and_apply` takes them)."""
 
     fn: Callable
     args: tuple
-    mesh: object
-    step_kwargs: dict
-    tx: object
+    settings: StepSettings
     update: dict = field(default_factory=dict)
+
+    @property
+    def mesh(self):
+        return self.settings.pipeline_mesh
+
+    @property
+    def tx(self):
+        return self.settings.tx
 
     def loss_and_args(self, candidate: Candidate) -> tuple[Callable, tuple]:
         if self.args:
@@ -227,10 +234,14 @@ class Advice:
         memory = (
             {} if chosen.memory is None else {"remat": chosen.memory.remat, "offload": chosen.memory.offload}
         )
-        step_kwargs = {**source.update, **source.step_kwargs, **memory, **kwargs}
-        if step_kwargs.pop("argnums", 0) not in (0, (0,)):
+        if source.settings.positions != (0,):
             raise MpmdError("Advice.step: the step updates the first argument; advise with argnums=0.")
-        return sxvalue_and_grad_and_apply(loss, tx, mesh=source.mesh, schedule=chosen.schedule, **step_kwargs)
+        updating = {k: v for k, v in kwargs.items() if k in UPDATE_OPTIONS}
+        stepping = {**memory, **{k: v for k, v in kwargs.items() if k not in UPDATE_OPTIONS}}
+        settings = source.settings.replace(
+            name="sxvalue_and_grad_and_apply", schedule=chosen.schedule, argnums=0, tx=tx, **stepping
+        )
+        return apply_step(loss, settings, Update(**{**source.update, **updating}))
 
     def _source(self) -> Source:
         if self.source is None:

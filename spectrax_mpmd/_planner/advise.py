@@ -200,7 +200,8 @@ def advise(
     that does not divide the batch) is skipped and listed, with the reason, in
     `Advice.skipped`; if every one is, the error says why for each.
     """
-    mesh = StepSettings.of("advise", {"mesh": mesh, "tx": tx}, **step_kwargs).pipeline_mesh
+    settings = StepSettings.of("advise", {"mesh": mesh, "tx": tx}, **step_kwargs)
+    mesh = settings.pipeline_mesh
     started = time.perf_counter()
     n = mesh.mpmd_dim
     _check_arguments(memory_budget, rounds, tx, optimizer_states, validation, confirm)
@@ -212,7 +213,7 @@ def advise(
     directory = default_directory() if profile_cache is True else profile_cache
     cache = None if profile_cache is False else ProfileCache(directory)
     measured = {"optimizer": optimizer, "optimizer_states": optimizer_states, "cache": cache}
-    profiler = Profiler(fn, args, mesh, step_kwargs, rounds=rounds, **measured)
+    profiler = Profiler(fn, args, settings, rounds=rounds, **measured)
     choose_memory = memory_budget is not None and not {"remat", "offload"} & set(step_kwargs)
     guarded = max_grad_norm is not None or skip_nonfinite
     rows, skipped, errors, unsupported = [], [], [], []
@@ -241,7 +242,7 @@ def advise(
     if search:
         rows += [_searched(n, m, measured, memory_budget, backend) for m, measured in sorted(flat.items())]
     calibration, rows = _calibrated(rows, profiler, microbatches, n, comm, (validation, guarded), backend)
-    source = Source(fn, args, mesh, dict(step_kwargs), tx, update)
+    source = Source(fn, args, settings, update)
     advice = replace(
         ranked(rows, memory_budget, (*skipped, *unsupported)),
         optimizer=_optimizer_note(tx, optimizer_states),

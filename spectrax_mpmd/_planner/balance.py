@@ -292,19 +292,19 @@ def balance_step(
     tx, rounds, devices, cost_model = settings.tx, options.rounds, options.devices, options.cost_model
     if schedule is None:
         raise StageSplitError("balance: a schedule is required, e.g. schedule=Std1F1B(microbatches=8).")
-    step_kwargs = settings.keywords()  # the device-choosing paths take the step's keywords
     n_stages = mesh.mpmd_dim * schedule.virtual_stages
     if n_blocks < n_stages:
         split_blocks([0.0] * n_blocks, n_stages)  # raises, saying why
     loss, args = fn((1,) * n_blocks)
     copies, note = _optimizer_copies(tx, options.optimizer_states, args[0])
-    profiled = {"memory_budget": memory_budget, "optimizer_states": copies, "rounds": rounds, **step_kwargs}
     if devices is None and not mesh.uniform:
-        return balance_on_ranks(loss, args, mesh, schedule, n_blocks, cost_model, **profiled)
+        return balance_on_ranks(
+            loss, args, settings, n_blocks, cost_model, optimizer_states=copies, rounds=rounds
+        )
     if devices is not None:
         on = {"devices": devices, "sizes": options.device_sizes, "axis": options.device_axis}
         on |= {"blocks": n_blocks, "cost_model": cost_model}
-        return balance_on_devices(loss, args, mesh, schedule, on, **profiled)
+        return balance_on_devices(loss, args, settings, on, optimizer_states=copies, rounds=rounds)
     per_block = per_block_schedule(schedule.microbatches, n_blocks)
     step = step_function(
         loss, settings.replace(mesh=one_rank_mesh(mesh), schedule=per_block), compiler=Compiler()

@@ -21,9 +21,11 @@ import numpy as np
 from spectrax_core import schedules as S
 from spectrax_core.schedules import StageMemory
 
-from .._api import sxvalue_and_grad
+from .._api import step_function
+from .._compile.compiler import Compiler
 from .._mesh import MpmdMesh, create_mesh, mesh_of_ranks
 from .._runtime.slots import GradAccumulator, Input, InputKind, LossAccumulator, MicrobatchIndex
+from .._settings import StepSettings
 from ..errors import MeshError
 
 COST_MODELS = ("measured", "work")
@@ -179,26 +181,21 @@ def block_bytes(plan, args: Sequence, n_blocks: int) -> dict[str, tuple[int, ...
 def profile_blocks(
     loss: Callable,
     args: tuple,
-    mesh: MpmdMesh,
-    schedule,
+    settings: StepSettings,
     n_blocks: int,
     on: dict,
     rounds: int,
-    step_kwargs: dict,
 ) -> BlockCosts:
     """`BlockCosts` of `loss` cut at each of its `n_blocks` blocks (a marker after each), on
-    `args`, on a rank of each of `on["sizes"]` devices along `on["axis"]` (or, given
-    `on["meshes"]`, on its one-rank mesh of each size: `rank_meshes`), with `schedule`'s
-    microbatches."""
+    `args`, trained with `settings`, on a rank of each of `on["sizes"]` devices along
+    `on["axis"]` of `settings.mesh` (or, given `on["meshes"]`, on its one-rank mesh of each
+    size: `rank_meshes`), with `settings.schedule`'s microbatches."""
+    mesh, per_block = settings.pipeline_mesh, per_block_schedule(settings.schedule.microbatches, n_blocks)
     table: dict = {name: {} for name in ("F", "B", "flops", "params", "accumulators", "other", "memory")}
     overhead = 0.0
     for k in on["sizes"]:
-        step = sxvalue_and_grad(
-            loss,
-            mesh=on["meshes"][k] if "meshes" in on else rank_mesh(mesh, k, on["axis"]),
-            schedule=per_block_schedule(schedule.microbatches, n_blocks),
-            **step_kwargs,
-        )
+        rank = on["meshes"][k] if "meshes" in on else rank_mesh(mesh, k, on["axis"])
+        step = step_function(loss, settings.replace(mesh=rank, schedule=per_block), compiler=Compiler())
         profile = step.profile_stages(*args, rounds=rounds)
         cost = profile.stage_cost()
         work = [0.0] * n_blocks

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from spectrax_core import schedules as S
 
+from .._settings import StepSettings
 from .._stages import stage_sizes
 from ..errors import StageSplitError
 from .block_costs import BlockCosts, check_cost_model, check_rank_mesh, profile_blocks, rank_meshes
@@ -168,27 +169,17 @@ def _on_ranks(seconds: dict, costs: BlockCosts, ranks: tuple[int, ...], fits) ->
 
 
 def balance_on_ranks(
-    loss,
-    args,
-    mesh,
-    schedule,
-    n_blocks: int,
-    cost_model: str,
-    *,
-    memory_budget,
-    optimizer_states,
-    rounds,
-    **step_kwargs,
+    loss, args, settings: StepSettings, n_blocks: int, cost_model: str, *, optimizer_states, rounds
 ) -> DeviceBalance:
-    """`balance` on `mesh` whose ranks differ in size: every block profiled on a rank of each
-    size (its own axes and rules: `rank_meshes`), the layers split with stage s on rank s
-    (`balance_devices(ranks=)`)."""
+    """`balance` of the step with `settings` on a mesh whose ranks differ in size: every block
+    profiled on a rank of each size (its own axes and rules: `rank_meshes`), the layers split
+    with stage s on rank s (`balance_devices(ranks=)`)."""
+    mesh, schedule, memory_budget = settings.pipeline_mesh, settings.schedule, settings.memory_budget
     check_cost_model(cost_model)
     check_device_schedule(schedule)
     meshes = rank_meshes(mesh)
-    costs = profile_blocks(
-        loss, args, mesh, schedule, n_blocks, {"sizes": sorted(meshes), "meshes": meshes}, rounds, step_kwargs
-    )
+    on = {"sizes": sorted(meshes), "meshes": meshes}
+    costs = profile_blocks(loss, args, settings, n_blocks, on, rounds)
     ranks = mesh.rank_sizes
     return balance_devices(
         costs,
@@ -208,16 +199,11 @@ def advise_devices(source, on: dict, microbatches: int, memory_budget, optimizer
     `microbatches` (`balance_on_devices`)."""
     n = source.mesh.mpmd_dim
     loss, args = (source.fn, source.args) if source.args else source.fn(n)
+    settings = source.settings.replace(
+        schedule=S.Std1F1B(microbatches=microbatches), memory_budget=memory_budget
+    )
     return balance_on_devices(
-        loss,
-        args,
-        source.mesh,
-        S.Std1F1B(microbatches=microbatches),
-        {**on, "blocks": n},
-        memory_budget=memory_budget,
-        optimizer_states=optimizer_states,
-        rounds=rounds,
-        **source.step_kwargs,
+        loss, args, settings, {**on, "blocks": n}, optimizer_states=optimizer_states, rounds=rounds
     )
 
 
@@ -240,24 +226,16 @@ def check_device_arguments(mesh, on: dict) -> tuple[int, ...]:
 
 
 def balance_on_devices(
-    loss,
-    args,
-    mesh,
-    schedule,
-    on: dict,
-    *,
-    memory_budget,
-    optimizer_states: float,
-    rounds: int,
-    **step_kwargs,
+    loss, args, settings: StepSettings, on: dict, *, optimizer_states: float, rounds: int
 ) -> DeviceBalance:
-    """`balance(devices=)`: `loss` (cut at each of its `on["blocks"]` blocks) profiled on ranks of
-    each of `on["sizes"]` devices along `on["axis"]`, its splits into `mesh.mpmd_dim` stages on
-    at most `on["devices"]` devices ranked (`balance_devices`)."""
+    """`balance(devices=)` of the step with `settings`: `loss` (cut at each of its `on["blocks"]`
+    blocks) profiled on ranks of each of `on["sizes"]` devices along `on["axis"]`, its splits
+    into `mesh.mpmd_dim` stages on at most `on["devices"]` devices ranked (`balance_devices`)."""
+    mesh, schedule, memory_budget = settings.pipeline_mesh, settings.schedule, settings.memory_budget
     sizes = check_device_arguments(mesh, on)
     check_device_schedule(schedule)
     on = {**on, "sizes": sizes}
-    costs = profile_blocks(loss, args, mesh, schedule, on["blocks"], on, rounds, step_kwargs)
+    costs = profile_blocks(loss, args, settings, on["blocks"], on, rounds)
     return balance_devices(
         costs,
         schedule,

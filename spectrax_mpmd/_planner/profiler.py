@@ -88,11 +88,12 @@ def timing_schedule(schedule):
 
 
 class Profiler:
-    """Profiles of `fn`'s pipelined training step on `mesh`, each made once.
+    """Profiles of `fn`'s pipelined training step with `settings` (its mesh and step settings;
+    each profile sets the schedule), each made once.
 
     `fn(params, *batch)` is the loss and `args` its arguments, or, with no `args`,
     `fn(n_stages)` returns `(loss_fn, args)` for a model cut into `n_stages`.
-    `step_kwargs` go to `sxvalue_and_grad`; `rounds` is how many timed runs a
+    `rounds` is how many timed runs a
     profile takes. `optimizer` (an optax transformation) is the one whose state
     and update are counted; with `optimizer_states=k` instead the state is `k`
     copies of each rank's parameters and the update is not timed.
@@ -102,15 +103,14 @@ class Profiler:
         self,
         fn: Callable,
         args: tuple,
-        mesh,
-        step_kwargs: dict,
+        settings: StepSettings,
         *,
         rounds: int,
         optimizer=None,
         optimizer_states: float | None = None,
         cache: ProfileCache | None = None,
     ):
-        self.fn, self.args, self.mesh, self.step_kwargs = fn, args, mesh, step_kwargs
+        self.fn, self.args, self.settings, self.mesh = fn, args, settings, settings.pipeline_mesh
         self.rounds, self.optimizer, self.optimizer_states = rounds, optimizer, optimizer_states
         self.compiler = Compiler()  # shared: a program two profiled steps have in common compiles once
         self._profiles: dict = {}
@@ -185,12 +185,10 @@ class Profiler:
             schedule = S.Std1F1B(microbatches=m)
             loss, loss_args = self._loss(schedule)
             measure = ("work, wall, issue and issuing", repr(schedule))
-            key = self._key(loss, loss_args, measure, self.step_kwargs, True)
+            key = self._key(loss, loss_args, measure, self.settings, True)
             measured = None if self.cache is None else self.cache.get(key, MEASURED)
             if measured is None:
-                settings = StepSettings.of(
-                    "advise", {"mesh": self.mesh, "schedule": schedule}, **self.step_kwargs
-                )
+                settings = self.settings.replace(schedule=schedule)
                 step = step_function(loss, settings, compiler=self.compiler)
                 try:
                     measured = busy_and_wall(step, loss_args, max(self.rounds, 3))
@@ -211,28 +209,29 @@ class Profiler:
         """The profile from the disk cache when it holds this program's, else measured (and
         stored there)."""
         loss, loss_args = self._loss(schedule)
-        kwargs = self.step_kwargs if remat is None else {**self.step_kwargs, "remat": remat}
-        key = self._key(loss, loss_args, schedule, kwargs, timed)
+        settings = self.settings if remat is None else self.settings.replace(remat=remat)
+        key = self._key(loss, loss_args, schedule, settings, timed)
         stored = None if self.cache is None else self.cache.get(key, Profiled)
         if stored is not None:
             self.cached += 1
             return stored
-        made = self._measured(schedule, timed, loss, loss_args, kwargs)
+        made = self._measured(schedule, timed, loss, loss_args, settings)
         if self.cache is not None and not isinstance(made, MpmdError):
             self.cache.put(key, made)
         return made
 
-    def _key(self, loss, loss_args, schedule, kwargs: dict, timed: bool) -> str | None:
+    def _key(self, loss, loss_args, schedule, settings: StepSettings, timed: bool) -> str | None:
         if self.cache is None:
             return None
         program = program_digest(loss, *loss_args)
         update = update_digest(self.optimizer, self.optimizer_states, loss_args[0])
-        settings = (repr(schedule), tuple(sorted(kwargs.items())), self.rounds if timed else 0)
-        return profile_key(program, update, settings, self.mesh)
+        step = tuple(sorted(settings.keywords().items()))
+        return profile_key(program, update, (repr(schedule), step, self.rounds if timed else 0), self.mesh)
 
-    def _measured(self, schedule, timed: bool, loss, loss_args, kwargs: dict) -> Profiled | MpmdError:
-        settings = StepSettings.of("advise", {"mesh": self.mesh, "schedule": schedule}, **kwargs)
-        step = step_function(loss, settings, compiler=self.compiler)
+    def _measured(
+        self, schedule, timed: bool, loss, loss_args, settings: StepSettings
+    ) -> Profiled | MpmdError:
+        step = step_function(loss, settings.replace(schedule=schedule), compiler=self.compiler)
         try:
             measured = step.profile_stages(*loss_args, rounds=self.rounds if timed else 0)
             return Profiled(measured, self._update(step, loss_args, measured))

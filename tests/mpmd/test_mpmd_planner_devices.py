@@ -180,7 +180,9 @@ def test_a_memory_budget_buys_devices_that_do_not_help_speed():
 def costs():
     loss, args = cut((1,) * len(WIDTHS))
     on = {"sizes": (1, 2, 4), "axis": "tp"}
-    return profile_blocks(loss, args, MESH, SCHEDULE, len(WIDTHS), on, 3, {"rules": RULES})
+    return profile_blocks(
+        loss, args, mp.StepSettings("balance", mesh=MESH, schedule=SCHEDULE, rules=RULES), len(WIDTHS), on, 3
+    )
 
 
 def test_by_per_device_work_the_3x_last_stage_gets_more_devices_and_ranks_above_even(costs):
@@ -215,9 +217,8 @@ def test_per_device_bytes_shrink_with_the_devices_a_block_is_sharded_over(costs)
 def test_predicted_peak_per_rank_on_k_devices_equals_a_real_steps(k):
     loss, args = cut((1, 1), WIDTHS[-2:])
     one_rank = mp.create_mesh((1, 1, 1, 1, 4, 1), mpmd_axis="pp", devices=jax.devices()[:4])
-    profiled = profile_blocks(
-        loss, args, one_rank, SCHEDULE, 2, {"sizes": (k,), "axis": "tp"}, 1, {"rules": RULES}
-    )
+    settings = mp.StepSettings("balance", mesh=one_rank, schedule=SCHEDULE, rules=RULES)
+    profiled = profile_blocks(loss, args, settings, 2, {"sizes": (k,), "axis": "tp"}, 1)
     memory = split_memory(profiled, Split((1, 1), (k, k)))
     predicted = S.simulate(SCHEDULE, 2, memory=memory).peak_bytes
     mesh = mp.create_mesh((2, 1, 1, 1, k, 1), mpmd_axis="pp", devices=jax.devices()[: 2 * k])

@@ -22,7 +22,7 @@ PAIR = mp.create_mesh((2, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[
 def _advice(schedule, tx, fits: bool = True) -> Advice:
     """An advice of one candidate on 2 ranks (as `mp.advise` returns it, without profiling anything)."""
     chosen = Candidate(schedule, schedule.microbatches, schedule.virtual_stages, 1.0, 0.0, (1,) * 2, fits)
-    source = Source(fn=None, args=(), mesh=PAIR, step_kwargs={}, tx=tx)
+    source = Source(fn=None, args=(), settings=mp.StepSettings("advise", mesh=PAIR, tx=tx))
     return Advice((chosen,), None if fits else 1, chosen, source=source)
 
 

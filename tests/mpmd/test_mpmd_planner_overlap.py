@@ -6,6 +6,7 @@ ranks-at-once every candidate of the advice is predicted with."""
 import pytest
 from planner_cases import MESH, init, lm_loss
 
+import spectrax_mpmd as mp
 from spectrax_mpmd._planner.backend import ranks_at_once
 from spectrax_mpmd._planner.profiler import Profiler
 
@@ -14,7 +15,13 @@ N = 4
 
 @pytest.fixture(scope="module")
 def profiler():
-    return Profiler(lambda n: (lm_loss(n), init()), (), MESH, {}, rounds=2, optimizer_states=2.0)
+    return Profiler(
+        lambda n: (lm_loss(n), init()),
+        (),
+        mp.StepSettings("advise", mesh=MESH),
+        rounds=2,
+        optimizer_states=2.0,
+    )
 
 
 def test_ranks_at_once_is_busy_over_wall_between_one_and_the_rank_count():

@@ -120,13 +120,13 @@ def test_the_effective_validation_follows_what_gates_the_update(crosses, guarded
 def test_the_step_is_built_with_the_advised_validation(posted, monkeypatch):
     advice, _ = posted
     seen = {}
-    monkeypatch.setattr(ADVICE, "sxvalue_and_grad_and_apply", lambda loss, tx, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(ADVICE, "apply_step", lambda loss, settings, update: seen.update(s=settings, u=update))
     advice.step()
-    assert seen["validation"] == "post" and seen["max_grad_norm"] == 1.0
-    assert seen["skip_nonfinite"] is False
-    assert seen["schedule"] == advice.best.schedule
+    assert seen["u"].validation == "post" and seen["u"].max_grad_norm == 1.0
+    assert seen["u"].skip_nonfinite is False
+    assert seen["s"].schedule == advice.best.schedule
     advice.step(TXS["adamw"], validation="sync")  # a keyword given to step wins
-    assert seen["validation"] == "sync"
+    assert seen["u"].validation == "sync" and seen["s"].tx is TXS["adamw"]
 
 
 @pytest.mark.parametrize("validation", ["none", "later", None, 1])
