@@ -99,32 +99,14 @@ class _StepFunction:
         self.cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    @property
-    def name(self) -> str:
-        return self.settings.name
-
-    @property
-    def static_argnums(self) -> tuple[int, ...]:
-        return self.settings.static_argnums
-
-    @property
-    def has_aux(self) -> bool:
-        return self.settings.has_aux
-
-    @property
-    def schedule(self):
-        """The call's schedule (None where its regions name theirs); the step's other settings
-        are `step.settings`."""
-        return self.settings.schedule
-
-    @property
-    def given_argnums(self):
-        """`argnums` as the caller wrote it: an int gives one gradient tree."""
-        return self.settings.argnums
-
-    @property
-    def n_stages(self) -> int:
-        return self.settings.model_stages()
+    # the settings other parts read (each is `self.settings`'s; `schedule` is None where the
+    # function's regions name theirs, `given_argnums` is `argnums` as written: an int gives one tree)
+    name = property(lambda self: self.settings.name)
+    static_argnums = property(lambda self: self.settings.static_argnums)
+    has_aux = property(lambda self: self.settings.has_aux)
+    schedule = property(lambda self: self.settings.schedule)
+    given_argnums = property(lambda self: self.settings.argnums)
+    n_stages = property(lambda self: self.settings.model_stages())
 
     def pipeline(self, sig: Signature) -> Pipeline:
         """Trace and split the loss for this signature: what a plan of it is built from."""
