@@ -20,6 +20,8 @@ from ..errors import StageSplitError
 def model_stages(schedule, n: int, stages: int) -> tuple[int, ...]:
     """The model stage each logical stage of `schedule` runs on `n` ranks (`stages` traced
     stages; the identity for a schedule that runs each stage once)."""
+    if not hasattr(schedule, "model_stage"):
+        return tuple(range(stages))
     model = tuple(schedule.model_stage(s, n) for s in range(schedule.num_stages(n)))
     if sorted(set(model)) != list(range(stages)):
         raise StageSplitError(
