@@ -45,10 +45,13 @@ class Exchange:
             k = self.client.key_value_increment(f"spectrax_mpmd/{kind}/made/{self.me}", 1)
             self.prefix = f"spectrax_mpmd/{kind}/{k}"
 
-    def allgather(self, value: str) -> list[str]:
-        """Every process's `value`, indexed by process."""
+    def allgather(self, value: str, timeout: float | None = None) -> list[str]:
+        """Every process's `value`, indexed by process; each waited for up to `timeout` seconds
+        (default: this exchange's). A process that does not come is named in the error, with
+        what it said it waits for if it said so (`announce`)."""
         if self.client is None:
             return _collective_allgather(value)
+        limit = self.timeout if timeout is None else timeout
         n, self.calls = self.calls, self.calls + 1
         self.client.key_value_set(f"{self.prefix}/{n}/{self.me}", value)
         out = []
@@ -57,17 +60,37 @@ class Exchange:
                 out.append(value)
                 continue
             try:
-                out.append(
-                    self.client.blocking_key_value_get(f"{self.prefix}/{n}/{p}", int(self.timeout * 1000))
-                )
-            except Exception as err:  # noqa: BLE001 - JAX raises its runtime error type
+                out.append(self.client.blocking_key_value_get(f"{self.prefix}/{n}/{p}", int(limit * 1000)))
+            except Exception as err:
+                said = heard("waiting", p, 1.0)
+                state = f"it is alive and waits {said}" if said else "it may have died or stalled"
                 raise DistributedError(
                     f"process {self.me}: process {p} did not reach the exchange {self.prefix}/{n} within "
-                    f"{self.timeout:g} s ({str(err).splitlines()[0]}); it may have died or stalled."
+                    f"{limit:g} s ({str(err).splitlines()[0]}); {state}."
                 ) from err
         if n >= 2:  # every process has read call n-2 once it has reached call n
             self.client.key_value_delete(f"{self.prefix}/{n - 2}/{self.me}")
         return out
+
+
+def announce(kind: str, value: str) -> None:
+    """Post this process's latest `value` of `kind` (e.g. what it waits for) for the others to read;
+    nothing where the key-value store is unavailable."""
+    client = _client()
+    if client is not None:
+        client.key_value_set(f"spectrax_mpmd/said/{kind}/{jax.process_index()}", value, allow_overwrite=True)
+
+
+def heard(kind: str, process: int, wait: float) -> str | None:
+    """What `process` posted of `kind`, waiting up to `wait` seconds for it; None if nothing came
+    (or the key-value store is unavailable or unreachable)."""
+    client = _client()
+    if client is None:
+        return None
+    try:
+        return client.blocking_key_value_get(f"spectrax_mpmd/said/{kind}/{process}", max(1, int(wait * 1000)))
+    except Exception:  # noqa: BLE001 - JAX raises its runtime error type: nothing was said
+        return None
 
 
 def _collective_allgather(value: str) -> list[str]:
