@@ -35,8 +35,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from .._comm import RENDEZVOUS_TIMEOUT, Exchange, check_joined
-from .._env import CHECK_INPUTS_ENV, configured_input_check, configured_timeout
+from .._comm import RENDEZVOUS_TIMEOUT, Exchange, Peers, check_joined, exit_without_shutdown_barrier
+from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, configured_input_check, configured_timeout
 from .._trace.args import Signature, describe_argument
 from .._trace.context import config_key
 from ..errors import DistributedError
@@ -147,7 +147,8 @@ class InputsCheck:
         self.name, self.fn, self.mesh = name, fn, mesh
         self.mode: str | None = None  # decided at the first call
         self.exchange: Exchange | None = None
-        self.same_build = BuildCheck(name, mesh)  # called with each new plan before it runs
+        self.build_check = BuildCheck(name, mesh)
+        self.peers: Peers | None = None  # made at the first exchange: a peer's end seen at once
         self.calls = 0
         self.structures: dict = {}  # signature key -> digest of its structure rows
 
@@ -189,11 +190,19 @@ class InputsCheck:
                     f"partial batch alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
                 )
 
+    def same_build(self, plan) -> None:
+        """Refuse a newly built `plan` that another process built differently (`BuildCheck`)."""
+        self.build_check(plan, self.peers)
+
     def _allgather(self, value: str, limit: float) -> list[str]:
+        if self.peers is None:
+            self.peers = Peers(max(configured_timeout(), RENDEZVOUS_TIMEOUT))
         try:
-            return self.exchange.allgather(value, limit)
+            return self.exchange.allgather(value, limit, self.peers)
         except DistributedError as err:
-            raise DistributedError(
-                f"{self.name}: checking that every process passed the same arguments to call "
-                f"{self.calls}: {err} Every process must make the same calls in the same order."
+            exit_without_shutdown_barrier()  # a peer lost or stalled: the job cannot go on
+            raise type(err)(
+                f"{self.name}: comparing the arguments of call {self.calls} with the other processes: "
+                f"{err} Every process must make the same calls in the same order; raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> if a process may take that long between two calls."
             ) from err

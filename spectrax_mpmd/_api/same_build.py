@@ -112,26 +112,27 @@ class BuildCheck:
         self.spans = len({d.process_index for d in mesh.devices.flat}) > 1
         self.exchange: Exchange | None = None
 
-    def __call__(self, plan) -> None:
-        """Refuse, on every process, a plan another process of the job built differently."""
+    def __call__(self, plan, peers=None) -> None:
+        """Refuse, on every process, a plan another process of the job built differently; with
+        `peers` (`liveness.Peers`), a process that ended meanwhile is named at once."""
         if not self.spans:
             return
         if self.exchange is None:
             self.exchange = Exchange("build", max(configured_timeout(), RENDEZVOUS_TIMEOUT))
         rows = fingerprint(plan, self.mesh)
         digest = hashlib.blake2b("\n".join(r for _, r, _ in rows).encode(), digest_size=16).hexdigest()
-        if len(set(self._allgather(digest))) == 1:
+        if len(set(self._allgather(digest, peers))) == 1:
             return
-        tables = [json.loads(t) for t in self._allgather(json.dumps(rows))]
+        tables = [json.loads(t) for t in self._allgather(json.dumps(rows), peers)]
         raise DistributedError(
             f"{self.name}: the processes of the job built different steps: {first_difference(tables)}. {_FIX}"
         )
 
-    def _allgather(self, value: str) -> list[str]:
+    def _allgather(self, value: str, peers) -> list[str]:
         try:
-            return self.exchange.allgather(value)
+            return self.exchange.allgather(value, peers=peers)
         except DistributedError as err:
-            raise DistributedError(
+            raise type(err)(
                 f"{self.name}: comparing the step each process built: {err} Every process must build "
                 "the step (the same function, schedule and arguments) before its first call."
             ) from err

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from .._env import configured_transport
 from .base import RENDEZVOUS_TIMEOUT, CrossProcess, Transport
+from .deadline import exit_without_shutdown_barrier
 from .distributed import check_joined, claim_path, initialize
 from .exchange import Exchange
 from .liveness import Peers
@@ -39,6 +40,7 @@ __all__ = [
     "Transport",
     "check_joined",
     "claim_path",
+    "exit_without_shutdown_barrier",
     "fast_path_available",
     "initialize",
     "is_transfer",

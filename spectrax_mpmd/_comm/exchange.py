@@ -13,13 +13,16 @@ missing, the public collective is the fallback.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 
 from .._env import configured_timeout
 from .._trace.jax_private import private
-from ..errors import DistributedError
+from ..errors import DistributedError, PeerLostError
 
+_SLICE_MS = 100  # how often a wait that can see peers end looks whether one has
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 
 
@@ -45,10 +48,11 @@ class Exchange:
             k = self.client.key_value_increment(f"spectrax_mpmd/{kind}/made/{self.me}", 1)
             self.prefix = f"spectrax_mpmd/{kind}/{k}"
 
-    def allgather(self, value: str, timeout: float | None = None) -> list[str]:
+    def allgather(self, value: str, timeout: float | None = None, peers=None) -> list[str]:
         """Every process's `value`, indexed by process; each waited for up to `timeout` seconds
         (default: this exchange's). A process that does not come is named in the error, with
-        what it said it waits for if it said so (`announce`)."""
+        what it said it waits for if it said so (`announce`). With `peers` (`liveness.Peers`), a
+        process that has ended is named at once (`PeerLostError`) instead of waited for."""
         if self.client is None:
             return _collective_allgather(value)
         limit = self.timeout if timeout is None else timeout
@@ -60,8 +64,10 @@ class Exchange:
                 out.append(value)
                 continue
             try:
-                out.append(self.client.blocking_key_value_get(f"{self.prefix}/{n}/{p}", int(limit * 1000)))
-            except Exception as err:
+                out.append(self._get(f"{self.prefix}/{n}/{p}", limit, p, peers))
+            except PeerLostError:
+                raise
+            except Exception as err:  # noqa: BLE001 - JAX raises its runtime error type
                 said = heard("waiting", p, 1.0)
                 state = f"it is alive and waits {said}" if said else "it may have died or stalled"
                 raise DistributedError(
@@ -71,6 +77,22 @@ class Exchange:
         if n >= 2:  # every process has read call n-2 once it has reached call n
             self.client.key_value_delete(f"{self.prefix}/{n - 2}/{self.me}")
         return out
+
+    def _get(self, key: str, limit: float, process: int, peers) -> str:
+        """The value at `key`, waited for up to `limit` s: in slices when `peers` can tell that
+        `process` has ended meanwhile."""
+        if peers is None:
+            return self.client.blocking_key_value_get(key, int(limit * 1000))
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                return self.client.blocking_key_value_get(key, _SLICE_MS)
+            except Exception:  # noqa: BLE001 - not there yet (JAX raises its runtime error type)
+                how = peers.failed.get(process)
+                if how is not None:
+                    raise PeerLostError(f"process {self.me}: process {process} {how}.") from None
+                if time.monotonic() >= deadline:
+                    raise
 
 
 def announce(kind: str, value: str) -> None:

@@ -18,7 +18,7 @@ MODE:
   process 1 passes 16 where process 0 passes 8; then the same batch again.
 * `waiting` (`SPECTRAX_MPMD_CHECK_INPUTS=off`): the shape switch of `inputs`
   unchecked: each process waits for a transfer of a call the other is not making.
-* `exit3`: process 1 leaves with code 3 before its second step (launcher test).
+* `exit3`: process 1 leaves with code 3 before its second step (with the launcher, and by hand).
 * `save_death` (started without the launcher, which would stop the job itself): process 1
   is killed while its checkpoint save of step 2 is written in the background.
 """
@@ -115,7 +115,9 @@ def exit3() -> dict:
     results = {"first": _attempt(step, *data())}
     if jax.process_index() == 1:
         os._exit(3)
+    print(f"second call at {time.time():.3f}", flush=True)
     results["second"] = _attempt(step, *data())
+    print(f"refused at {time.time():.3f}", flush=True)
     return results
 
 

@@ -157,6 +157,22 @@ def test_a_peer_killed_during_a_checkpoint_save_is_reported_at_once(tmp_path):
     assert json.loads((tmp_path / "save_death_p0.json").read_text()) == {"committed": [1]}
 
 
+def test_a_peer_ending_between_steps_is_named_at_once(tmp_path):
+    """Process 1 leaves (code 3) after its first step; process 0's next call, whose arguments the
+    default check compares first, names process 1 as ended within seconds instead of waiting the
+    timeout (20 s) for its side of the comparison."""
+    survivor, leaver = _by_hand([WORKER, "exit3", str(tmp_path)], timeout=20, limit=150)
+    code, text, _ = survivor.wait()
+    assert leaver.wait()[0] == 3
+    (second,) = [json.loads((tmp_path / "exit3_p0.json").read_text())["second"]]
+    assert second.startswith(
+        "PeerLostError: sxvalue_and_grad: comparing the arguments of call 2 with the other processes: "
+        "process 0: process 1 ended without finishing"
+    ), second
+    started = float(re.search(r"second call at ([\d.]+)", text).group(1))
+    assert float(re.search(r"refused at ([\d.]+)", text).group(1)) - started < 10
+
+
 LATE = """
 import os, sys, time
 if os.environ["JAX_PROCESS_ID"] == "1":
