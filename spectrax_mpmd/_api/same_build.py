@@ -76,7 +76,9 @@ def fingerprint(plan, mesh) -> list[tuple[str, str, str]]:
         "the library versions",
         f"spectrax-mpmd {_version('spectrax-mpmd')}, jax {jax.__version__}, jaxlib {_version('jaxlib')}",
     )
-    add("the mesh", f"{dict(mesh.shape)} devices={[d.id for d in mesh.devices.flat]}")
+    for rank in range(mesh.mpmd_dim):  # ranks may own submeshes of different shapes
+        sub = mesh.submesh(rank)
+        add(f"rank {rank}'s devices", f"{dict(sub.shape)} {[d.id for d in sub.devices.flat]}")
     schedule, n = plan.schedule, mesh.mpmd_dim
     add("the microbatch count", str(schedule.microbatches))
     add("the schedule", _ADDRESS.sub("", repr(schedule)))
