@@ -182,12 +182,14 @@ class InputsCheck:
         for k, (what, _) in enumerate(rows[: len(tables[0])]):
             records = [t[k] for t in tables]
             if not _agree(what, records):
-                raise DistributedError(
-                    f"{self.name}: the processes of the job passed different arguments to call "
-                    f"{self.calls}: {_difference(what, records, self.fn, sig)}. Every process must "
-                    "pass the same arguments (the whole batch, not a per-process shard): each feeds "
-                    "only its own ranks, so different inputs would be mixed. Drop or pad a last "
-                    f"partial batch alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
+                self.exchange.raise_together(
+                    DistributedError(
+                        f"{self.name}: the processes of the job passed different arguments to call "
+                        f"{self.calls}: {_difference(what, records, self.fn, sig)}. Every process must "
+                        "pass the same arguments (the whole batch, not a per-process shard): each feeds "
+                        "only its own ranks, so different inputs would be mixed. Drop or pad a last "
+                        f"partial batch alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
+                    )
                 )
 
     def same_build(self, plan) -> None:

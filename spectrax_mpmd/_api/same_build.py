@@ -126,8 +126,10 @@ class BuildCheck:
         if len(set(self._allgather(digest, peers))) == 1:
             return
         tables = [json.loads(t) for t in self._allgather(json.dumps(rows), peers)]
-        raise DistributedError(
-            f"{self.name}: the processes of the job built different steps: {first_difference(tables)}. {_FIX}"
+        self.exchange.raise_together(
+            DistributedError(
+                f"{self.name}: the processes of the job built different steps: {first_difference(tables)}. {_FIX}"
+            )
         )
 
     def _allgather(self, value: str, peers) -> list[str]:

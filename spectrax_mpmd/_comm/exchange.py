@@ -23,6 +23,7 @@ from .._trace.jax_private import private
 from ..errors import DistributedError, PeerLostError
 
 _SLICE_MS = 100  # how often a wait that can see peers end looks whether one has
+_LAST_WORD_S = 1.0  # how long process 0 lets the others print an error they all raise
 _NEEDED = ("key_value_set", "blocking_key_value_get", "key_value_increment", "key_value_delete")
 
 
@@ -77,6 +78,15 @@ class Exchange:
         if n >= 2:  # every process has read call n-2 once it has reached call n
             self.client.key_value_delete(f"{self.prefix}/{n - 2}/{self.me}")
         return out
+
+    def raise_together(self, error: Exception) -> None:
+        """Raise `error`, which every process raises at this point, once all have reached it; process
+        0 a moment after the others: it serves the job's coordination service, and its end would
+        make JAX abort a process still printing its own error."""
+        self.allgather("refused")
+        if self.me == 0 and self.world > 1:
+            time.sleep(_LAST_WORD_S)
+        raise error
 
     def _get(self, key: str, limit: float, process: int, peers) -> str:
         """The value at `key`, waited for up to `limit` s: in slices when `peers` can tell that
