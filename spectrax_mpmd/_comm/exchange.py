@@ -71,9 +71,10 @@ class Exchange:
             except Exception as err:  # noqa: BLE001 - JAX raises its runtime error type
                 said = heard("waiting", p, 1.0)
                 state = f"it is alive and waits {said}" if said else "it may have died or stalled"
+                why = "" if isinstance(err, TimeoutError) else f" ({str(err).splitlines()[0]})"
                 raise DistributedError(
                     f"process {self.me}: process {p} did not reach the exchange {self.prefix}/{n} within "
-                    f"{limit:g} s ({str(err).splitlines()[0]}); {state}."
+                    f"{limit:g} s{why}; {state}."
                 ) from err
         if n >= 2:  # every process has read call n-2 once it has reached call n
             self.client.key_value_delete(f"{self.prefix}/{n - 2}/{self.me}")
@@ -102,7 +103,7 @@ class Exchange:
                 if how is not None:
                     raise PeerLostError(f"process {self.me}: process {process} {how}.") from None
                 if time.monotonic() >= deadline:
-                    raise
+                    raise TimeoutError(key) from None
 
 
 def announce(kind: str, value: str) -> None:

@@ -19,6 +19,7 @@ MODE:
 * `waiting` (`SPECTRAX_MPMD_CHECK_INPUTS=off`): the shape switch of `inputs`
   unchecked: each process waits for a transfer of a call the other is not making.
 * `exit3`: process 1 leaves with code 3 before its second step (with the launcher, and by hand).
+* `stall`: process 1 sleeps 30 s before its second call (by hand, with a shorter timeout).
 * `save_death` (started without the launcher, which would stop the job itself): process 1
   is killed while its checkpoint save of step 2 is written in the background.
 """
@@ -121,6 +122,18 @@ def exit3() -> dict:
     return results
 
 
+def stall() -> dict:
+    """Process 1 sleeps past the timeout before its second call."""
+    step = mp.sxvalue_and_grad(make_loss((0,)), mesh=_mesh(), schedule=S.Std1F1B(microbatches=2))
+    results = {"first": _attempt(step, *data())}
+    if jax.process_index() == 1:
+        time.sleep(30)
+    print(f"second call at {time.time():.3f}", flush=True)
+    results["second"] = _attempt(step, *data())
+    print(f"refused at {time.time():.3f}", flush=True)
+    return results
+
+
 def save_death(out: str) -> dict:
     """Save step 1 and wait; process 1 ends (SIGKILL) right after `save(2)` returns, while orbax
     writes and commits step 2 in the background; process 0 waits for it."""
@@ -152,6 +165,7 @@ def main() -> None:
         "inputs": inputs,
         "waiting": lambda: waiting(out),
         "exit3": exit3,
+        "stall": stall,
         "save_death": lambda: save_death(out),
     }[mode]
     _write(out, mode, run())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -171,6 +172,23 @@ def test_a_peer_ending_between_steps_is_named_at_once(tmp_path):
     ), second
     started = float(re.search(r"second call at ([\d.]+)", text).group(1))
     assert float(re.search(r"refused at ([\d.]+)", text).group(1)) - started < 10
+
+
+def test_a_stalled_peer_is_named_at_the_timeout(tmp_path):
+    """Process 1 sleeps before its second call: process 0's comparison of that call's arguments
+    ends at the timeout (4 s), naming process 1 as possibly dead or stalled."""
+    waiting, sleeper = _by_hand([WORKER, "stall", str(tmp_path)], timeout=4, limit=150)
+    code, text, _ = waiting.wait()
+    os.killpg(sleeper.proc.pid, signal.SIGKILL)
+    sleeper.proc.wait()
+    second = json.loads((tmp_path / "stall_p0.json").read_text())["second"]
+    assert second.startswith(
+        "DistributedError: sxvalue_and_grad: comparing the arguments of call 2 with the other processes: "
+        "process 0: process 1 did not reach the exchange "
+    ), second
+    assert "within 4 s; it may have died or stalled" in second, second
+    started = float(re.search(r"second call at ([\d.]+)", text).group(1))
+    assert 4 <= float(re.search(r"refused at ([\d.]+)", text).group(1)) - started < 12
 
 
 LATE = """
