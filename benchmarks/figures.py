@@ -127,6 +127,7 @@ SOURCES = {
             ("host_cost", "--rounds 7", "issue cost per cell of a one-rank step against a raw jax.jit call"),
             ("planner", "--runs 3", "the planner's predicted against measured peaks and busy time"),
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
+            ("input_check", "--rounds 5 --calls 5", "the per-call argument check of a 2-process job"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),

@@ -22,7 +22,7 @@ ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
 
 DEFAULT_TIMEOUT = 30.0
 TRANSPORTS = ("transfer", "ppermute")
-INPUT_CHECKS = ("first", "always", "off")
+INPUT_CHECKS = ("host", "always", "first", "off")
 
 
 def _positive(name: str, raw: str, parse: type, error: type[MpmdError], expected: str) -> int | float:
@@ -55,8 +55,10 @@ def configured_transport() -> str:
 
 def configured_input_check() -> str:
     """When the processes of a job compare their arguments: `$SPECTRAX_MPMD_CHECK_INPUTS`,
-    `"first"` (default: each signature's first call), `"always"` (every call) or `"off"`."""
-    name = os.environ.get(CHECK_INPUTS_ENV, "first")
+    `"host"` (default: every call, values of host leaves; of device arrays at a signature's first
+    call), `"always"` (every call, every readable leaf), `"first"` (each signature's first call)
+    or `"off"`."""
+    name = os.environ.get(CHECK_INPUTS_ENV, "host")
     if name not in INPUT_CHECKS:
         raise DistributedError(f"{CHECK_INPUTS_ENV}={name!r}: expected one of {', '.join(INPUT_CHECKS)}.")
     return name

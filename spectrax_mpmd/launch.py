@@ -7,9 +7,10 @@ Each process gets `JAX_COORDINATOR_ADDRESS` (loopback, a free port),
 `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` and, with `--devices-per-proc`, K host
 devices (`--xla_force_host_platform_device_count`); the script calls
 `spectrax_mpmd.initialize()`. Output lines are forwarded with a `[rank i]`
-prefix (i: the process index). When a process fails, the launcher names it,
-stops every other process and exits with that process's code (128 + signal
-for a killed one); it exits 0 when all succeed.
+prefix (i: the process index). When a process fails, the launcher names the
+one that failed first and how (its exit code or signal; the others usually fail
+because of it), stops every other process and exits with that process's code
+(128 + signal for a killed one); it exits 0 when all succeed.
 """
 
 from __future__ import annotations
@@ -71,19 +72,35 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _report(procs: list, lock: threading.Lock, stopping: bool) -> int:
-    """Name every process that has failed (a killed one first: it is usually the cause) and
-    return the launcher's exit code: the first named process's code, 128 + signal if killed."""
-    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-    failed.sort(key=lambda f: f[1] >= 0)
-    names = "; ".join(f"rank {r} (pid {procs[r].pid}) {_describe(rc)}" for r, rc in failed)
+def _report(procs: list, ended: dict, lock: threading.Lock, stopping: bool) -> int:
+    """Name the process that failed first (by the time it ended: the others usually fail because
+    of it) and the others that failed after it, and return the launcher's exit code: the first
+    failure's code, 128 + signal if it was killed."""
+    failed = sorted(
+        (
+            (ended.get(r, float("inf")), r, p.returncode)
+            for r, p in enumerate(procs)
+            if p.returncode not in (None, 0)
+        ),
+    )
+    first_at, first, rc = failed[0]
+    text = f"rank {first} (pid {procs[first].pid}) failed first: it {_describe(rc)}"
+    later = [f"rank {r} {_describe(code)} {at - first_at:.2f} s later" for at, r, code in failed[1:]]
+    if later:
+        text += f"; then {', '.join(later)}"
     alive = sum(p.returncode is None for p in procs)
     tail = f"; stopping the other {alive} process(es)" if stopping and alive else ""
     with lock:
-        sys.stderr.write(f"spectrax_mpmd.launch: {names}{tail}.\n")
+        sys.stderr.write(f"spectrax_mpmd.launch: {text}{tail}.\n")
         sys.stderr.flush()
-    rc = failed[0][1]
     return 128 - rc if rc < 0 else rc
+
+
+def _watch_end(rank: int, proc, ended: dict) -> None:
+    """Record when process `rank` ends (a thread per process: the order of failures is known to
+    the thread switch, not to the launcher's polling interval)."""
+    proc.wait()
+    ended[rank] = time.monotonic()
 
 
 def _stop(procs: list) -> None:
@@ -117,7 +134,7 @@ def launch(argv: list[str] | None = None) -> int:
     if args.devices_per_proc is not None and args.devices_per_proc < 1:
         parser.error(f"--devices-per-proc must be at least 1, got {args.devices_per_proc}")
     port, lock = _free_port(), threading.Lock()
-    procs, readers = [], []
+    procs, readers, ended = [], [], {}
     for rank in range(args.nproc):
         p = subprocess.Popen(
             [sys.executable, args.script, *args.args],
@@ -129,17 +146,20 @@ def launch(argv: list[str] | None = None) -> int:
         t = threading.Thread(target=_forward, args=(rank, p.stdout, sys.stdout, lock), daemon=True)
         t.start()
         readers.append(t)
+        threading.Thread(target=_watch_end, args=(rank, p, ended), daemon=True).start()
     code = 0
     try:
         while [p.poll() for p in procs].count(None):  # poll every process, not just the first alive
             if any(p.returncode not in (None, 0) for p in procs):
-                code = _report(procs, lock, stopping=True)
+                time.sleep(0.05)  # the ending threads record the times of failures that came together
+                code = _report(procs, ended, lock, stopping=True)
                 _stop(procs)
                 break
             time.sleep(0.05)
         else:
             if any(p.returncode != 0 for p in procs):
-                code = _report(procs, lock, stopping=False)
+                time.sleep(0.05)
+                code = _report(procs, ended, lock, stopping=False)
     except KeyboardInterrupt:
         _stop(procs)
         code = 130

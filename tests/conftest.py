@@ -14,6 +14,10 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
+# one worker per core (pyproject's `-n auto`): compiling a step's programs on more threads than that
+# only contends, and one thread keeps the suite off concurrent XLA compiles in one process (a worker
+# once died of a segfault inside XLA's CPU compiler there); tests of parallel compiles set their own
+os.environ.setdefault("SPECTRAX_MPMD_COMPILE_THREADS", "1")
 # the planner's profiles go to a folder of this run's, not the user's cache (~/.cache/spectrax_mpmd)
 os.environ["SPECTRAX_MPMD_PROFILE_CACHE"] = tempfile.mkdtemp(prefix="spectrax-profiles-")
 

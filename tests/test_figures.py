@@ -118,7 +118,7 @@ GENERATED = re.compile(r"<!-- schedule chooser: start -->.*?<!-- schedule choose
 # amounts that are set or derived, not measured: targets, a test's tolerance, a benchmark's
 # threshold, a budget, a timeout, a message size, a model's size in bytes
 SET_AMOUNTS = {
-    "multihost.md": {"2 s", "1 MiB", "30 s", "300 s", "4 MiB", "0.5x", "0.25x"},  # 0.5x: 1 / processes
+    "multihost.md": {"2 s", "10 s", "1 MiB", "30 s", "300 s", "4 MiB", "0.5x", "0.25x"},  # 0.5x: 1 / processes
     "checkpoints.md": {"13.4 MB", "12 MB"},
     "planner.md": {"4 MiB", "5%", "15%", "60%", "25%", "70%", "10%", "1.5×", "3x"},
     "large-models.md": {"64 MiB"},  # the default batch bound of a restore

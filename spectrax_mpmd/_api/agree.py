@@ -6,19 +6,22 @@ train on a mixture of them (the first stage on one process's inputs, the last
 on another's targets), and processes that passed different shapes (one host's
 last partial batch) would build different plans whose transfers cannot pair up.
 
-So at the first call of each signature, before anything is built, every
-process sends a fingerprint of its call through the `jax.distributed` key-value
-store: the number of arguments, static values, each argument's tree structure,
-each leaf's shape, dtype and weak type, a CRC-32 of each leaf's bytes, and
-JAX's trace configuration. Equal fingerprints cost one exchange of a short digest;
-different ones raise `DistributedError` on every process, naming the first
-argument that differs. A leaf this process cannot read (a global array held by
-another process, such as a parameter updated by `StagedOptimizer` on its
-owner) is compared by shape and dtype only.
+So before a call is built or run, every process sends a fingerprint of its call
+through the `jax.distributed` key-value store: the number of arguments, static
+values, each argument's tree structure, each leaf's shape, dtype and weak type,
+a CRC-32 of each leaf's bytes, and JAX's trace configuration. Equal fingerprints
+cost one exchange of a short digest; different ones raise `DistributedError` on
+every process, naming the first argument that differs and the call. A leaf this
+process cannot read (a global array held by another process, such as a
+parameter updated by `StagedOptimizer` on its owner) is compared by shape and
+dtype only.
 
-`$SPECTRAX_MPMD_CHECK_INPUTS` chooses when: `first` (default: each signature's
-first call), `always` (every call: the values are read to the host each time),
-or `off`.
+`$SPECTRAX_MPMD_CHECK_INPUTS` chooses what and when: `host` (default: every
+call, reading the values of the leaves in host memory, NumPy arrays and Python
+scalars as a data loader hands them over, and of device arrays at each
+signature's first call only, since reading those would wait for the device),
+`always` (every call, every readable leaf), `first` (each signature's first
+call) or `off`.
 """
 
 from __future__ import annotations
@@ -27,16 +30,17 @@ import hashlib
 import json
 import re
 import zlib
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
-from .._comm import RENDEZVOUS_TIMEOUT, Exchange, check_joined
-from .._env import CHECK_INPUTS_ENV, configured_input_check, configured_timeout
+from .._comm import RENDEZVOUS_TIMEOUT, Exchange, Peers, check_joined, exit_without_shutdown_barrier
+from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, configured_input_check, configured_timeout
 from .._trace.args import Signature, describe_argument
 from .._trace.context import config_key
 from ..errors import DistributedError
+from .same_build import BuildCheck
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses differ between processes
 
@@ -45,14 +49,15 @@ def _stable_repr(value) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-def _value_digest(leaf) -> str:
+def _value_digest(leaf, devices: bool = True) -> str:
     """A CRC-32 of the leaf's bytes (a checksum, not a cryptographic hash: it tells accidental
-    differences apart at several GB/s), or `"?"` when this process cannot read the leaf (or it has
-    no values: a `jax.ShapeDtypeStruct`, as `owner_shardings` takes)."""
+    differences apart at several GB/s), or `"?"` when this process cannot read the leaf, it has
+    no values (a `jax.ShapeDtypeStruct`, as `owner_shardings` takes), or it is a device array and
+    `devices` is False."""
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return "?"
     if isinstance(leaf, jax.Array):
-        if not leaf.is_fully_addressable:
+        if not (devices and leaf.is_fully_addressable):
             return "?"
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
@@ -60,18 +65,34 @@ def _value_digest(leaf) -> str:
     return f"{zlib.crc32(data):08x}"
 
 
-def fingerprint(sig: Signature) -> list[tuple[str, str]]:
-    """The call as `(what, record)` rows that every process must agree on; `what` names the row
-    for `_difference` (a leaf is described only when it differs: describing one is costly)."""
+def _structure(sig: Signature) -> list[tuple[str, str]]:
+    """The rows of the call that do not read values: count, statics, trees, leaf types, config."""
     rows = [("count", str(len(sig.positions) + len(sig.statics)))]
     rows += [(f"static {k}", _stable_repr((type(v), v))) for k, v in sig.statics]
     rows += [(f"tree {k}", _stable_repr(t)) for k, t in zip(sig.positions, sig.in_tree.children())]
     rows += [
-        (f"leaf {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}|{_value_digest(leaf)}")
-        for a, (leaf, (shape, dtype, weak)) in enumerate(zip(sig.leaves, sig.types))
+        (f"type {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}")
+        for a, (shape, dtype, weak) in enumerate(sig.types)
     ]
     rows.append(("config", _stable_repr(config_key())))
     return rows
+
+
+def fingerprint(sig: Signature, devices: bool = True) -> list[tuple[str, str]]:
+    """The call as `(what, record)` rows that every process must agree on; `what` names the row
+    for `_difference` (a leaf is described only when it differs: describing one is costly).
+    `devices=False` leaves device arrays' values out (`"?"`)."""
+    rows = [row for row in _structure(sig) if not row[0].startswith("type ")]
+    count = len(rows) - 1
+    leaves = [
+        (f"leaf {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}|{_value_digest(leaf, devices)}")
+        for a, (leaf, (shape, dtype, weak)) in enumerate(zip(sig.leaves, sig.types))
+    ]
+    return rows[:count] + leaves + rows[count:]
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _agree(what: str, records: list[str]) -> bool:
@@ -126,44 +147,64 @@ class InputsCheck:
         self.name, self.fn, self.mesh = name, fn, mesh
         self.mode: str | None = None  # decided at the first call
         self.exchange: Exchange | None = None
+        self.build_check = BuildCheck(name, mesh)
+        self.peers: Peers | None = None  # made at the first exchange: a peer's end seen at once
+        self.calls = 0
+        self.structures: dict = {}  # signature key -> digest of its structure rows
 
     def __call__(self, sig: Signature, first: bool) -> None:
-        """Check `sig` against every other process's call (at its first call, or every call with
-        `always`); a no-op when the mesh lies in this process."""
+        """Check `sig` against every other process's call (as `$SPECTRAX_MPMD_CHECK_INPUTS`
+        says); a no-op when the mesh lies in this process."""
         if self.mode is None:
             check_joined(self.name)
             # decided alike on every process (a process outside the mesh too): does it span processes
             spans = len({d.process_index for d in self.mesh.devices.flat}) > 1
             self.mode = configured_input_check() if spans else "off"
+        self.calls += 1
         if self.mode == "off" or (self.mode == "first" and not first):
             return
         if self.exchange is None:
             self.exchange = Exchange("inputs", max(configured_timeout(), RENDEZVOUS_TIMEOUT))
-        rows = fingerprint(sig)
-        digest = hashlib.blake2b("\n".join(r for _, r in rows).encode(), digest_size=16).hexdigest()
-        if len(set(self._allgather(digest))) == 1:
+        devices = first or self.mode == "always"
+        structure = self.structures.get(sig.key)
+        if structure is None:
+            structure = self.structures[sig.key] = _digest("\n".join(r for _, r in _structure(sig)))
+        values = "".join(_value_digest(leaf, devices) for leaf in sig.leaves)
+        # a signature's first call may find the others still compiling; later calls run in step
+        limit = max(configured_timeout(), RENDEZVOUS_TIMEOUT) if first else configured_timeout()
+        if len(set(self._allgather(_digest(structure + values), limit))) == 1:
             return
-        tables = [json.loads(t) for t in self._allgather(json.dumps([r for _, r in rows]))]
+        rows = fingerprint(sig, devices)
+        tables = [json.loads(t) for t in self._allgather(json.dumps([r for _, r in rows]), limit)]
         if len({len(t) for t in tables}) > 1:  # different structures: the first row that differs says which
             width = min(len(t) for t in tables)
             tables = [t[:width] for t in tables]
         for k, (what, _) in enumerate(rows[: len(tables[0])]):
             records = [t[k] for t in tables]
             if not _agree(what, records):
-                raise DistributedError(
-                    f"{self.name}: the processes of the job passed different arguments: "
-                    f"{_difference(what, records, self.fn, sig)}. Every process must pass the same "
-                    "arguments (the whole batch, not a per-process shard): each feeds only its own "
-                    "ranks, so different inputs would be mixed. Drop or pad a last partial batch "
-                    f"alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
+                self.exchange.raise_together(
+                    DistributedError(
+                        f"{self.name}: the processes of the job passed different arguments to call "
+                        f"{self.calls}: {_difference(what, records, self.fn, sig)}. Every process must "
+                        "pass the same arguments (the whole batch, not a per-process shard): each feeds "
+                        "only its own ranks, so different inputs would be mixed. Drop or pad a last "
+                        f"partial batch alike on every process. {CHECK_INPUTS_ENV}=off skips this check."
+                    )
                 )
 
-    def _allgather(self, value: str) -> list[str]:
+    def same_build(self, plan) -> None:
+        """Refuse a newly built `plan` that another process built differently (`BuildCheck`)."""
+        self.build_check(plan, self.peers)
+
+    def _allgather(self, value: str, limit: float) -> list[str]:
+        if self.peers is None:
+            self.peers = Peers(max(configured_timeout(), RENDEZVOUS_TIMEOUT))
         try:
-            return self.exchange.allgather(value)
+            return self.exchange.allgather(value, limit, self.peers)
         except DistributedError as err:
-            raise DistributedError(
-                f"{self.name}: checking that every process passed the same arguments: {err} A process "
-                "that calls with arguments whose signature it has already run checks them only with "
-                f"{CHECK_INPUTS_ENV}=always; pass the same shapes on every process."
+            exit_without_shutdown_barrier()  # a peer lost or stalled: the job cannot go on
+            raise type(err)(
+                f"{self.name}: comparing the arguments of call {self.calls} with the other processes: "
+                f"{err} Every process must make the same calls in the same order; raise the limit with "
+                f"{TIMEOUT_ENV}=<seconds> if a process may take that long between two calls."
             ) from err

@@ -153,6 +153,7 @@ def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
         with stats.timed("plan"), building_for(function.mesh):
             entry = function.build_entry(sig)
         entry.build = stats.report()
+        function.inputs_check.same_build(entry.plan)
         function.cache[sig.key] = entry
     if entry.donated:
         check_donated_once(function, sig, entry.donated, entry.returned)

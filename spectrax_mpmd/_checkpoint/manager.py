@@ -30,9 +30,10 @@ from spectrax_core import sharding as core_sharding
 from .._comm import Exchange
 from .._trace.context import methods_outside_context_mesh, outside_context_mesh
 from .digest import verify as _verify
-from .hosts import PRIMARY, for_owners, read_held, removing_partial_steps, uncommitted
+from .hosts import PRIMARY, for_owners, read_held, uncommitted
 from .layout import CheckpointError, save_arrays
-from .orbax_io import load_orbax, open_manager, read_failure, settle
+from .orbax_io import load_orbax, open_manager, read_failure
+from .save_watch import SaveWatch
 from .target import staged_opt_target, tree_target
 
 FORMAT = 1
@@ -85,7 +86,7 @@ class CheckpointManager:
         create: bool = True,
         checksums: bool = True,
     ):
-        ocp = load_orbax()
+        self._ocp = ocp = load_orbax()
         self._steps_exchange = None  # multi-process: the committing process's step list, made on first use
         self.directory = Path(directory).absolute()
         if not create and not self.directory.is_dir():
@@ -93,11 +94,11 @@ class CheckpointManager:
                 f"restore: checkpoint directory {self.directory} does not exist; give the directory a "
                 "run saved to (--checkpoint-dir / CheckpointManager(directory))."
             )
-        self._ocp = ocp
         self.checksums = checksums
         self._manager = open_manager(
             ocp, self.directory, ITEMS, max_to_keep, save_interval_steps, async_save, create
         )
+        self._watch = SaveWatch(self.directory, self._manager)
 
     # -- steps ---------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
@@ -135,12 +136,12 @@ class CheckpointManager:
 
     def wait_until_finished(self) -> None:
         """Block until every asynchronous save has been committed."""
-        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
+        with self._watch.orbax_call():
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Finish pending saves and release orbax's resources."""
-        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
+        with self._watch.orbax_call():
             self._manager.close()
 
     def __enter__(self) -> CheckpointManager:
@@ -158,14 +159,7 @@ class CheckpointManager:
         same structure). Every array is handed to orbax on the devices that hold
         it. Returns whether the step was saved (see `save_interval_steps`).
         """
-        step = _check_step(step)
-        try:
-            json.dumps(extra)
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(
-                f"save: extra must be JSON-serializable (numbers, strings, lists, dicts), got "
-                f"{type(extra).__name__}: {err}. Save arrays as params or opt_state instead."
-            ) from err
+        step = _check_save(step, extra)
         if step in self._manager.all_steps():
             raise CheckpointError(
                 f"save: step {step} already exists in {self.directory}; delete it first "
@@ -179,7 +173,8 @@ class CheckpointManager:
         items = {"params": ocp.args.PyTreeSave(arrays_p), "meta": ocp.args.JsonSave(meta)}
         if arrays_o:
             items["opt_state"] = ocp.args.PyTreeSave(arrays_o)
-        with removing_partial_steps(self.directory, functools.partial(settle, self._manager)):
+        self._watch.saving(step)
+        with self._watch.orbax_call():
             return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     # -- restoring -----------------------------------------------------------------------
@@ -298,6 +293,18 @@ def _opt_target(meta, like, shardings, optimizer, opt_like):
             "opt_like= shaped like it."
         )
     return tree_target(opt_like)
+
+
+def _check_save(step, extra) -> int:
+    """`save`'s step, checked, after checking that `extra` is JSON."""
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"save: extra must be JSON-serializable (numbers, strings, lists, dicts), got "
+            f"{type(extra).__name__}: {err}. Save arrays as params or opt_state instead."
+        ) from err
+    return _check_step(step)
 
 
 def _check_step(step, where: str = "save") -> int:

@@ -9,31 +9,38 @@
     ppermute         cross-process moves as two-sided `lax.ppermute` programs
     deadline         bounded waits: a call's receives, an issue that blocks, leaving a failed job
     distributed      joining a `jax.distributed` job (`initialize`, `check_joined`)
+    liveness         a connection to every other process: a peer's end seen at once (`Peers`)
 
-Modules import one way: `reshard`, `exchange`, `deadline` and `distributed` import
-no sibling, `local` imports `reshard`, `wire` imports `local` and `reshard`, `base` imports
-`exchange`, `deadline`, `local` and `wire`, the two transports import `base`.
+Modules import one way: `reshard`, `exchange` and `deadline` import no sibling;
+`distributed` imports `deadline`; `local` imports `reshard`; `wire` imports `local`
+and `reshard`; `base` imports `exchange`, `deadline`, `local` and `wire`; the two
+transports import `base`; `liveness` imports `deadline`, `exchange` and
+`transfer_server` (the address peers reach this process at).
 """
 
 from __future__ import annotations
 
 from .._env import configured_transport
 from .base import RENDEZVOUS_TIMEOUT, CrossProcess, Transport
+from .deadline import exit_without_shutdown_barrier
 from .distributed import check_joined, claim_path, initialize
 from .exchange import Exchange
+from .liveness import Peers
 from .local import fast_path_available, is_transfer, same_layout, transfer
 from .ppermute import PairTransport
 from .transfer_server import TransferServerTransport
 
 __all__ = [
-    "CrossProcess",
     "RENDEZVOUS_TIMEOUT",
+    "CrossProcess",
     "Exchange",
     "PairTransport",
+    "Peers",
     "TransferServerTransport",
     "Transport",
     "check_joined",
     "claim_path",
+    "exit_without_shutdown_barrier",
     "fast_path_available",
     "initialize",
     "is_transfer",

@@ -26,19 +26,26 @@ import atexit
 import logging
 import math
 import queue
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import jax
 import numpy as np
 
-from .._env import TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
+from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
 from ..errors import DistributedError, PeerLostError, TransferTimeoutError
 from .deadline import Waiter, Watchdog, ending_by_error, exit_without_shutdown_barrier, leave
-from .exchange import Exchange
+from .exchange import Exchange, announce, heard
 from .local import transfer
 from .wire import RecvInWire, SendInWire, wire
 
 RENDEZVOUS_TIMEOUT = 300.0  # seconds a first build or the exit waits for the other processes
+_HEAR_WITHIN = 10.0  # seconds a process that timed out waits to hear what its peer waits for
+_HEARD_GONE = 1.0  # seconds it waits to hear what a peer that ended had waited for
+_RAISE_LIMIT = (
+    f"Raise the limit with {TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) if a step "
+    "is that slow."
+)
 
 
 class Transport(Protocol):
@@ -88,7 +95,7 @@ def _pick(keep: list[int], *lists: Sequence) -> tuple[list, ...]:
 class _SendSome:
     """Plan step: send only the arrays at `keep` (the others are empty); returns nothing."""
 
-    __slots__ = ("send", "keep")
+    __slots__ = ("keep", "send")
 
     def __init__(self, send, keep: list[int]):
         self.send, self.keep = send, keep
@@ -102,7 +109,7 @@ class _SendSome:
 class _RecvSome:
     """Plan step: receive the arrays at `keep` and make the empty others on their shardings."""
 
-    __slots__ = ("recv", "keep", "specs")
+    __slots__ = ("keep", "recv", "specs")
 
     def __init__(self, recv, keep: list[int], specs: list):
         self.recv, self.keep, self.specs = recv, set(keep), specs
@@ -160,6 +167,7 @@ class CrossProcess:
         and its peers learn of it through their own deadlines (or the launcher stops them)."""
         if ending_by_error():
             leave(1)
+        announce("waiting", f"at its exit, after {self.call} calls")
         try:
             self._exchange.allgather("exit")
         except Exception as err:  # noqa: BLE001 - at exit: report, do not mask the exit status
@@ -235,10 +243,27 @@ class CrossProcess:
     def _blocked(self, group: int, peer: int) -> str:
         return (
             f"process {self.process}: {self._what(group)} did not arrive within {self.limit:g} s: "
-            f"process {peer} did not issue its side of the transfer (it may have died or stalled, or "
-            "stopped issuing steps after an error or by making fewer calls); ending this process. "
-            f"Raise the limit with {TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) "
-            "if a step is that slow."
+            f"process {peer} did not issue its side of the transfer: {self._peer_state(group, peer)}; "
+            f"ending this process. {_RAISE_LIMIT}"
+        )
+
+    def _peer_state(self, group: int, peer) -> str:
+        """Say what this process waits for (the peers read it), and what `peer` said it waits for:
+        a live peer waiting on another transfer means the two run different steps, silence means
+        it died or stalled."""
+        announce("waiting", f"in its call {self.call} for {self._what(group)}")
+        wait = min(self.limit, _HEAR_WITHIN)
+        said = heard("waiting", int(peer), wait) if str(peer).isdigit() else None
+        if said is None:
+            return (
+                f"process {peer} said nothing of what it waits for within {wait:g} s more (it may have "
+                "died or stalled, or stopped issuing steps after an error or by making fewer calls)"
+            )
+        return (
+            f"process {peer} is alive but waits as well, {said} (this process is in its call "
+            f"{self.call}): the processes are not running the same step (different arguments, a "
+            "different number of calls, or a call one process skipped); keep "
+            f"{CHECK_INPUTS_ENV} on (the default) to have different arguments refused before they run"
         )
 
     def end(self) -> None:
@@ -254,16 +279,19 @@ class CrossProcess:
             group = self._waiter.current
             exit_without_shutdown_barrier()
             raise TransferTimeoutError(
-                f"process {self.process}: {self._what(group)} did not arrive within {self.limit:g} s "
-                f"(process {self._sender(group)} may have died or stalled). Raise the limit with "
-                f"{TIMEOUT_ENV}=<seconds> (or spectrax_mpmd.initialize(timeout=...)) if a step is that slow."
+                f"process {self.process}: {self._what(group)} did not arrive within {self.limit:g} s: "
+                f"{self._peer_state(group, self._sender(group))}. {_RAISE_LIMIT}"
             ) from None
         if failed is not None:
             group, err = failed
             exit_without_shutdown_barrier()
+            sender = self._sender(group)
+            said = heard("waiting", int(sender), _HEARD_GONE) if sender.isdigit() else None
+            why = f"; before it ended it had waited in vain {said}" if said else ""
+            why += ": the processes were not running the same step" if said else ""
             raise PeerLostError(
                 f"process {self.process}: {self._what(group)} failed: the sending process "
-                f"{self._sender(group)} is gone ({str(err).splitlines()[0]})."
+                f"{sender} is gone ({str(err).splitlines()[0]}){why}."
             ) from err
 
     def _what(self, group) -> str:

@@ -20,7 +20,9 @@ import fcntl
 import os
 import re
 import socket
+import sys
 import tempfile
+import threading
 import time
 
 import jax
@@ -40,6 +42,7 @@ from .._env import (
 )
 from .._trace.jax_private import private
 from ..errors import DistributedError
+from .deadline import leave
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -116,8 +119,9 @@ def _wait_reachable(host: str, port: int, timeout: float) -> None:
             if time.monotonic() >= deadline:
                 raise DistributedError(
                     f"the coordinator at {host}:{port} is unreachable after {timeout:g} s ({err}). Start "
-                    "process 0 first (it serves the coordinator), and check the address, the port and "
-                    f"the firewall (${ADDRESS_ENV} or coordinator_address=)."
+                    "process 0 first (it serves the coordinator; it also gives up when the others do not "
+                    "join within the timeout), and check the address, the port and the firewall "
+                    f"(${ADDRESS_ENV} or coordinator_address=)."
                 ) from None
             time.sleep(0.1)
 
@@ -217,12 +221,34 @@ def check_joined(where: str) -> None:
 
 
 def _join(address, world, pid, local_device_ids, limit: float) -> None:
-    jax.distributed.initialize(
-        address,
-        world,
-        pid,
-        local_device_ids=local_device_ids,
-        initialization_timeout=max(1, int(limit)),
-        heartbeat_timeout_seconds=max(2, int(2 * limit)),
-        shutdown_timeout_seconds=max(1, int(limit)),
+    """`jax.distributed.initialize`, which returns once every process has joined. Past the limit
+    JAX ends a waiting process with an abort whose message blames a task that died; just before
+    it, this process ends with an error that says what happened instead."""
+    timeout = max(1, int(limit))
+    watch = threading.Timer(max(0.5, timeout - min(1.0, 0.1 * timeout)), _not_joined, (world, pid, timeout))
+    watch.daemon = True
+    watch.start()
+    try:
+        jax.distributed.initialize(
+            address,
+            world,
+            pid,
+            local_device_ids=local_device_ids,
+            initialization_timeout=timeout,
+            heartbeat_timeout_seconds=max(2, int(2 * limit)),
+            shutdown_timeout_seconds=timeout,
+        )
+    finally:
+        watch.cancel()
+
+
+def _not_joined(world, pid, timeout: int) -> None:
+    size = f"all {world}" if world is not None else "all"
+    sys.stderr.write(
+        f"spectrax_mpmd.errors.DistributedError: process {'?' if pid is None else pid}: not {size} "
+        f"processes of the job joined within {timeout} s: one started late, failed before "
+        "spectrax_mpmd.initialize(), or was never started (JAX's coordinator would end this process "
+        "with a message that a task died). Start every process within the timeout of the first, or "
+        f"raise it (${TIMEOUT_ENV} or initialize(timeout=...)).\n"
     )
+    leave(1)
