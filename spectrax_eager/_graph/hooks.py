@@ -77,7 +77,7 @@ def add_hook(
             f"register_forward_{'pre_' if pre else ''}hook: expected a callable, received {fn!r}."
         )
     if with_kwargs is None:
-        with_kwargs = _required_positional(fn) == (3 if pre else 4)
+        with_kwargs = required_positional(fn) == (3 if pre else 4)
     hook = Hook(fn, pre, bool(with_kwargs))
     hooks = module.__dict__.get(HOOKS, ())
     module.__dict__[HOOKS] = (hook, *hooks) if prepend else (*hooks, hook)
@@ -114,8 +114,9 @@ def call_with_hooks(fn: Callable, module: Any, hooks: tuple[Hook, ...], args: tu
     return out
 
 
-def _required_positional(fn: Callable) -> int | None:
-    """How many positional arguments `fn` requires (None when its signature cannot be read)."""
+def required_positional(fn: Callable) -> int | None:
+    """How many positional arguments `fn` requires (None when its signature cannot be read): tells
+    which calling convention a user callback follows."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

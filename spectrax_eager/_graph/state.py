@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 
+from .hooks import required_positional
 from .module import Plan
 from .selector import as_selector, info_variable
 from .structure import VarInfo
@@ -123,7 +123,7 @@ class State(Mapping):
         written for the seed library: a State never changes in place, so every method
         returns a new one.)"""
         if with_path is None:
-            with_path = _required_positional(fn) == 2
+            with_path = required_positional(fn) == 2
         values = [
             (fn(i.path, v) if with_path else fn(v)) if not collections or i.kind in collections else v
             for i, v in zip(self._infos, self._values)
@@ -214,16 +214,6 @@ class State(Mapping):
     def __repr__(self) -> str:
         lines = [f"  {i.kind}/{i.path}: {_short(v)}" for i, v in zip(self._infos, self._values)]
         return "State(\n" + "\n".join(lines) + "\n)" if lines else "State()"
-
-
-def _required_positional(fn: Callable[..., Any]) -> int | None:
-    """How many positional arguments `fn` requires (None when it cannot be told)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
 def _new_info(kind: str, path: str) -> VarInfo:
