@@ -129,21 +129,4 @@ EXTENSION = [
     "mlir",
     "source_info_util",
 ]
-__all__ = [
-    "ATTRIBUTES",
-    "EXTENSION",
-    "PRIVATE",
-    "ClosedJaxpr",
-    "DropVar",
-    "Jaxpr",
-    "JaxprEqn",
-    "Literal",
-    "Primitive",
-    "Private",
-    "Var",
-    "ad",
-    "batching",
-    "mlir",
-    "source_info_util",
-    "private",
-]
+__all__ = ["ATTRIBUTES", "EXTENSION", "PRIVATE", "Private", "private", *EXTENSION]
