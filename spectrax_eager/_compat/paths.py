@@ -58,7 +58,8 @@ INSTEAD = {
 
 
 def not_kept(module: str, topic: str) -> Callable[[str], Any]:
-    """`not_built(module, INSTEAD[topic])`: the `__getattr__` of a module none of whose names is built."""
+    """`not_built(module, INSTEAD[topic])`: the `__getattr__` of a module path whose names not built
+    here are refused with the topic's advice."""
     return not_built(module, INSTEAD[topic])
 
 

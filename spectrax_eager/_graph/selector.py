@@ -326,3 +326,19 @@ def mask(plan, spec: Any) -> tuple[bool, ...]:
 def info_variable(info: VarInfo, value: Any) -> Variable:
     """A detached Variable with `info`'s class, collection and metadata (for predicates on a State)."""
     return _new_like(info.type, value, info.kind, {k: thaw(v) for k, v in info.metadata})
+
+
+__all__ = [
+    "Everything",
+    "Nothing",
+    "Selector",
+    "all_of",
+    "any_of",
+    "as_selector",
+    "not_",
+    "of_type",
+    "path_contains",
+    "path_endswith",
+    "path_startswith",
+    "select",
+]

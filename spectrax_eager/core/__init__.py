@@ -1,7 +1,7 @@
 """`spectrax_eager.core`: `spectrax-lib`'s module path `spectrax.core`, holding the module system's
 names (`spx`'s)."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 from .errors import (
     CyclicGraphError,
     IllegalMutationError,
@@ -18,11 +18,7 @@ from .state import State
 from .static import Static
 from .variable import Buffer, InitPlacementHook, Parameter, Variable, variable_init_placement
 
-__getattr__ = not_built(
-    __name__,
-    "spectrax-lib's core internals are not kept; a model's structure and values are read with "
-    "spx.export, spx.iter_variables and spx.tree_state, and the core's public names are spx's",
-)
+__getattr__ = not_kept(__name__, "core")
 
 __all__ = [
     "AxisNames",

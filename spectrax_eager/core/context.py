@@ -1,13 +1,9 @@
 """`spectrax_eager.core.context`: `spectrax-lib`'s module path `spectrax.core.context`, holding the
 module system's names (`spx`'s)."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 from .._scope.frames import scope
 
-__getattr__ = not_built(
-    __name__,
-    "spectrax-lib's core internals are not kept; a model's structure and values are read with "
-    "spx.export, spx.iter_variables and spx.tree_state, and the core's public names are spx's",
-)
+__getattr__ = not_kept(__name__, "core")
 
 __all__ = ["scope"]

@@ -1,7 +1,7 @@
 """`spectrax_eager.core.errors`: `spectrax-lib`'s module path `spectrax.core.errors`, holding the
 module system's names (`spx`'s)."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 from .._errors import (
     CyclicGraphError,
     IllegalMutationError,
@@ -10,11 +10,7 @@ from .._errors import (
     SpecTraxError,
 )
 
-__getattr__ = not_built(
-    __name__,
-    "spectrax-lib's core internals are not kept; a model's structure and values are read with "
-    "spx.export, spx.iter_variables and spx.tree_state, and the core's public names are spx's",
-)
+__getattr__ = not_kept(__name__, "core")
 
 __all__ = [
     "CyclicGraphError",

@@ -1,14 +1,10 @@
 """`spectrax_eager.core.sharding`: `spectrax-lib`'s module path `spectrax.core.sharding`, holding the
 module system's names (`spx`'s)."""
 
-from .._compat.paths import not_built
+from .._compat.paths import not_kept
 from .._sharding.rules import Sharding
 from ..typing import AxisNames
 
-__getattr__ = not_built(
-    __name__,
-    "spectrax-lib's core internals are not kept; a model's structure and values are read with "
-    "spx.export, spx.iter_variables and spx.tree_state, and the core's public names are spx's",
-)
+__getattr__ = not_kept(__name__, "core")
 
 __all__ = ["AxisNames", "Sharding"]

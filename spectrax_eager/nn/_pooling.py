@@ -135,3 +135,16 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPool):
     """Average `(batch, depth, height, width, channels)` into `(batch, *output_size, channels)`."""
 
     ndim = 3
+
+
+__all__ = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+]

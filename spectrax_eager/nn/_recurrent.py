@@ -197,3 +197,15 @@ class ConvLSTMCell(Module):
         return zeros, zeros
 
     initialize_carry = initial_carry
+
+
+__all__ = [
+    "Bidirectional",
+    "ConvLSTMCell",
+    "GRUCell",
+    "LSTMCell",
+    "OptimizedLSTMCell",
+    "RNN",
+    "RNNCellBase",
+    "SimpleRNNCell",
+]

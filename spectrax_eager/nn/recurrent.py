@@ -1,24 +1,5 @@
 """`spectrax_eager.nn.recurrent`: `spectrax-lib`'s module path `spectrax.nn.recurrent`, holding layers
 (`spx.nn`'s)."""
 
-from ._recurrent import (
-    RNN,
-    Bidirectional,
-    ConvLSTMCell,
-    GRUCell,
-    LSTMCell,
-    OptimizedLSTMCell,
-    RNNCellBase,
-    SimpleRNNCell,
-)
-
-__all__ = [
-    "Bidirectional",
-    "ConvLSTMCell",
-    "GRUCell",
-    "LSTMCell",
-    "OptimizedLSTMCell",
-    "RNN",
-    "RNNCellBase",
-    "SimpleRNNCell",
-]
+from ._recurrent import *
+from ._recurrent import __all__ as __all__
