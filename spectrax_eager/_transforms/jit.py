@@ -78,20 +78,9 @@ def jit(
         **jax_kwargs: any other `jax.jit` keyword (`keep_unused`, `device`,
             `backend`, `inline`, `compiler_options`).
     """
-    if fn is None:
-        return functools.partial(
-            jit,
-            mutable=mutable,
-            mesh=mesh,
-            schedule=schedule,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames,
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-            **jax_kwargs,
-        )
+    if fn is None:  # `@spx.jit(...)`: this call again, once given the function
+        settings = {k: v for k, v in locals().items() if k not in ("fn", "jax_kwargs")}
+        return functools.partial(jit, **settings, **jax_kwargs)
     if schedule is not None and not getattr(mesh, "is_mpmd", False):
         raise ValueError("spx.jit: schedule= needs an MPMD mesh (mesh=spx.create_mesh(..., mpmd_axis=...)).")
     if getattr(mesh, "is_mpmd", False) and (

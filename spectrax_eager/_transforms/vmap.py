@@ -53,17 +53,8 @@ def vmap(
     entry chooses per collection. Writes allowed
     by `mutable` come back with the module's axis.
     """
-    if fn is None:
-        return functools.partial(
-            vmap,
-            in_axes=in_axes,
-            out_axes=out_axes,
-            axis_name=axis_name,
-            axis_size=axis_size,
-            spmd_axis_name=spmd_axis_name,
-            mutable=mutable,
-            sum_match=sum_match,
-        )
+    if fn is None:  # `@spx.vmap(...)`: this call again, once given the function
+        return functools.partial(vmap, **{k: v for k, v in locals().items() if k != "fn"})
     where = f"spx.vmap({fn_name(fn)})"
 
     @functools.wraps(fn)

@@ -154,15 +154,7 @@ def sxjit(
 
     `sxstage_region`s and `region_ranks` work as in `sxvalue_and_grad`.
     """
-    if fn is None:
-        return functools.partial(
-            sxjit,
-            mesh=mesh,
-            schedule=schedule,
-            static_argnums=static_argnums,
-            donate_argnums=donate_argnums,
-            batch_argnums=batch_argnums,
-            region_ranks=region_ranks,
-        )
+    if fn is None:  # `@sxjit(mesh=...)`: this call again, once given the function
+        return functools.partial(sxjit, **{k: v for k, v in locals().items() if k != "fn"})
     settings = StepSettings.of("sxjit", locals() | {"mode": "forward"})
     return _JitFunction(fn, settings, as_tuple(donate_argnums))
