@@ -2,13 +2,7 @@
 names (`spx`'s)."""
 
 from .._compat.paths import not_kept
-from .errors import (
-    CyclicGraphError,
-    IllegalMutationError,
-    LazyInitUnderTransformError,
-    SelectorError,
-    SpecTraxError,
-)
+from .errors import *  # the error types, as `spectrax.core.errors` holds them
 from .lazy_init import lazy_init
 from .paths import Path
 from .policy import Policy

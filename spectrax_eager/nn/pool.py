@@ -2,4 +2,4 @@
 (`spx.nn`'s)."""
 
 from ._pooling import *
-from ._pooling import __all__ as __all__
+from ._pooling import __all__  # noqa: F401 (the names this path re-exports)

@@ -2,4 +2,4 @@
 (`spx.nn`'s)."""
 
 from ._recurrent import *
-from ._recurrent import __all__ as __all__
+from ._recurrent import __all__  # noqa: F401 (the names this path re-exports)
