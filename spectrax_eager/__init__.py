@@ -21,6 +21,7 @@ from . import (
     typing,
 )
 from ._compat.markers import Opaque, Static
+from ._compat.schedules import SCHEDULES as _SCHEDULES
 from ._compat.schedules import (
     DualPipeV,
     Eager1F1B,
@@ -280,16 +281,8 @@ __all__ = [
     "vjp",
     "vmap",
     "while_loop",
-    "DualPipeV",
-    "Eager1F1B",
-    "GPipe",
-    "Interleaved1F1BPlusOne",
-    "InterleavedGPipe",
-    "InterleavedH1",
-    "KimiK2",
+    *_SCHEDULES,
     "Schedule",
-    "Std1F1B",
-    "ZeroBubbleH1",
     "sxgrad",
     "sxjit",
     "sxstage_region",

@@ -122,7 +122,8 @@ def dualpipev_tasks(
     return DualPipeV(n_mubatches, zero_bubble=zero_bubble).actions(mpmd_dim)[mpmd_idx]
 
 
-__all__ = [
+#: The schedule classes of `spectrax-lib`'s names (`spx.GPipe`, `spx.runtime.GPipe`, ...).
+SCHEDULES = (
     "DualPipeV",
     "Eager1F1B",
     "GPipe",
@@ -132,5 +133,5 @@ __all__ = [
     "KimiK2",
     "Std1F1B",
     "ZeroBubbleH1",
-    "dualpipev_tasks",
-]
+)
+__all__ = [*SCHEDULES, "dualpipev_tasks"]

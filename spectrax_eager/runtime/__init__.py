@@ -15,18 +15,8 @@ from typing import Any
 
 from spectrax_core.schedules import Action, FusedAction, Schedule
 
-from .._compat.schedules import (
-    DualPipeV,
-    Eager1F1B,
-    GPipe,
-    Interleaved1F1BPlusOne,
-    InterleavedGPipe,
-    InterleavedH1,
-    KimiK2,
-    Std1F1B,
-    ZeroBubbleH1,
-    dualpipev_tasks,
-)
+from .._compat import schedules as _schedules
+from .._compat.schedules import *  # the schedule classes and dualpipev_tasks
 from .._compat.stages_array import StagesArray, abstract_stages_array
 from .._pipeline.entry_points import (
     sxgrad,
@@ -56,24 +46,14 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Action",
-    "DualPipeV",
-    "Eager1F1B",
     "FusedAction",
     "FusedTask",
-    "GPipe",
-    "Interleaved1F1BPlusOne",
-    "InterleavedGPipe",
-    "InterleavedH1",
-    "KimiK2",
     "MpMdMesh",
     "MpmdMesh",
     "Schedule",
     "StageRegionSpec",
     "StagesArray",
-    "Std1F1B",
-    "ZeroBubbleH1",
     "abstract_stages_array",
-    "dualpipev_tasks",
     "stage_region_specs",
     "sxcall",
     "sxgrad",
@@ -82,4 +62,5 @@ __all__ = [
     "sxstage_region",
     "sxvalue_and_grad",
     "sxvalue_and_grad_and_apply",
+    *_schedules.__all__,
 ]
