@@ -36,37 +36,37 @@ class Selector:
         raise TypeError(f"{type(self).__name__} is abstract")
 
     def __or__(self, other: Any) -> Selector:
-        return _Or(self, as_selector(other))
+        return _or(self, as_selector(other))
 
     def __ror__(self, other: Any) -> Selector:
-        return _Or(as_selector(other), self)
+        return _or(as_selector(other), self)
 
     def __and__(self, other: Any) -> Selector:
-        return _And(self, as_selector(other))
+        return _and(self, as_selector(other))
 
     def __rand__(self, other: Any) -> Selector:
-        return _And(as_selector(other), self)
+        return _and(as_selector(other), self)
 
     def __sub__(self, other: Any) -> Selector:
-        return _And(self, _Not(as_selector(other)))
+        return _and(self, _not(as_selector(other)))
 
     def __rsub__(self, other: Any) -> Selector:
-        return _And(as_selector(other), _Not(self))
+        return _and(as_selector(other), _not(self))
 
     def __invert__(self) -> Selector:
-        return _Not(self)
+        return _not(self)
 
     def at_instances_of(self, *module_types: type) -> Selector:
         """Keep variables that live (at any depth) under an instance of one of `module_types`."""
-        return _And(self, _AtInstances(module_types))
+        return _and(self, _at_instances(module_types))
 
     def of_type(self, *variable_types: type) -> Selector:
         """Keep variables that are instances of one of `variable_types`."""
-        return _And(self, _OfType(variable_types))
+        return _and(self, _of_type(variable_types))
 
     def in_collection(self, *kinds: str) -> Selector:
         """Keep variables whose collection is one of `kinds`."""
-        return _And(self, _Collection(kinds))
+        return _and(self, _collection(kinds))
 
     variables = in_collection  # the seed library's name
 
@@ -87,15 +87,15 @@ class Selector:
 
     def not_instances_of(self, *module_types: type) -> Selector:
         """Drop variables that live (at any depth) under an instance of one of `module_types`."""
-        return _And(self, _Not(_AtInstances(module_types)))
+        return _and(self, _not(_at_instances(module_types)))
 
     def at_path(self, *globs: str) -> Selector:
         """Keep variables whose dotted path matches one of the fnmatch `globs`."""
-        return _And(self, _Path(globs))
+        return _and(self, _path(globs))
 
     def where(self, predicate: Callable[[str, Variable], bool]) -> Selector:
         """Keep variables for which `predicate(path, variable)` is true."""
-        return _And(self, _Where(predicate))
+        return _and(self, _where(predicate))
 
 
 class Everything(Selector):
@@ -118,103 +118,64 @@ class Nothing(Selector):
         return "Nothing()"
 
 
-class _Collection(Selector):
-    def __init__(self, kinds):
-        self.kinds = frozenset(kinds)
+class _Test(Selector):
+    """The selector of a test `(info, var) -> bool`, shown as `text` (every selector below)."""
+
+    def __init__(self, test: Callable[[VarInfo, Variable], bool], text: str):
+        self.test, self.text = test, text
 
     def match(self, info, var):
-        return info.kind in self.kinds
+        return self.test(info, var)
 
     def __repr__(self):
-        return f"in_collection{tuple(sorted(self.kinds))}"
+        return self.text
 
 
-class _OfType(Selector):
-    def __init__(self, types):
-        self.types = tuple(types)
-
-    def match(self, info, var):
-        return issubclass(info.type, self.types)
-
-    def __repr__(self):
-        return f"of_type({', '.join(t.__name__ for t in self.types)})"
+def _names(types: tuple) -> str:
+    return ", ".join(t.__name__ for t in types)
 
 
-class _AtInstances(Selector):
-    def __init__(self, types):
-        self.types = tuple(types)
-
-    def match(self, info, var):
-        return any(issubclass(o, self.types) for o in info.owners)
-
-    def __repr__(self):
-        return f"at_instances_of({', '.join(t.__name__ for t in self.types)})"
+def _collection(kinds) -> Selector:
+    kinds = frozenset(kinds)
+    return _Test(lambda info, var: info.kind in kinds, f"in_collection{tuple(sorted(kinds))}")
 
 
-class _Path(Selector):
-    def __init__(self, globs):
-        self.globs = tuple(globs)
-
-    def match(self, info, var):
-        return any(fnmatch.fnmatchcase(info.path, g) for g in self.globs)
-
-    def __repr__(self):
-        return f"at_path{self.globs}"
+def _of_type(types) -> Selector:
+    types = tuple(types)
+    return _Test(lambda info, var: issubclass(info.type, types), f"of_type({_names(types)})")
 
 
-class _PathTest(Selector):
-    def __init__(self, name: str, text: str, test: Callable[[str, str], bool]):
-        self.name, self.text, self.test = name, text, test
-
-    def match(self, info, var):
-        return self.test(info.path, self.text)
-
-    def __repr__(self):
-        return f"{self.name}({self.text!r})"
+def _at_instances(types) -> Selector:
+    types = tuple(types)
+    return _Test(
+        lambda info, var: any(issubclass(o, types) for o in info.owners), f"at_instances_of({_names(types)})"
+    )
 
 
-class _Where(Selector):
-    def __init__(self, predicate):
-        self.predicate = predicate
-
-    def match(self, info, var):
-        return bool(self.predicate(info.path, var))
-
-    def __repr__(self):
-        return f"where({getattr(self.predicate, '__name__', self.predicate)})"
+def _path(globs) -> Selector:
+    globs = tuple(globs)
+    return _Test(lambda info, var: any(fnmatch.fnmatchcase(info.path, g) for g in globs), f"at_path{globs}")
 
 
-class _Or(Selector):
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-    def match(self, info, var):
-        return self.a.match(info, var) or self.b.match(info, var)
-
-    def __repr__(self):
-        return f"({self.a!r} | {self.b!r})"
+def _path_test(name: str, text: str, test: Callable[[str, str], bool]) -> Selector:
+    return _Test(lambda info, var: test(info.path, text), f"{name}({text!r})")
 
 
-class _And(Selector):
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-    def match(self, info, var):
-        return self.a.match(info, var) and self.b.match(info, var)
-
-    def __repr__(self):
-        return f"({self.a!r} & {self.b!r})"
+def _where(predicate) -> Selector:
+    text = f"where({getattr(predicate, '__name__', predicate)})"
+    return _Test(lambda info, var: bool(predicate(info.path, var)), text)
 
 
-class _Not(Selector):
-    def __init__(self, a):
-        self.a = a
+def _or(a: Selector, b: Selector) -> Selector:
+    return _Test(lambda info, var: a.match(info, var) or b.match(info, var), f"({a!r} | {b!r})")
 
-    def match(self, info, var):
-        return not self.a.match(info, var)
 
-    def __repr__(self):
-        return f"~{self.a!r}"
+def _and(a: Selector, b: Selector) -> Selector:
+    return _Test(lambda info, var: a.match(info, var) and b.match(info, var), f"({a!r} & {b!r})")
+
+
+def _not(a: Selector) -> Selector:
+    return _Test(lambda info, var: not a.match(info, var), f"~{a!r}")
 
 
 def select() -> Selector:
@@ -224,22 +185,22 @@ def select() -> Selector:
 
 def path_contains(text: str) -> Selector:
     """Variables whose dotted path contains `text`."""
-    return _PathTest("path_contains", text, lambda p, t: t in p)
+    return _path_test("path_contains", text, lambda p, t: t in p)
 
 
 def path_startswith(prefix: str) -> Selector:
     """Variables whose dotted path starts with `prefix`."""
-    return _PathTest("path_startswith", prefix, str.startswith)
+    return _path_test("path_startswith", prefix, str.startswith)
 
 
 def path_endswith(suffix: str) -> Selector:
     """Variables whose dotted path ends with `suffix`."""
-    return _PathTest("path_endswith", suffix, str.endswith)
+    return _path_test("path_endswith", suffix, str.endswith)
 
 
 def of_type(*variable_types: type) -> Selector:
     """Variables that are instances of one of `variable_types`."""
-    return _OfType(variable_types)
+    return _of_type(variable_types)
 
 
 def all_of(*selectors: Any) -> Selector:
@@ -249,7 +210,7 @@ def all_of(*selectors: Any) -> Selector:
         return Everything()
     out = sels[0]
     for s in sels[1:]:
-        out = _And(out, s)
+        out = _and(out, s)
     return out
 
 
@@ -260,13 +221,13 @@ def any_of(*selectors: Any) -> Selector:
         return Nothing()
     out = sels[0]
     for s in sels[1:]:
-        out = _Or(out, s)
+        out = _or(out, s)
     return out
 
 
 def not_(selector: Any) -> Selector:
     """Variables `selector` does not match."""
-    return _Not(as_selector(selector))
+    return _not(as_selector(selector))
 
 
 def as_selector(spec: Any) -> Selector:
@@ -282,18 +243,18 @@ def as_selector(spec: Any) -> Selector:
     if spec is None or spec is False:
         return Nothing()
     if isinstance(spec, str):
-        return _Path((spec,)) if _GLOB & set(spec) else _Collection((spec,))
+        return _path((spec,)) if _GLOB & set(spec) else _collection((spec,))
     if isinstance(spec, type) and issubclass(spec, Variable):
-        return _OfType((spec,))
+        return _of_type((spec,))
     if isinstance(spec, type) and issubclass(spec, Module):
-        return _AtInstances((spec,))
+        return _at_instances((spec,))
     if isinstance(spec, list | tuple | set | frozenset):
         out: Selector = Nothing()
         for s in spec:
-            out = _Or(out, as_selector(s)) if not isinstance(out, Nothing) else as_selector(s)
+            out = _or(out, as_selector(s)) if not isinstance(out, Nothing) else as_selector(s)
         return out
     if callable(spec):
-        return _Where(spec)
+        return _where(spec)
     raise SelectorError(
         f"selector: expected a collection name, path glob, Variable or Module subclass, predicate "
         f"fn(path, variable), list of those, or spx.select(); received {spec!r}."
