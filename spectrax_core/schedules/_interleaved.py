@@ -15,6 +15,7 @@ grouping, with a small extra bubble).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._actions import Action, FusedAction, ScheduleError
 from ._base import Schedule, check_count
@@ -79,23 +80,31 @@ class _Loop(Schedule):
 
 
 @dataclass(frozen=True)
-class InterleavedH1(_Loop):
+class _Interleaved1F1B(_Loop):
+    """Interleaved 1F1B rows (`_interleaved_1f1b_row`): `extra` more warm-up forwards per rank,
+    and each steady F/B pair one fused cell when `fuse`."""
+
+    microbatches: int
+    virtual_stages: int = 2
+    extra: ClassVar[int] = 0
+    fuse: ClassVar[bool] = False
+
+    def _rows(self, n):
+        m, v = self.microbatches, self.virtual_stages
+        return [_interleaved_1f1b_row(r, n, m, v, self.extra, self.fuse) for r in range(n)]
+
+
+@dataclass(frozen=True)
+class InterleavedH1(_Interleaved1F1B):
     """Megatron interleaved 1F1B (Narayanan et al. 2021) with v chunks per rank.
 
     Bubble (n−1)(T_F+T_B) per rank in chunk costs, i.e. 1/v of 1F1B's.
     Needs m ≥ n.
     """
 
-    microbatches: int
-    virtual_stages: int = 2
-
-    def _rows(self, n):
-        m, v = self.microbatches, self.virtual_stages
-        return [_interleaved_1f1b_row(r, n, m, v, 0, False) for r in range(n)]
-
 
 @dataclass(frozen=True)
-class Interleaved1F1BPlusOne(_Loop):
+class Interleaved1F1BPlusOne(_Interleaved1F1B):
     """Interleaved 1F1B with one more warm-up forward per rank.
 
     In the steady state the forward issued next to a backward is then never of
@@ -103,16 +112,11 @@ class Interleaved1F1BPlusOne(_Loop):
     example a transfer of one with the compute of the other). Needs m ≥ n.
     """
 
-    microbatches: int
-    virtual_stages: int = 2
-
-    def _rows(self, n):
-        m, v = self.microbatches, self.virtual_stages
-        return [_interleaved_1f1b_row(r, n, m, v, 1, False) for r in range(n)]
+    extra = 1
 
 
 @dataclass(frozen=True)
-class KimiK2(_Loop):
+class KimiK2(_Interleaved1F1B):
     """Interleaved 1F1B plus one, with each steady F/B pair fused into one `F&B` cell.
 
     The order of the Kimi K2 training report: an extra warm-up microbatch makes
@@ -120,12 +124,7 @@ class KimiK2(_Loop):
     as one overlapped cell. Needs m ≥ n.
     """
 
-    microbatches: int
-    virtual_stages: int = 2
-
-    def _rows(self, n):
-        m, v = self.microbatches, self.virtual_stages
-        return [_interleaved_1f1b_row(r, n, m, v, 1, True) for r in range(n)]
+    extra, fuse = 1, True
 
 
 @dataclass(frozen=True)
