@@ -19,20 +19,13 @@ from .._graph.variable import Parameter, Variable
 from .._graph.walk import iter_variables
 
 
-class ModuleList(Module):
-    """An indexable, appendable list of modules; `len`, iteration and `[i]` as for a list."""
+class _Numbered(Module):
+    """Children stored as attributes `"0"`, `"1"`, ...: `len`, iteration and `[i]` as for a list;
+    each subclass's `append` checks (or wraps) what it takes."""
 
-    def __init__(self, items: Iterable[Module] = ()):
-        for m in items:
-            self.append(m)
-
-    def append(self, module: Module) -> None:
-        """Add `module` at the end (a structural change)."""
-        if not isinstance(module, Module):
-            raise TypeError(
-                f"{type(self).__name__}.append: expected an spx.Module, received {type(module).__name__}."
-            )
-        setattr(self, str(len(self)), module)
+    def __init__(self, items: Iterable[Any] = ()):
+        for item in items:
+            self.append(item)
 
     def __len__(self) -> int:
         return sum(1 for k in self.__dict__ if k.isdigit())
@@ -45,15 +38,27 @@ class ModuleList(Module):
             raise IndexError(f"{type(self).__name__} index {i} out of range for length {n}.")
         return self.__dict__[str(i % n)]
 
+    def __iter__(self) -> Iterator[Any]:
+        d = self.__dict__
+        return (d[str(j)] for j in range(len(self)))
+
+
+class ModuleList(_Numbered):
+    """An indexable, appendable list of modules; `len`, iteration and `[i]` as for a list."""
+
+    def append(self, module: Module) -> None:
+        """Add `module` at the end (a structural change)."""
+        if not isinstance(module, Module):
+            raise TypeError(
+                f"{type(self).__name__}.append: expected an spx.Module, received {type(module).__name__}."
+            )
+        setattr(self, str(len(self)), module)
+
     def __setitem__(self, i: int, module: Module) -> None:
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"{type(self).__name__} index {i} out of range for length {n}.")
         setattr(self, str(i % n), module)
-
-    def __iter__(self) -> Iterator[Module]:
-        d = self.__dict__
-        return (d[str(j)] for j in range(len(self)))
 
 
 class Sequential(ModuleList):
@@ -125,12 +130,8 @@ class ModuleDict(Module):
         return len(self.keys())
 
 
-class ParameterList(Module):
+class ParameterList(_Numbered):
     """An indexable, appendable list of Parameters (arrays are wrapped); paths `"0"`, `"1"`, ..."""
-
-    def __init__(self, items: Iterable[Any] = ()):
-        for v in items:
-            self.append(v)
 
     def append(self, value: Any) -> None:
         """Add `value` (an array or a Variable) at the end (a structural change)."""
@@ -141,19 +142,6 @@ class ParameterList(Module):
                 )
             value = Parameter(value)
         setattr(self, str(len(self)), value)
-
-    def __len__(self) -> int:
-        return sum(1 for k in self.__dict__ if k.isdigit())
-
-    def __getitem__(self, i: int) -> Variable:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"ParameterList index {i} out of range for length {n}.")
-        return self.__dict__[str(i % n)]
-
-    def __iter__(self) -> Iterator[Variable]:
-        d = self.__dict__
-        return (d[str(j)] for j in range(len(self)))
 
 
 class StackedModuleList(Module):
