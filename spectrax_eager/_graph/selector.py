@@ -19,6 +19,7 @@ wherever a selector is expected:
 from __future__ import annotations
 
 import fnmatch
+import functools
 from typing import Any, Callable
 
 from .._errors import SelectorError
@@ -206,23 +207,13 @@ def of_type(*variable_types: type) -> Selector:
 def all_of(*selectors: Any) -> Selector:
     """Variables every one of `selectors` matches (`Everything` when none is given)."""
     sels = [as_selector(s) for s in selectors]
-    if not sels:
-        return Everything()
-    out = sels[0]
-    for s in sels[1:]:
-        out = _and(out, s)
-    return out
+    return functools.reduce(_and, sels) if sels else Everything()
 
 
 def any_of(*selectors: Any) -> Selector:
     """Variables at least one of `selectors` matches (`Nothing` when none is given)."""
     sels = [as_selector(s) for s in selectors]
-    if not sels:
-        return Nothing()
-    out = sels[0]
-    for s in sels[1:]:
-        out = _or(out, s)
-    return out
+    return functools.reduce(_or, sels) if sels else Nothing()
 
 
 def not_(selector: Any) -> Selector:
