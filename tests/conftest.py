@@ -2,6 +2,7 @@
 
 import contextlib
 import fcntl
+import gc
 import os
 import tempfile
 
@@ -14,10 +15,6 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
-# one worker per core (pyproject's `-n auto`): compiling a step's programs on more threads than that
-# only contends, and one thread keeps the suite off concurrent XLA compiles in one process (a worker
-# once died of a segfault inside XLA's CPU compiler there); tests of parallel compiles set their own
-os.environ.setdefault("SPECTRAX_MPMD_COMPILE_THREADS", "1")
 # the planner's profiles go to a folder of this run's, not the user's cache (~/.cache/spectrax_mpmd)
 os.environ["SPECTRAX_MPMD_PROFILE_CACHE"] = tempfile.mkdtemp(prefix="spectrax-profiles-")
 
@@ -54,6 +51,18 @@ def _machine_share(exclusive: bool):
             yield
         finally:
             fcntl.flock(run, fcntl.LOCK_UN)
+
+
+# Each compiled CPU program holds a few memory mappings of its own while it lives, and JAX's caches
+# keep the programs of every jitted call alive. A worker runs many test files one after the other:
+# past the kernel's limit on mappings (vm.max_map_count, 65530 by default) XLA's CPU compiler can
+# no longer map new code and the worker dies of a segfault. So each file's programs leave JAX's
+# caches when the file ends.
+@pytest.fixture(scope="module", autouse=True)
+def _programs_freed_per_file():
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.hookimpl(hookwrapper=True)
