@@ -26,9 +26,7 @@ call) or `off`.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import zlib
 from collections.abc import Callable
 
@@ -40,14 +38,7 @@ from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, configured_input_check, config
 from .._trace.args import Signature, describe_argument
 from .._trace.context import config_key
 from ..errors import DistributedError
-from .same_build import BuildCheck
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses differ between processes
-
-
-def _stable_repr(value) -> str:
-    return _ADDRESS.sub("", repr(value))
-
+from .same_build import BuildCheck, digest, stable_repr
 
 def _value_digest(leaf, devices: bool = True) -> str:
     """A CRC-32 of the leaf's bytes (a checksum, not a cryptographic hash: it tells accidental
@@ -65,34 +56,32 @@ def _value_digest(leaf, devices: bool = True) -> str:
     return f"{zlib.crc32(data):08x}"
 
 
-def _structure(sig: Signature) -> list[tuple[str, str]]:
-    """The rows of the call that do not read values: count, statics, trees, leaf types, config."""
+def _type(shape, dtype, weak) -> str:
+    return f"{dtype}{list(shape)}{' weak' if weak else ''}"
+
+
+def _rows(sig: Signature, leaves: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The call's rows around `leaves`: count, statics, trees, the leaves, JAX's configuration."""
     rows = [("count", str(len(sig.positions) + len(sig.statics)))]
-    rows += [(f"static {k}", _stable_repr((type(v), v))) for k, v in sig.statics]
-    rows += [(f"tree {k}", _stable_repr(t)) for k, t in zip(sig.positions, sig.in_tree.children())]
-    rows += [
-        (f"type {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}")
-        for a, (shape, dtype, weak) in enumerate(sig.types)
-    ]
-    rows.append(("config", _stable_repr(config_key())))
-    return rows
+    rows += [(f"static {k}", stable_repr((type(v), v))) for k, v in sig.statics]
+    rows += [(f"tree {k}", stable_repr(t)) for k, t in zip(sig.positions, sig.in_tree.children())]
+    return rows + leaves + [("config", stable_repr(config_key()))]
+
+
+def _structure(sig: Signature) -> list[tuple[str, str]]:
+    """The rows of the call that do not read values (each leaf by its type only)."""
+    return _rows(sig, [(f"type {a}", _type(*t)) for a, t in enumerate(sig.types)])
 
 
 def fingerprint(sig: Signature, devices: bool = True) -> list[tuple[str, str]]:
     """The call as `(what, record)` rows that every process must agree on; `what` names the row
     for `_difference` (a leaf is described only when it differs: describing one is costly).
     `devices=False` leaves device arrays' values out (`"?"`)."""
-    rows = [row for row in _structure(sig) if not row[0].startswith("type ")]
-    count = len(rows) - 1
     leaves = [
-        (f"leaf {a}", f"{dtype}{list(shape)}{' weak' if weak else ''}|{_value_digest(leaf, devices)}")
-        for a, (leaf, (shape, dtype, weak)) in enumerate(zip(sig.leaves, sig.types))
+        (f"leaf {a}", f"{_type(*t)}|{_value_digest(leaf, devices)}")
+        for a, (leaf, t) in enumerate(zip(sig.leaves, sig.types))
     ]
-    return rows[:count] + leaves + rows[count:]
-
-
-def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return _rows(sig, leaves)
 
 
 def _agree(what: str, records: list[str]) -> bool:
@@ -149,6 +138,7 @@ class InputsCheck:
         self.exchange: Exchange | None = None
         self.build_check = BuildCheck(name, mesh)
         self.peers: Peers | None = None  # made at the first exchange: a peer's end seen at once
+        self.limits: tuple = ()  # (a signature's first call's wait, a later call's), at the first call
         self.calls = 0
         self.structures: dict = {}  # signature key -> digest of its structure rows
 
@@ -158,21 +148,21 @@ class InputsCheck:
         if self.mode is None:
             check_joined(self.name)
             # decided alike on every process (a process outside the mesh too): does it span processes
-            spans = len({d.process_index for d in self.mesh.devices.flat}) > 1
-            self.mode = configured_input_check() if spans else "off"
+            self.mode = configured_input_check() if self.build_check.spans else "off"
+            # a signature's first call may find the others still compiling; later calls run in step
+            self.limits = (max(configured_timeout(), RENDEZVOUS_TIMEOUT), configured_timeout())
         self.calls += 1
         if self.mode == "off" or (self.mode == "first" and not first):
             return
         if self.exchange is None:
-            self.exchange = Exchange("inputs", max(configured_timeout(), RENDEZVOUS_TIMEOUT))
+            self.exchange = Exchange("inputs", self.limits[0])
         devices = first or self.mode == "always"
         structure = self.structures.get(sig.key)
         if structure is None:
-            structure = self.structures[sig.key] = _digest("\n".join(r for _, r in _structure(sig)))
+            structure = self.structures[sig.key] = digest("\n".join(r for _, r in _structure(sig)))
         values = "".join(_value_digest(leaf, devices) for leaf in sig.leaves)
-        # a signature's first call may find the others still compiling; later calls run in step
-        limit = max(configured_timeout(), RENDEZVOUS_TIMEOUT) if first else configured_timeout()
-        if len(set(self._allgather(_digest(structure + values), limit))) == 1:
+        limit = self.limits[0] if first else self.limits[1]
+        if len(set(self._allgather(digest(structure + values), limit))) == 1:
             return
         rows = fingerprint(sig, devices)
         tables = [json.loads(t) for t in self._allgather(json.dumps([r for _, r in rows]), limit)]
@@ -198,7 +188,7 @@ class InputsCheck:
 
     def _allgather(self, value: str, limit: float) -> list[str]:
         if self.peers is None:
-            self.peers = Peers(max(configured_timeout(), RENDEZVOUS_TIMEOUT))
+            self.peers = Peers(self.limits[0])
         try:
             return self.exchange.allgather(value, limit, self.peers)
         except DistributedError as err:

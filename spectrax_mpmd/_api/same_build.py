@@ -32,6 +32,15 @@ from ..errors import DistributedError
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses differ between processes
 
 
+def stable_repr(value) -> str:
+    """`repr(value)` without object addresses (they differ between processes)."""
+    return _ADDRESS.sub("", repr(value))
+
+
+def digest(text: str, size: int = 16) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
+
+
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -57,11 +66,11 @@ def _value(v) -> str:
 
 def _program(stage) -> tuple[str, str]:
     """A stage's program: (a digest of its equations as printed, a short description)."""
-    text = _ADDRESS.sub("", "\n".join(str(eqn) for eqn in stage.eqns))
+    text = stable_repr("\n".join(str(eqn) for eqn in stage.eqns))
     counts = collections.Counter(eqn.primitive.name for eqn in stage.eqns)
     common = ", ".join(f"{name} x{n}" for name, n in counts.most_common(4))
-    digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-    return digest, f"{len(stage.eqns)} equations ({common}{', ...' if len(counts) > 4 else ''}) #{digest}"
+    program = digest(text, 8)
+    return program, f"{len(stage.eqns)} equations ({common}{', ...' if len(counts) > 4 else ''}) #{program}"
 
 
 def fingerprint(plan, mesh) -> list[tuple[str, str, str]]:
@@ -81,13 +90,13 @@ def fingerprint(plan, mesh) -> list[tuple[str, str, str]]:
         add(f"rank {rank}'s devices", f"{dict(sub.shape)} {[d.id for d in sub.devices.flat]}")
     schedule, n = plan.schedule, mesh.mpmd_dim
     add("the microbatch count", str(schedule.microbatches))
-    add("the schedule", _ADDRESS.sub("", repr(schedule)))
+    add("the schedule", stable_repr(schedule))
     table = schedule.actions(n)
     for rank, actions in enumerate(table):
         listed = " ".join(map(str, actions))
         add(
             f"rank {rank}'s schedule table",
-            hashlib.blake2b(listed.encode(), digest_size=8).hexdigest(),
+            digest(listed, 8),
             listed if len(listed) <= 200 else listed[:200] + " ...",
         )
     graph = plan.graph
@@ -97,8 +106,7 @@ def fingerprint(plan, mesh) -> list[tuple[str, str, str]]:
         ins += [f"edge from stage {e.src}: {_value(e.var)}" for e in stage.edge_inputs]
         outs = [_value(v) for v in stage.edge_outputs] + [f"result {j}" for j in stage.results]
         add(f"stage {stage.index}'s boundary", f"in [{', '.join(ins)}] out [{', '.join(outs)}]")
-        digest, described = _program(stage)
-        add(f"stage {stage.index}'s program", digest, described)
+        add(f"stage {stage.index}'s program", *_program(stage))
     for (stage, kind), spec in sorted(plan.cells.items(), key=lambda item: repr(item[0])):
         shardings = [_sharding(s.sharding) for s in spec.in_specs if hasattr(s, "sharding")]
         shardings += [_sharding(s) for s in spec.out_shardings if s is not None]
@@ -122,13 +130,13 @@ class BuildCheck:
         if self.exchange is None:
             self.exchange = Exchange("build", max(configured_timeout(), RENDEZVOUS_TIMEOUT))
         rows = fingerprint(plan, self.mesh)
-        digest = hashlib.blake2b("\n".join(r for _, r, _ in rows).encode(), digest_size=16).hexdigest()
-        if len(set(self._allgather(digest, peers))) == 1:
+        if len(set(self._allgather(digest("\n".join(r for _, r, _ in rows)), peers))) == 1:
             return
         tables = [json.loads(t) for t in self._allgather(json.dumps(rows), peers)]
         self.exchange.raise_together(
             DistributedError(
-                f"{self.name}: the processes of the job built different steps: {first_difference(tables)}. {_FIX}"
+                f"{self.name}: the processes of the job built different steps: "
+                f"{first_difference(tables)}. {_FIX}"
             )
         )
 

@@ -287,8 +287,12 @@ class CrossProcess:
             exit_without_shutdown_barrier()
             sender = self._sender(group)
             said = heard("waiting", int(sender), _HEARD_GONE) if sender.isdigit() else None
-            why = f"; before it ended it had waited in vain {said}" if said else ""
-            why += ": the processes were not running the same step" if said else ""
+            why = (
+                f"; before it ended it had waited in vain {said}: the processes were not running the "
+                "same step"
+                if said
+                else ""
+            )
             raise PeerLostError(
                 f"process {self.process}: {self._what(group)} failed: the sending process "
                 f"{sender} is gone ({str(err).splitlines()[0]}){why}."

@@ -111,27 +111,25 @@ def waiting(out: str) -> dict:
     return results
 
 
-def exit3() -> dict:
+def _second_call_after(act) -> dict:
+    """A first call on both processes; then process 1 does `act` (leaves, or sleeps) before the
+    second, which process 0 makes at once."""
     step = mp.sxvalue_and_grad(make_loss((0,)), mesh=_mesh(), schedule=S.Std1F1B(microbatches=2))
     results = {"first": _attempt(step, *data())}
     if jax.process_index() == 1:
-        os._exit(3)
+        act()
     print(f"second call at {time.time():.3f}", flush=True)
     results["second"] = _attempt(step, *data())
     print(f"refused at {time.time():.3f}", flush=True)
     return results
+
+
+def exit3() -> dict:
+    return _second_call_after(lambda: os._exit(3))
 
 
 def stall() -> dict:
-    """Process 1 sleeps past the timeout before its second call."""
-    step = mp.sxvalue_and_grad(make_loss((0,)), mesh=_mesh(), schedule=S.Std1F1B(microbatches=2))
-    results = {"first": _attempt(step, *data())}
-    if jax.process_index() == 1:
-        time.sleep(30)
-    print(f"second call at {time.time():.3f}", flush=True)
-    results["second"] = _attempt(step, *data())
-    print(f"refused at {time.time():.3f}", flush=True)
-    return results
+    return _second_call_after(lambda: time.sleep(30))
 
 
 def save_death(out: str) -> dict:
