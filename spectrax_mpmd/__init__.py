@@ -18,6 +18,7 @@ from ._api import (
     sxvalue_and_grad_and_apply,
     treduce,
 )
+from ._buckets import LengthBuckets
 from ._checkpoint.layout import CheckpointError
 from ._checkpoint.manager import (
     CheckpointManager,
@@ -58,6 +59,7 @@ from .errors import (
 )
 
 __all__ = [
+    "LengthBuckets",
     "run",
     "PipelineDecoder",
     "StepDecoder",

@@ -42,6 +42,7 @@ MPMD_ADDED = {
     "Exchange",
     "StepSettings",
     "auto_balance",
+    "LengthBuckets",
 }
 
 SCHEDULES = {

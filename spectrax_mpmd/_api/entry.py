@@ -138,15 +138,19 @@ class Entry:
         return buf
 
 
-def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
+def cached_entry(function: PipelinedFunction, args, refine: Callable | None = None) -> tuple[Entry, list]:
     """`function`'s entry for this call's signature (built on a miss) and the call's leaves.
+    `refine(sig)` gives the signature the plan is keyed and built by, where it depends on the
+    arguments' values too (`LengthBuckets`: each microbatch's length), with its leaves.
 
     Refuses calls under a JAX transformation before any cache is read or written.
     """
     check_no_trace(function.name)
-    sig = signature(function.name, function.fn, args, function.static_argnums)
+    given = sig = signature(function.name, function.fn, args, function.static_argnums)
+    if refine is not None:
+        sig = refine(given)
     entry = function.cache.get(sig.key)
-    function.inputs_check(sig, first=entry is None)
+    function.inputs_check(given, first=entry is None)
     if entry is None:
         stats = function.compiler.stats
         stats.reset()

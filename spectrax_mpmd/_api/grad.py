@@ -37,6 +37,7 @@ from .._trace.weights import reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
+from .bucketed import BucketSignature, bucketed_entry, refine
 from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 from .weighing import step_weights, with_aux
@@ -121,33 +122,44 @@ class _StepFunction:
             closed, _, out_tree, regions = trace(
                 with_aux(sig.bind(self.fn), self.has_aux), sig.in_tree.unflatten(micro)
             )
-        loss_aval = closed.out_avals[0]
-        if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
-            raise MpmdError(
-                f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
-                "reduce it (e.g. mean over the batch) before returning."
-            )
+        self.check_loss(closed)
         pipeline_schedule(settings, self.schedule_error, None, regions)
         with self.compiler.stats.timed("analysis"):
             closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
         with self.compiler.stats.timed("split"):
             graph = reading_weights(split(closed, self.n_stages), weights)
         schedule = pipeline_schedule(settings, self.schedule_error, graph, regions)
-        dynamic = sig.in_tree.unflatten(sig.leaves)
         ranges = dict(zip(sig.positions, sig.ranges()))
         args = PlanArgs(
             params=tuple(kinds.params),
             batch=tuple(kinds.batch),
             batch_avals={a: sig.aval(a) for a in kinds.batch},
             keys=kinds.keys,
-            param_specs=param_specs(settings.rules, self.mesh, dynamic, sig, kinds.argnums, ranges),
+            param_specs=self.specs_of(sig, kinds),
             weights=weights,
             **stage_policies(settings.remat, settings.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
 
+    def check_loss(self, closed) -> None:
+        """Refuse a traced loss that is not a floating-point scalar."""
+        loss_aval = closed.out_avals[0]
+        if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
+            raise MpmdError(
+                f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
+                "reduce it (e.g. mean over the batch) before returning."
+            )
+
+    def specs_of(self, sig: Signature, kinds) -> dict:
+        """The differentiated leaves' PartitionSpecs per rank under the step's rules (`param_specs`)."""
+        ranges = dict(zip(sig.positions, sig.ranges()))
+        dynamic = sig.in_tree.unflatten(sig.leaves)
+        return param_specs(self.settings.rules, self.mesh, dynamic, sig, kinds.argnums, ranges)
+
     def build_entry(self, sig: Signature) -> Entry:
+        if isinstance(sig, BucketSignature):
+            return bucketed_entry(self, sig)
         pipe = self.pipeline(sig)
         plan = build_plan(self.compiler, build_train_plan, pipe.graph, pipe.schedule, self.mesh, pipe.args)
         slots = plan.output_slots[Output.GRADS]
@@ -158,7 +170,8 @@ class _StepFunction:
         return Entry(plan, pipe.out_tree, grad_trees=grad_trees)
 
     def _entry(self, args):
-        return cached_entry(self, args)
+        buckets = self.settings.length_buckets is not None
+        return cached_entry(self, args, functools.partial(refine, self) if buckets else None)
 
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""
@@ -272,6 +285,7 @@ def sxvalue_and_grad(
     reduce: str | None = None,
     region_ranks: dict | None = None,
     microbatch_weight_fn: Callable | None = None,
+    length_buckets=None,
 ) -> Callable:
     """Pipelined `jax.value_and_grad`: `step(params, batch, ...) -> (loss, grads)`.
 
@@ -309,6 +323,11 @@ def sxvalue_and_grad(
     its schedule, all with the same microbatches); `region_ranks`
     (`{region name: (rank, ...)}`, `"default"` for the code outside regions)
     places them, by default on consecutive ranks of their own.
+
+    `length_buckets=LengthBuckets(lengths=k)` takes a batch whose rows have their own lengths
+    (argument `k`): each call's rows are sorted by length and each microbatch runs padded only
+    to its length bucket, one program per (stage, cell kind, bucket), all in one pipelined step
+    (see `docs/variable-length.md`).
     """
     return _StepFunction(fn, StepSettings.of("sxvalue_and_grad", locals()), value=True)
 
@@ -328,6 +347,7 @@ def sxgrad(
     reduce: str | None = None,
     region_ranks: dict | None = None,
     microbatch_weight_fn: Callable | None = None,
+    length_buckets=None,
 ) -> Callable:
     """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
     return _StepFunction(fn, StepSettings.of("sxgrad", locals()), value=False)

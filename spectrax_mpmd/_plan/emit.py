@@ -49,7 +49,7 @@ def cell_inputs(draft: Draft, layout: Layout, p: StageProgram, s: int, i: int) -
     io, r = p.io, layout.ranks[s]
     slots = [draft.slot(Input(InputKind.PARAM, a, r)) for a in io.params]
     slots += [draft.slot(Input(InputKind.FIXED, a, r)) for a in io.fixed]
-    slots += [draft.slot(Input(InputKind.BATCH, a, r)) for a in io.batch]
+    slots += [draft.slot(Input(InputKind.BATCH, layout.batch_leaf(a, i), r)) for a in io.batch]
     index = MicrobatchIndex(r, i)
     if index not in draft.named:
         draft.constants[draft.slot(index)] = (np.int32(i), layout.named(s, None))
@@ -207,10 +207,14 @@ def emit_part(draft: Draft, layout: Layout, programs: list[StageProgram], a) -> 
     return kind
 
 
-def emit_action(draft: Draft, layout: Layout, programs: list[StageProgram], rank: int, action) -> None:
-    """Emit an issued action (its parts fused into one cell when it has several)."""
+def emit_action(
+    draft: Draft, layout: Layout, programs: list[StageProgram], rank: int, action, pick=None
+) -> None:
+    """Emit an issued action (its parts fused into one cell when it has several); `pick(part)`
+    gives the `(layout, programs)` a part runs with where they differ per microbatch."""
     start = len(draft.steps)
-    labels = [emit_part(draft, layout, programs, p) for p in action.parts]
+    pick = pick or (lambda part: (layout, programs))
+    labels = [emit_part(draft, *pick(p), p) for p in action.parts]
     if len(action.parts) > 1:
         draft.fuse_since(start)
     forwards = [(p.stage, p.microbatch) for p in action.parts if p.kind == CellKind.FORWARD]

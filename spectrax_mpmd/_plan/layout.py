@@ -111,6 +111,11 @@ class Layout:
             for p in a.parts
         )
 
+    def batch_leaf(self, a: int, i: int) -> int:
+        """The flat leaf microbatch `i` reads for batch leaf `a`: the whole-batch leaf itself (the
+        cell slices its rows; `spectrax_mpmd._plan.buckets` gives each microbatch leaves of its own)."""
+        return a
+
     def submesh(self, s: int):
         return self.mesh.submesh(self.ranks[s])
 

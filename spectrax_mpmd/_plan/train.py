@@ -22,7 +22,7 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
     """Layout -> stage programs -> each action's steps in issue order -> gradient reduction ->
     the epilogue on the gradients, if any -> those issued as early as their inputs allow ->
     localize and seal."""
-    _check_loss_stage(graph)
+    check_loss_stage(graph)
     layout = Layout.of(graph, schedule, mesh, args, schedule.microbatches)
     draft = Draft()
     programs = programs_of(layout, args, layout.m, args.remat)
@@ -61,7 +61,7 @@ def stage_programs(
     ]
 
 
-def _check_loss_stage(graph: StageGraph) -> None:
+def check_loss_stage(graph: StageGraph) -> None:
     last = len(graph.stages) - 1
     if 0 not in graph.stages[last].results:
         raise StageSplitError(

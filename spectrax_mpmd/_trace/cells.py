@@ -333,7 +333,10 @@ def _input_position(leaf, flat) -> int | None:
 
 
 def _microbatch(batch, idx, microbatches: int):
-    """Rows `[idx * mb, (idx + 1) * mb)` of a whole-batch leaf, `mb = len(batch) // microbatches`."""
+    """Rows `[idx * mb, (idx + 1) * mb)` of a whole-batch leaf, `mb = len(batch) // microbatches`
+    (with one microbatch, the leaf itself)."""
+    if microbatches == 1:
+        return batch
     size = batch.shape[0] // microbatches
     return jax.lax.dynamic_slice_in_dim(batch, idx * size, size)
 

@@ -1,0 +1,211 @@
+"""A training step with `LengthBuckets`: each call's batch cut into microbatches at their own
+length, each bucket's loss traced and split on its own, one plan running them all
+(`spectrax_mpmd._plan.buckets`).
+
+The loss is proven exact on the padded batch as any step's (`spectrax_mpmd._trace.exact_loss`):
+its coefficients (a token count) are computed by the loss cells from the padded batch leaves they
+read, and each bucket's stages emit the partial sums of their microbatch, proven the same way at
+the bucket's length. A bucket whose partial sums differ in shape from the padded batch's (a sum
+per position) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .._buckets import MicrobatchRows, split_rows
+from .._comm import is_transfer
+from .._plan import PlanArgs
+from .._plan.buckets import build_bucketed_train_plan
+from .._planner.bucket_order import longest_first
+from .._runtime import Output
+from .._trace.args import ArgumentKinds, Signature, classify, traced_avals
+from .._trace.exact_loss import BATCH, PARAM
+from .._trace.policy import stage_policies
+from .._trace.split import split, trace
+from .._trace.weights import loss_weights, reading_weights
+from ..errors import MpmdError
+from .entry import Entry, build_plan
+from .weighing import step_weights, with_aux
+from .whole_batch import WholeBatchTrace
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketSignature(Signature):
+    """A call's signature with its microbatches' rows and lengths: its leaves are the call's,
+    then each microbatch's batch leaves (cut to its rows and length), `stride` per microbatch."""
+
+    base: Signature | None = None
+    rows: MicrobatchRows | None = None
+    kinds: ArgumentKinds | None = None
+    sequence: frozenset = frozenset()  # the batch leaves cut along the sequence axis
+
+
+def _sequence_leaves(step, sig: Signature, kinds: ArgumentKinds) -> tuple[frozenset, int]:
+    axis = step.settings.length_buckets.axis
+    long = [a for a in kinds.batch if len(sig.types[a][0]) > axis]
+    if not long:
+        raise MpmdError(
+            f"{step.name}: length_buckets cuts the batch along axis {axis}, but no batch leaf has that "
+            "axis; pass the padded sequences as batch arguments (or set LengthBuckets(axis=...))."
+        )
+    padded = max(sig.types[a][0][axis] for a in long)
+    return frozenset(a for a in long if sig.types[a][0][axis] == padded), padded
+
+
+def _lengths_leaf(step, sig: Signature, kinds: ArgumentKinds) -> int:
+    k = step.settings.length_buckets.lengths
+    ranges = dict(zip(sig.positions, sig.ranges()))
+    leaves = ranges.get(k, range(0))
+    if len(leaves) != 1 or leaves[0] not in kinds.batch:
+        raise MpmdError(
+            f"{step.name}: LengthBuckets(lengths={k}) must name a batch argument holding one integer "
+            "array [rows] of row lengths."
+        )
+    return leaves[0]
+
+
+def refine(step, sig: Signature) -> BucketSignature:
+    """`sig` with this call's microbatches: which rows each holds and its bucket length."""
+    settings = step.settings
+    m = settings.schedule.microbatches
+    kinds = classify(step.name, step.fn, sig, settings.positions, settings.batch_argnums, m)
+    sequence, padded = _sequence_leaves(step, sig, kinds)
+    lengths = np.asarray(sig.leaves[_lengths_leaf(step, sig, kinds)])
+    probe = split_rows(settings.length_buckets, lengths, padded, m, step.name, True)
+    rows = split_rows(settings.length_buckets, lengths, padded, m, step.name, longest_first(step, probe))
+    axis = settings.length_buckets.axis
+    extra, types = [], []
+    for r, length in zip(rows.rows, rows.lengths):
+        for a in kinds.batch:
+            x = np.take(np.asarray(sig.leaves[a]), r, axis=0)
+            if a in sequence:
+                x = x[(slice(None),) * axis + (slice(0, length),)]
+            extra.append(x)
+            types.append((x.shape, *sig.types[a][1:]))
+    return BucketSignature(
+        (sig.key, rows.lengths),
+        sig.statics,
+        sig.positions,
+        [*sig.leaves, *extra],
+        sig.in_tree,
+        (*sig.types, *types),
+        base=sig,
+        rows=rows,
+        kinds=kinds,
+        sequence=sequence,
+    )
+
+
+def _padded_weights(step, sig: BucketSignature):
+    """How the microbatches weigh (`LossWeights`) for the padded batch: its exact loss's
+    coefficients, from the padded batch's leaves."""
+    base, kinds, m = sig.base, sig.kinds, sig.rows and len(sig.rows.lengths)
+    fn = with_aux(base.bind(step.fn), False)
+    whole = WholeBatchTrace(fn, base, step.compiler.stats)
+    micro = traced_avals(base, kinds, m)
+    with step.compiler.stats.timed("trace"):
+        closed, _, out_tree, regions = trace(fn, base.in_tree.unflatten(micro))
+    if regions:
+        raise MpmdError(f"{step.name}: length_buckets runs one schedule; the function opens sxstage_regions.")
+    step.check_loss(closed)
+    with step.compiler.stats.timed("analysis"):
+        _, weights = step_weights(step, base, kinds, micro, closed, lambda: whole.closed, m)
+    return weights, out_tree
+
+
+def _bucket_graph(step, sig: BucketSignature, length: int, weights):
+    """`(StageGraph, PlanArgs)` of the microbatches at `length`: the loss traced with the batch
+    leaves replaced by templates (leaves numbered after the call's) at that length."""
+    base, kinds, m = sig.base, sig.kinds, len(sig.rows.lengths)
+    n, axis, fn = len(base.leaves), step.settings.length_buckets.axis, with_aux(base.bind(step.fn), False)
+    whole_avals = [base.aval(a) for a in range(n)]
+
+    def templates(rows: int) -> list:
+        out = []
+        for a in kinds.batch:
+            shape = list(base.types[a][0])
+            shape[0] = rows
+            if a in sig.sequence:
+                shape[axis] = length
+            out.append(base.aval(a, tuple(shape)))
+        return out
+
+    def bucket_loss(leaves, batch):
+        leaves = list(leaves)
+        for a, x in zip(kinds.batch, batch):
+            leaves[a] = x
+        return fn(*base.in_tree.unflatten(leaves))
+
+    mb = kinds.batch_size // m
+    with step.compiler.stats.timed("trace"):
+        closed = trace(bucket_loss, (whole_avals, templates(mb)))[0]
+    roles = {a: PARAM for a in kinds.params} | {n + k: BATCH for k in range(len(kinds.batch))}
+    with step.compiler.stats.timed("analysis"):
+        body, own = loss_weights(
+            step.name,
+            closed,
+            roles,
+            reduce=step.settings.reduce,
+            weight_fn=None,
+            whole=lambda: trace(bucket_loss, (whole_avals, templates(kinds.batch_size)))[0],
+            m=m,
+            keys=kinds.keys,
+            exact=step.exact,
+        )
+    _check_same_sums(step.name, own, weights, length)
+    with step.compiler.stats.timed("split"):
+        graph = reading_weights(split(body, step.n_stages), weights)
+    batch = tuple(range(n, n + len(kinds.batch)))
+    settings = step.settings
+    args = PlanArgs(
+        params=tuple(kinds.params),
+        batch=batch,
+        batch_avals=dict(zip(batch, templates(mb))),
+        keys=kinds.keys,
+        param_specs=step.specs_of(base, kinds),
+        weights=weights,
+        **stage_policies(settings.remat, settings.offload, len(graph.stages)),
+    )
+    return graph, args
+
+
+def _check_same_sums(name: str, own, padded, length: int) -> None:
+    """Refuse a bucket whose packed partial sums differ from the padded batch's."""
+    if own.head is None or padded.head is None:
+        return
+
+    def shapes(head):
+        return [(v.aval.shape, v.aval.dtype) for v in (*head.sources, *head.terms)]
+
+    if shapes(own.head) != shapes(padded.head):
+        raise MpmdError(
+            f"{name}: at length {length} the loss sums the rows into values of shapes "
+            f"{shapes(own.head)}, on the padded batch {shapes(padded.head)}; length_buckets needs sums "
+            "that do not depend on the sequence length (sum over the positions too)."
+        )
+
+
+def bucketed_entry(step, sig: BucketSignature) -> Entry:
+    """The compiled plan of a call with these microbatches, with its output trees."""
+    weights, out_tree = _padded_weights(step, sig)
+    lengths = sig.rows.lengths
+    buckets = {length: _bucket_graph(step, sig, length, weights) for length in sig.rows.buckets}
+    n = len(sig.base.leaves)
+    plan = build_plan(
+        step.compiler, build_bucketed_train_plan, buckets, lengths, n, step.settings.schedule, step.mesh
+    )
+    slots = plan.output_slots[Output.GRADS]
+    ranges = dict(zip(sig.positions, sig.base.ranges()))
+    grad_trees = tuple(
+        (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
+        for k in sig.kinds.argnums
+    )
+    return Entry(plan, out_tree, grad_trees=grad_trees)
+
+
+def program_count(plan) -> int:
+    """The distinct compiled programs a plan runs (transfers aside)."""
+    return len({id(st.fn) for st in plan.steps if not is_transfer(st.fn)})

@@ -1,0 +1,109 @@
+"""`LengthBuckets`: a batch whose rows have their own lengths, run as microbatches padded only to
+their length bucket.
+
+A step takes the batch as a JAX user already holds it: every row padded to the batch's longest
+(the padded length) and an integer argument with each row's length. At each call the rows are
+sorted by length (longest first) and cut into the schedule's microbatches, each the same number of
+rows; a microbatch is cut along the sequence axis to the smallest bucket that holds its longest
+row. Every (stage, cell kind, bucket) is one compiled program, and the schedule runs the
+microbatches of different lengths in one pipelined step (`spectrax_mpmd._plan.buckets`).
+
+The loss and gradients are those of the function on the padded batch, provided a row's values past
+its length change nothing the loss reads (a causal model, a loss masked by the lengths): the
+contract of padding itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import MpmdError
+
+ORDERS = ("auto", "longest_first", "shortest_first")
+
+
+@dataclass(frozen=True)
+class LengthBuckets:
+    """Run a step's microbatches at their own length (see the module docstring).
+
+    `lengths`: the position of the batch argument holding each row's length (integers `[rows]`).
+    `sizes`: the bucket lengths, ascending (default: powers of two; the padded length is always a
+    bucket). `axis`: the sequence axis of the padded batch leaves; a batch leaf is cut along it
+    when its size there is the padded length (the largest among the batch leaves). `order`: which
+    microbatch the schedule runs first: `"longest_first"`, `"shortest_first"`, or `"auto"` (the
+    one the schedule's simulation with each microbatch's cost proportional to its length finishes
+    first); the loss and gradients do not depend on it beyond float rounding.
+    """
+
+    lengths: int
+    sizes: tuple[int, ...] | None = None
+    axis: int = 1
+    order: str = "auto"
+
+    def __post_init__(self):
+        if isinstance(self.lengths, bool) or not isinstance(self.lengths, int) or self.lengths < 0:
+            raise MpmdError(
+                f"LengthBuckets: lengths must be the position of the argument holding each row's "
+                f"length (an int >= 0), got {self.lengths!r}."
+            )
+        if self.sizes is not None:
+            sizes = tuple(int(s) for s in self.sizes)
+            if not sizes or any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
+                raise MpmdError(
+                    f"LengthBuckets: sizes must be bucket lengths >= 1 in ascending order without "
+                    f"repeats, e.g. (64, 128, 512), got {self.sizes!r}."
+                )
+            object.__setattr__(self, "sizes", sizes)
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int) or self.axis < 1:
+            raise MpmdError(
+                f"LengthBuckets: axis must be the sequence axis of the batch leaves (>= 1; axis 0 is "
+                f"the rows), got {self.axis!r}."
+            )
+        if self.order not in ORDERS:
+            raise MpmdError(f"LengthBuckets: order must be one of {ORDERS}, got {self.order!r}.")
+
+    def bucket(self, length: int, padded: int) -> int:
+        """The length a microbatch whose longest row is `length` is padded to."""
+        if self.sizes is None:
+            size = 1 << max(int(length) - 1, 0).bit_length()
+        else:
+            size = next((s for s in self.sizes if s >= length), padded)
+        return min(size, padded)
+
+
+@dataclass(frozen=True)
+class MicrobatchRows:
+    """Which rows of the padded batch each microbatch holds (in schedule order), and its length."""
+
+    rows: tuple
+    lengths: tuple[int, ...]
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The distinct microbatch lengths, longest first."""
+        return tuple(sorted(set(self.lengths), reverse=True))
+
+
+def split_rows(
+    buckets: LengthBuckets, lengths, padded: int, microbatches: int, name: str, longest_first: bool
+) -> MicrobatchRows:
+    """The rows of each of `microbatches` microbatches, sorted by `lengths` (longest first, or
+    shortest first), each microbatch at its bucket; `padded` is the padded length."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise MpmdError(
+            f"{name}: LengthBuckets(lengths={buckets.lengths}) names the argument with each row's length, "
+            f"which must be integers [rows]; got {lengths.dtype}{list(lengths.shape)}."
+        )
+    if lengths.size and (lengths.min() < 0 or lengths.max() > padded):
+        raise MpmdError(
+            f"{name}: every row length must be between 0 and the padded length {padded}; got lengths "
+            f"from {lengths.min()} to {lengths.max()}. Pad the batch to its longest row."
+        )
+    order = np.argsort(-lengths if longest_first else lengths, kind="stable")
+    rows = np.split(order, microbatches)
+    return MicrobatchRows(
+        tuple(rows), tuple(buckets.bucket(int(lengths[r].max(initial=0)), padded) for r in rows)
+    )
