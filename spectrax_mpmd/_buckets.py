@@ -85,12 +85,14 @@ class MicrobatchRows:
         """The distinct microbatch lengths, longest first."""
         return tuple(sorted(set(self.lengths), reverse=True))
 
+    def reversed(self) -> MicrobatchRows:
+        """The same microbatches in the opposite order."""
+        return MicrobatchRows(self.rows[::-1], self.lengths[::-1])
 
-def split_rows(
-    buckets: LengthBuckets, lengths, padded: int, microbatches: int, name: str, longest_first: bool
-) -> MicrobatchRows:
-    """The rows of each of `microbatches` microbatches, sorted by `lengths` (longest first, or
-    shortest first), each microbatch at its bucket; `padded` is the padded length."""
+
+def split_rows(buckets: LengthBuckets, lengths, padded: int, microbatches: int, name: str) -> MicrobatchRows:
+    """The rows of each of `microbatches` microbatches, sorted by `lengths` longest first, each
+    microbatch at its bucket; `padded` is the padded length."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
         raise MpmdError(
@@ -102,7 +104,7 @@ def split_rows(
             f"{name}: every row length must be between 0 and the padded length {padded}; got lengths "
             f"from {lengths.min()} to {lengths.max()}. Pad the batch to its longest row."
         )
-    order = np.argsort(-lengths if longest_first else lengths, kind="stable")
+    order = np.argsort(-lengths, kind="stable")
     rows = np.split(order, microbatches)
     return MicrobatchRows(
         tuple(rows), tuple(buckets.bucket(int(lengths[r].max(initial=0)), padded) for r in rows)

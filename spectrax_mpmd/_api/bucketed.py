@@ -74,8 +74,9 @@ def refine(step, sig: Signature) -> BucketSignature:
     kinds = classify(step.name, step.fn, sig, settings.positions, settings.batch_argnums, m)
     sequence, padded = _sequence_leaves(step, sig, kinds)
     lengths = np.asarray(sig.leaves[_lengths_leaf(step, sig, kinds)])
-    probe = split_rows(settings.length_buckets, lengths, padded, m, step.name, True)
-    rows = split_rows(settings.length_buckets, lengths, padded, m, step.name, longest_first(step, probe))
+    rows = split_rows(settings.length_buckets, lengths, padded, m, step.name)
+    if not longest_first(step, rows):
+        rows = rows.reversed()
     axis = settings.length_buckets.axis
     extra, types = [], []
     for r, length in zip(rows.rows, rows.lengths):
@@ -102,7 +103,7 @@ def refine(step, sig: Signature) -> BucketSignature:
 def _padded_weights(step, sig: BucketSignature):
     """How the microbatches weigh (`LossWeights`) for the padded batch: its exact loss's
     coefficients, from the padded batch's leaves."""
-    base, kinds, m = sig.base, sig.kinds, sig.rows and len(sig.rows.lengths)
+    base, kinds, m = sig.base, sig.kinds, len(sig.rows.lengths)
     fn = with_aux(base.bind(step.fn), False)
     whole = WholeBatchTrace(fn, base, step.compiler.stats)
     micro = traced_avals(base, kinds, m)
@@ -203,9 +204,38 @@ def bucketed_entry(step, sig: BucketSignature) -> Entry:
         (sig.in_tree.children()[sig.positions.index(k)], [slots[a] for a in ranges[k]])
         for k in sig.kinds.argnums
     )
-    return Entry(plan, out_tree, grad_trees=grad_trees)
+    return Entry(plan, out_tree, grad_trees=grad_trees, lengths=lengths)
 
 
-def program_count(plan) -> int:
-    """The distinct compiled programs a plan runs (transfers aside)."""
-    return len({id(st.fn) for st in plan.steps if not is_transfer(st.fn)})
+@dataclasses.dataclass(frozen=True)
+class BucketSummary:
+    """A call's microbatches and what its plan runs: each microbatch's length in schedule order,
+    the buckets, and the distinct programs of the plan (cells of every (stage, kind, bucket),
+    the accumulators' and the gradient reduction's), of which the build compiled and relocated
+    how many (a program the compiler held already, from an earlier composition of buckets,
+    is neither)."""
+
+    lengths: tuple[int, ...]
+    programs: int
+    compiled: int
+    relocated: int
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.lengths), reverse=True))
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{b} x{self.lengths.count(b)}" for b in self.buckets)
+        return (
+            f"{len(self.lengths)} microbatches in {len(self.buckets)} buckets (length x microbatches: "
+            f"{counts}); first: {self.lengths[0]}; {self.programs} programs "
+            f"({self.compiled} compiled, {self.relocated} relocated)"
+        )
+
+
+def bucket_summary(step, args) -> BucketSummary:
+    """The `BucketSummary` of `step`'s plan for these arguments (built if needed)."""
+    entry, _ = step._entry(args)
+    lengths = entry.lengths
+    programs = len({id(st.fn) for st in entry.plan.steps if not is_transfer(st.fn)})
+    return BucketSummary(lengths, programs, entry.build.get("compiled", 0), entry.build.get("relocated", 0))

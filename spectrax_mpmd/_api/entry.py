@@ -96,6 +96,7 @@ class Entry:
     out_tree: Any
     donated: frozenset = frozenset()
     grad_trees: tuple = ()  # per argnum: (treedef, the buffer slot of each leaf's gradient)
+    lengths: tuple = ()  # with `LengthBuckets`: each microbatch's length, in schedule order
 
     def __post_init__(self):
         self.input_leaves = [key.leaf for _, key in self.plan.input_keys]

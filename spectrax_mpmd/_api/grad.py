@@ -37,7 +37,7 @@ from .._trace.weights import reading_weights
 from ..errors import MpmdError
 from .agree import InputsCheck
 from .bind import bind_pipeline
-from .bucketed import BucketSignature, bucketed_entry, refine
+from .bucketed import BucketSignature, BucketSummary, bucket_summary, bucketed_entry, refine
 from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
 from .weighing import step_weights, with_aux
@@ -239,6 +239,13 @@ class _StepFunction:
         call's): seconds per phase (trace, split, lower, compile, relocate, plan, first_run;
         see `BuildStats`), their total, and how many programs were compiled and relocated."""
         return build_timings(self, args)
+
+    def bucket_summary(self, *args) -> BucketSummary:
+        """With `length_buckets`: these arguments' microbatch lengths, buckets and the plan's
+        program count (`BucketSummary`; print it)."""
+        if self.settings.length_buckets is None:
+            raise MpmdError(f"{self.name}: bucket_summary describes a step with length_buckets=.")
+        return bucket_summary(self, args)
 
     def plan_for(self, *args) -> Plan:
         """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""
