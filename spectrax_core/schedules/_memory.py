@@ -96,6 +96,12 @@ class StageMemory:
     def ranks(self) -> int:
         return len(self.params)
 
+    def of(self, name: str, stage: int, microbatch: int) -> int:
+        """The bytes `name` (a per-stage field) of `stage` holds for `microbatch`: the same for
+        every microbatch here; a subclass may size each microbatch on its own (microbatches of
+        different lengths)."""
+        return getattr(self, name)[stage]
+
     def static(self, rank: int) -> int:
         """Bytes rank `rank` holds for the whole step: parameters, accumulators, optimizer, other."""
         return sum(getattr(self, name)[rank] for name in _PER_RANK)
@@ -183,17 +189,17 @@ def _peaks(rows, comm: float, memory: StageMemory) -> tuple[int, ...]:
         b_end = backward[2] if backward is not None else f_end
         if s > 0:
             came = arrival(("F", s - 1, mb), rank)
-            hold(rank, came, f_end, memory.inputs[s])
-            hold(rank, came, b_end, memory.kept_inputs[s])
-        hold(rank, f_end, b_end, memory.residuals[s])
+            hold(rank, came, f_end, memory.of("inputs", s, mb))
+            hold(rank, came, b_end, memory.of("kept_inputs", s, mb))
+        hold(rank, f_end, b_end, memory.of("residuals", s, mb))
         if s < last:
             if s + 1 == last:  # the loss cell sends its input cotangent with its forward
                 producer = ("F", last, mb)
             else:
                 producer = ("I", s + 1, mb) if ("I", s + 1, mb) in where else ("B", s + 1, mb)
-            hold(rank, arrival(producer, rank), b_end, memory.grads[s])
+            hold(rank, arrival(producer, rank), b_end, memory.of("grads", s, mb))
         if ("I", s, mb) in where and ("W", s, mb) in where:
-            hold(rank, where[("I", s, mb)][2], where[("W", s, mb)][2], memory.stash[s])
+            hold(rank, where[("I", s, mb)][2], where[("W", s, mb)][2], memory.of("stash", s, mb))
     peaks = []
     for rank, row in enumerate(marks):
         live = peak = memory.static(rank)
@@ -219,13 +225,11 @@ def _host_peaks(rows, memory: StageMemory) -> tuple[int, ...]:
         if kind != "F":
             continue
         reader = where.get(("W", s, mb)) or where.get(("B", s, mb)) or where.get(("I", s, mb))
-        if reader is not None and memory.host_residuals[s] and reader[1] > f_end:
-            marks[rank] += [(f_end, memory.host_residuals[s]), (reader[1], -memory.host_residuals[s])]
-        if ("I", s, mb) in where and ("W", s, mb) in where and memory.host_stash[s]:
-            marks[rank] += [
-                (where[("I", s, mb)][2], memory.host_stash[s]),
-                (where[("W", s, mb)][1], -memory.host_stash[s]),
-            ]
+        residuals, stash = memory.of("host_residuals", s, mb), memory.of("host_stash", s, mb)
+        if reader is not None and residuals and reader[1] > f_end:
+            marks[rank] += [(f_end, residuals), (reader[1], -residuals)]
+        if ("I", s, mb) in where and ("W", s, mb) in where and stash:
+            marks[rank] += [(where[("I", s, mb)][2], stash), (where[("W", s, mb)][1], -stash)]
     peaks = []
     for row in marks:
         live = peak = 0

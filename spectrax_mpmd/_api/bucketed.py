@@ -19,7 +19,7 @@ from .._buckets import MicrobatchRows, split_rows
 from .._comm import is_transfer
 from .._plan import PlanArgs
 from .._plan.buckets import build_bucketed_train_plan
-from .._planner.bucket_order import longest_first
+from .._planner.buckets import longest_first
 from .._runtime import Output
 from .._trace.args import ArgumentKinds, Signature, classify, traced_avals
 from .._trace.exact_loss import BATCH, PARAM

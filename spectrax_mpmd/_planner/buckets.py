@@ -1,0 +1,149 @@
+"""A step with `LengthBuckets` simulated: which microbatch it runs first, and its predicted time.
+
+Its microbatches differ in length, so their cells differ in cost: `CellCost` gives every cell of
+the schedule's table its own duration. The order of the microbatches is the one whose simulated
+step is shorter, each cell costing the schedule's unit cost of its kind times its microbatch's
+length (the rows are the same either way, only their order in the schedule differs; the loss and
+gradients are sums over the microbatches, so the order changes them by float rounding only).
+`predicted_step` is the planner's prediction of the step from its cells measured one at a time
+per (stage, kind, bucket), on the compute units and issuing cost a plain step measured
+(`spectrax_mpmd._planner.shared`). `predicted_peaks` predicts each rank's peak device bytes:
+the schedule's buffers sized per microbatch by its bucket (`BucketMemory`), each bucket's bytes
+per stage profiled on a batch whose microbatches all fall in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import jax
+import numpy as np
+
+from spectrax_core.schedules import StageCost, StageMemory, simulate
+
+from .backend import cell_work
+from .shared import shared_makespan
+
+KINDS = "FBIW"
+
+
+@dataclass(frozen=True)
+class CellCost(StageCost):
+    """A `StageCost` whose cells each take their own seconds: `cells[(kind, stage, microbatch)]`
+    (0 for a cell that does not run: the loss stage's B, fused into its F)."""
+
+    cells: Mapping = field(default_factory=dict)
+
+    def of(self, cell) -> float:
+        return float(sum(self.cells.get((a.kind, a.stage, a.microbatch), 0.0) for a in cell.parts))
+
+    @classmethod
+    def of_cells(cls, cells: Mapping, stages: int) -> CellCost:
+        zeros = (0.0,) * stages
+        return cls(zeros, zeros, zeros, zeros, 0.0, dict(cells))
+
+
+def scaled_unit_cost(schedule, n: int, lengths) -> CellCost:
+    """Each cell of `schedule` on `n` ranks at its kind's unit cost (F = I = W = 1, B = 2) times its
+    microbatch's length over the longest."""
+    stages, top = schedule.num_stages(n), max(lengths)
+    unit = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+    cells = {
+        (k, s, i): unit[k] * length / top for k in KINDS for s in range(stages) for i, length in enumerate(lengths)
+    }
+    return CellCost.of_cells(cells, stages)
+
+
+def simulated_step(schedule, n: int, lengths) -> float:
+    """The simulated step of `schedule` on `n` ranks with microbatch `i` at `lengths[i]`
+    (`scaled_unit_cost`), in unit-cost time."""
+    return simulate(schedule, n, scaled_unit_cost(schedule, n, lengths)).makespan
+
+
+def longest_first(step, rows) -> bool:
+    """Whether `step` (a step with `LengthBuckets`) runs its longest microbatch first, for the
+    microbatches `rows` (sorted longest first): as its `order` says, or for `"auto"` the order
+    whose simulated step is shorter (longest first on a tie)."""
+    order = step.settings.length_buckets.order
+    if order != "auto":
+        return order == "longest_first"
+    schedule, n = step.settings.schedule, step.mesh.mpmd_dim
+    lengths = rows.lengths
+    return simulated_step(schedule, n, lengths) <= simulated_step(schedule, n, lengths[::-1])
+
+
+def measured_cells(step, args, rounds: int = 3) -> dict:
+    """`(kind, stage, microbatch) -> seconds` of each cell of `step` on `args`, run one at a time
+    (`measure_timeline`), the least of `rounds`; a fused cell's time is shared by its parts."""
+    cells: dict = {}
+    for _ in range(rounds):
+        for row in step.measure_timeline(*args).events:
+            for e in row:
+                parts = e.cell.parts
+                for a in parts:
+                    seconds = (e.end - e.start) * 1e-6 / len(parts)
+                    key = (a.kind, a.stage, a.microbatch)
+                    cells[key] = min(cells.get(key, seconds), seconds)
+    return cells
+
+
+def predicted_step(schedule, n: int, cells: Mapping, units: float, issue_s: float, shares_host: bool) -> float:
+    """Predicted seconds of `schedule` on `n` ranks whose cells took `cells` (`measured_cells`),
+    each doing its time less its issuing `issue_s`, on `units` compute units shared as
+    `shared_makespan` says."""
+    work = {key: cell_work((t,), issue_s) for key, t in cells.items()}
+    cost = CellCost.of_cells(work, schedule.num_stages(n))
+    return shared_makespan(schedule, n, cost, units, issue_s, shares_host)
+
+
+@dataclass(frozen=True)
+class BucketMemory(StageMemory):
+    """A `StageMemory` whose microbatch `i` holds `per_microbatch[i]`'s bytes per stage (its bucket's);
+    the per-rank bytes are the step's own."""
+
+    per_microbatch: tuple = ()
+
+    def of(self, name: str, stage: int, microbatch: int) -> int:
+        return getattr(self.per_microbatch[microbatch], name)[stage]
+
+
+def within_bucket(step, args, length: int) -> tuple:
+    """`args` (a call of `step`, a step with `LengthBuckets`) with every padded leaf of its batch
+    arguments cut to `length` and the row lengths clipped to it: a batch whose microbatches all
+    fall in that bucket."""
+    settings = step.settings
+    buckets, axis = settings.length_buckets, settings.length_buckets.axis
+    batch = [k for k in range(len(args)) if k not in settings.positions and k not in settings.static_argnums]
+    long = [x for k in batch for x in jax.tree.leaves(args[k]) if np.ndim(x) > axis]
+    padded = max(np.shape(x)[axis] for x in long)
+
+    def cut(x):
+        if np.ndim(x) > axis and np.shape(x)[axis] == padded:
+            return np.asarray(x)[(slice(None),) * axis + (slice(0, length),)]
+        return x
+
+    out = [jax.tree.map(cut, x) if k in batch else x for k, x in enumerate(args)]
+    out[buckets.lengths] = np.minimum(np.asarray(args[buckets.lengths]), length).astype(np.int32)
+    return tuple(out)
+
+
+def bucket_memory(step, args, optimizer_states: float = 0.0) -> BucketMemory:
+    """The `BucketMemory` of `step` on `args`: per stage, each microbatch's bucket's bytes (profiled
+    on `within_bucket` batches), per rank the step's own (its parameters, accumulators, and the
+    batch it places: each microbatch's leaves at its length)."""
+    own = step.profile_stages(*args, rounds=1).stage_memory(optimizer_states)
+    lengths = step.bucket_summary(*args).lengths
+    by_length = {
+        length: step.profile_stages(*within_bucket(step, args, length), rounds=1).memory
+        for length in set(lengths)
+    }
+    per_stage = {f.name: getattr(by_length[lengths[0]], f.name) for f in fields(StageMemory)}
+    per_rank = {name: getattr(own, name) for name in ("params", "accumulators", "optimizer", "other")}
+    return BucketMemory(**{**per_stage, **per_rank}, per_microbatch=tuple(by_length[k] for k in lengths))
+
+
+def predicted_peaks(step, args, optimizer_states: float = 0.0) -> tuple[int, ...]:
+    """Each rank's predicted peak device bytes of `step` (a step with `LengthBuckets`) on `args`."""
+    memory = bucket_memory(step, args, optimizer_states)
+    return simulate(step.settings.schedule, step.mesh.mpmd_dim, memory=memory).peak_bytes
