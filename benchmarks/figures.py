@@ -133,6 +133,7 @@ SOURCES = {
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
             ("ranks", "--rounds 3", "ranks of different sizes: an even split against a heavier last rank"),
             ("planner_devices", "--rounds 5", "devices per stage chosen for an LM with a heavy last stage"),
+            ("length_buckets", "--rounds 3", "a long-tailed batch: length buckets against padding to the longest"),
             (
                 "advise_cases",
                 "--models byte_lm two_tower mlp --budgets 0.4 0.7 --top 2 --rounds 7",

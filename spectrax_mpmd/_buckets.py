@@ -6,7 +6,8 @@ A step takes the batch as a JAX user already holds it: every row padded to the b
 sorted by length (longest first) and cut into the schedule's microbatches, each the same number of
 rows; a microbatch is cut along the sequence axis to the smallest bucket that holds its longest
 row. Every (stage, cell kind, bucket) is one compiled program, and the schedule runs the
-microbatches of different lengths in one pipelined step (`spectrax_mpmd._plan.buckets`).
+microbatches of different lengths in one pipelined step (`spectrax_mpmd._plan.buckets`), in the
+order its simulation with each cell's own cost (`CellCost`) says finishes first.
 
 The loss and gradients are those of the function on the padded batch, provided a row's values past
 its length change nothing the loss reads (a causal model, a loss masked by the lengths): the
@@ -15,13 +16,17 @@ contract of padding itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from spectrax_core.schedules import StageCost, simulate
 
 from .errors import MpmdError
 
 ORDERS = ("auto", "longest_first", "shortest_first")
+KINDS = "FBIW"
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,27 @@ class LengthBuckets:
         return min(size, padded)
 
 
+def check_length_buckets(settings) -> None:
+    """Refuse `settings` (a `StepSettings`) whose `length_buckets` the step cannot run."""
+    name, buckets = settings.name, settings.length_buckets
+    if not isinstance(buckets, LengthBuckets):
+        raise MpmdError(
+            f"{name}: length_buckets must be a LengthBuckets (e.g. LengthBuckets(lengths=2)), "
+            f"got {type(buckets).__name__}."
+        )
+    if settings.mode != "train" or settings.reduce == "mean" or settings.microbatch_weight_fn is not None:
+        raise MpmdError(
+            f"{name}: length_buckets runs a training step whose loss is the whole batch's (proven "
+            "exact, or reduce='sum'); microbatches of different lengths have no common mean or "
+            "weight. Drop reduce='mean' / microbatch_weight_fn, or length_buckets."
+        )
+    if settings.schedule is None or settings.has_aux:
+        raise MpmdError(
+            f"{name}: length_buckets needs schedule= and a function without aux outputs "
+            "(has_aux=False): a microbatch's outputs other than the loss change shape with its length."
+        )
+
+
 @dataclass(frozen=True)
 class MicrobatchRows:
     """Which rows of the padded batch each microbatch holds (in schedule order), and its length."""
@@ -109,3 +135,52 @@ def split_rows(buckets: LengthBuckets, lengths, padded: int, microbatches: int, 
     return MicrobatchRows(
         tuple(rows), tuple(buckets.bucket(int(lengths[r].max(initial=0)), padded) for r in rows)
     )
+
+
+@dataclass(frozen=True)
+class CellCost(StageCost):
+    """A `StageCost` whose cells each take their own seconds: `cells[(kind, stage, microbatch)]`
+    (0 for a cell that does not run: the loss stage's B, fused into its F)."""
+
+    cells: Mapping = field(default_factory=dict)
+
+    def of(self, cell) -> float:
+        return float(sum(self.cells.get((a.kind, a.stage, a.microbatch), 0.0) for a in cell.parts))
+
+    @classmethod
+    def of_cells(cls, cells: Mapping, stages: int) -> CellCost:
+        zeros = (0.0,) * stages
+        return cls(zeros, zeros, zeros, zeros, 0.0, dict(cells))
+
+
+def scaled_unit_cost(schedule, n: int, lengths) -> CellCost:
+    """Each cell of `schedule` on `n` ranks at its kind's unit cost (F = I = W = 1, B = 2) times its
+    microbatch's length over the longest."""
+    stages, top = schedule.num_stages(n), max(lengths)
+    unit = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+    cells = {
+        (k, s, i): unit[k] * length / top
+        for k in KINDS
+        for s in range(stages)
+        for i, length in enumerate(lengths)
+    }
+    return CellCost.of_cells(cells, stages)
+
+
+def simulated_step(schedule, n: int, lengths) -> float:
+    """The simulated step of `schedule` on `n` ranks with microbatch `i` at `lengths[i]`
+    (`scaled_unit_cost`), in unit-cost time."""
+    return simulate(schedule, n, scaled_unit_cost(schedule, n, lengths)).makespan
+
+
+def in_order(buckets: LengthBuckets, rows: MicrobatchRows, schedule, n: int) -> MicrobatchRows:
+    """`rows` (sorted longest first) in the order `buckets.order` says: for `"auto"` the order whose
+    step simulated on `n` ranks is shorter (`simulated_step`; longest first on a tie). The rows
+    are the same either way; the loss and gradients are sums over the microbatches, so the order
+    changes them by float rounding only."""
+    if buckets.order == "auto":
+        lengths = rows.lengths
+        first = simulated_step(schedule, n, lengths) <= simulated_step(schedule, n, lengths[::-1])
+    else:
+        first = buckets.order == "longest_first"
+    return rows if first else rows.reversed()

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from spectrax_core.schedules import GPipe, Schedule
 
-from ._buckets import LengthBuckets
+from ._buckets import check_length_buckets
 from ._mesh import MpmdMesh, as_mpmd_mesh
 from ._trace.policy import stage_policies
 from .errors import MpmdError
@@ -103,7 +103,8 @@ class StepSettings:
         if self.batch_argnums is not None:
             object.__setattr__(self, "batch_argnums", _positions(self.batch_argnums))
         self._check_stage_sizes()
-        self._check_length_buckets()
+        if self.length_buckets is not None:
+            check_length_buckets(self)
         if self.tx is not None and not (hasattr(self.tx, "init") and hasattr(self.tx, "update")):
             raise MpmdError(
                 f"{self.name}: tx must be an optax.GradientTransformation (with init and update), got "
@@ -128,27 +129,6 @@ class StepSettings:
             raise MpmdError(
                 f"{self.name}: microbatch_weight_fn gives the weighted mean sum(w_i * loss_i) / sum(w_i); "
                 f"it does not combine with reduce={self.reduce!r}. Drop one of them."
-            )
-
-    def _check_length_buckets(self) -> None:
-        buckets = self.length_buckets
-        if buckets is None:
-            return
-        if not isinstance(buckets, LengthBuckets):
-            raise MpmdError(
-                f"{self.name}: length_buckets must be a LengthBuckets (e.g. LengthBuckets(lengths=2)), "
-                f"got {type(buckets).__name__}."
-            )
-        if self.mode != "train" or self.reduce == "mean" or self.microbatch_weight_fn is not None:
-            raise MpmdError(
-                f"{self.name}: length_buckets runs a training step whose loss is the whole batch's "
-                "(proven exact, or reduce='sum'); microbatches of different lengths have no common "
-                "mean or weight. Drop reduce='mean' / microbatch_weight_fn, or length_buckets."
-            )
-        if self.schedule is None or self.has_aux:
-            raise MpmdError(
-                f"{self.name}: length_buckets needs schedule= and a function without aux outputs "
-                "(has_aux=False): a microbatch's outputs other than the loss change shape with its length."
             )
 
     def _check_stage_sizes(self) -> None:

@@ -23,6 +23,7 @@ PACKAGES = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
 MPMD_ORDER = (
     "errors",
     "_env",
+    "_buckets",
     "_trace",
     "_compile",
     "_comm",

@@ -15,11 +15,10 @@ import dataclasses
 
 import numpy as np
 
-from .._buckets import MicrobatchRows, split_rows
+from .._buckets import MicrobatchRows, in_order, split_rows
 from .._comm import is_transfer
 from .._plan import PlanArgs
 from .._plan.buckets import build_bucketed_train_plan
-from .._planner.buckets import longest_first
 from .._runtime import Output
 from .._trace.args import ArgumentKinds, Signature, classify, traced_avals
 from .._trace.exact_loss import BATCH, PARAM
@@ -28,7 +27,8 @@ from .._trace.split import split, trace
 from .._trace.weights import loss_weights, reading_weights
 from ..errors import MpmdError
 from .entry import Entry, build_plan
-from .weighing import step_weights, with_aux
+from .param_specs import specs_of
+from .weighing import check_loss, step_weights, with_aux
 from .whole_batch import WholeBatchTrace
 
 
@@ -75,8 +75,7 @@ def refine(step, sig: Signature) -> BucketSignature:
     sequence, padded = _sequence_leaves(step, sig, kinds)
     lengths = np.asarray(sig.leaves[_lengths_leaf(step, sig, kinds)])
     rows = split_rows(settings.length_buckets, lengths, padded, m, step.name)
-    if not longest_first(step, rows):
-        rows = rows.reversed()
+    rows = in_order(settings.length_buckets, rows, settings.schedule, step.mesh.mpmd_dim)
     axis = settings.length_buckets.axis
     extra, types = [], []
     for r, length in zip(rows.rows, rows.lengths):
@@ -111,7 +110,7 @@ def _padded_weights(step, sig: BucketSignature):
         closed, _, out_tree, regions = trace(fn, base.in_tree.unflatten(micro))
     if regions:
         raise MpmdError(f"{step.name}: length_buckets runs one schedule; the function opens sxstage_regions.")
-    step.check_loss(closed)
+    check_loss(step.name, closed)
     with step.compiler.stats.timed("analysis"):
         _, weights = step_weights(step, base, kinds, micro, closed, lambda: whole.closed, m)
     return weights, out_tree
@@ -166,7 +165,7 @@ def _bucket_graph(step, sig: BucketSignature, length: int, weights):
         batch=batch,
         batch_avals=dict(zip(batch, templates(mb))),
         keys=kinds.keys,
-        param_specs=step.specs_of(base, kinds),
+        param_specs=specs_of(step, base, kinds),
         weights=weights,
         **stage_policies(settings.remat, settings.offload, len(graph.stages)),
     )
@@ -191,9 +190,16 @@ def _check_same_sums(name: str, own, padded, length: int) -> None:
 
 def bucketed_entry(step, sig: BucketSignature) -> Entry:
     """The compiled plan of a call with these microbatches, with its output trees."""
-    weights, out_tree = _padded_weights(step, sig)
+    traced = step.buckets_traced  # per call signature: the padded batch's weights, each bucket's graph
+    key = sig.base.key
+    if key not in traced:
+        traced[key] = (*_padded_weights(step, sig), {})
+    weights, out_tree, graphs = traced[key]
     lengths = sig.rows.lengths
-    buckets = {length: _bucket_graph(step, sig, length, weights) for length in sig.rows.buckets}
+    for length in sig.rows.buckets:
+        if length not in graphs:
+            graphs[length] = _bucket_graph(step, sig, length, weights)
+    buckets = {length: graphs[length] for length in sig.rows.buckets}
     n = len(sig.base.leaves)
     plan = build_plan(
         step.compiler, build_bucketed_train_plan, buckets, lengths, n, step.settings.schedule, step.mesh

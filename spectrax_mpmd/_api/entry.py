@@ -139,15 +139,17 @@ class Entry:
         return buf
 
 
-def cached_entry(function: PipelinedFunction, args, refine: Callable | None = None) -> tuple[Entry, list]:
+def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
     """`function`'s entry for this call's signature (built on a miss) and the call's leaves.
-    `refine(sig)` gives the signature the plan is keyed and built by, where it depends on the
-    arguments' values too (`LengthBuckets`: each microbatch's length), with its leaves.
+    A function with a `refine_signature(sig)` method keys and builds its plans by the signature
+    it returns, where the plan depends on the arguments' values too (`LengthBuckets`: each
+    microbatch's length), with its leaves.
 
     Refuses calls under a JAX transformation before any cache is read or written.
     """
     check_no_trace(function.name)
     given = sig = signature(function.name, function.fn, args, function.static_argnums)
+    refine = getattr(function, "refine_signature", None)
     if refine is not None:
         sig = refine(given)
     entry = function.cache.get(sig.key)

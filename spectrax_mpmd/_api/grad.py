@@ -7,9 +7,7 @@ import functools
 from typing import Callable, NamedTuple, Sequence
 
 import jax
-import numpy as np
 
-from spectrax_core import sharding as core_sharding
 from spectrax_core.schedules import Schedule, Timeline
 
 from .._compile.compiler import Compiler
@@ -40,7 +38,8 @@ from .bind import bind_pipeline
 from .bucketed import BucketSignature, BucketSummary, bucket_summary, bucketed_entry, refine
 from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
-from .weighing import step_weights, with_aux
+from .param_specs import specs_of
+from .weighing import check_loss, step_weights, with_aux
 from .whole_batch import WholeBatchTrace
 
 
@@ -53,25 +52,6 @@ class Pipeline(NamedTuple):
     argnums: tuple  # the differentiated positions
     ranges: dict  # position -> its flat leaf indices
     out_tree: object  # of (loss, aux)
-
-
-def param_specs(rules, mesh, dynamic, sig: Signature, argnums, ranges) -> dict:
-    """`(flat leaf index, rank) -> PartitionSpec` of each differentiated argument's leaves under
-    `rules`, resolved on each rank's own submesh (ranks may differ in axes and sizes); empty
-    without rules (replicated)."""
-    if rules is None:
-        return {}
-    specs = {}
-    for k in argnums:
-        arg = dynamic[sig.positions.index(k)]
-        structure, resolved = jax.tree.structure(arg), {}
-        for r in range(mesh.mpmd_dim):
-            sub = mesh.submesh(r)
-            shape = (sub.axis_names, sub.devices.shape)
-            if shape not in resolved:
-                resolved[shape] = structure.flatten_up_to(core_sharding.param_specs(arg, rules, mesh=sub))
-            specs.update(((a, r), spec) for a, spec in zip(ranges[k], resolved[shape]))
-    return specs
 
 
 @methods_outside_context_mesh
@@ -98,6 +78,7 @@ class _StepFunction:
         self.placer = Placer()
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
         self.cache: dict = {}
+        self.buckets_traced: dict = {}  # with length_buckets: what every composition of buckets shares
         functools.update_wrapper(self, fn)
 
     # the settings other parts read (each is `self.settings`'s; `schedule` is None where the
@@ -122,7 +103,7 @@ class _StepFunction:
             closed, _, out_tree, regions = trace(
                 with_aux(sig.bind(self.fn), self.has_aux), sig.in_tree.unflatten(micro)
             )
-        self.check_loss(closed)
+        check_loss(self.name, closed)
         pipeline_schedule(settings, self.schedule_error, None, regions)
         with self.compiler.stats.timed("analysis"):
             closed, weights = step_weights(self, sig, kinds, micro, closed, lambda: whole.closed, m)
@@ -135,27 +116,12 @@ class _StepFunction:
             batch=tuple(kinds.batch),
             batch_avals={a: sig.aval(a) for a in kinds.batch},
             keys=kinds.keys,
-            param_specs=self.specs_of(sig, kinds),
+            param_specs=specs_of(self, sig, kinds),
             weights=weights,
             **stage_policies(settings.remat, settings.offload, len(graph.stages)),
         )
         self.last_graph = graph
         return Pipeline(graph, schedule, args, kinds.argnums, ranges, out_tree)
-
-    def check_loss(self, closed) -> None:
-        """Refuse a traced loss that is not a floating-point scalar."""
-        loss_aval = closed.out_avals[0]
-        if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
-            raise MpmdError(
-                f"{self.name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
-                "reduce it (e.g. mean over the batch) before returning."
-            )
-
-    def specs_of(self, sig: Signature, kinds) -> dict:
-        """The differentiated leaves' PartitionSpecs per rank under the step's rules (`param_specs`)."""
-        ranges = dict(zip(sig.positions, sig.ranges()))
-        dynamic = sig.in_tree.unflatten(sig.leaves)
-        return param_specs(self.settings.rules, self.mesh, dynamic, sig, kinds.argnums, ranges)
 
     def build_entry(self, sig: Signature) -> Entry:
         if isinstance(sig, BucketSignature):
@@ -170,8 +136,12 @@ class _StepFunction:
         return Entry(plan, pipe.out_tree, grad_trees=grad_trees)
 
     def _entry(self, args):
-        buckets = self.settings.length_buckets is not None
-        return cached_entry(self, args, functools.partial(refine, self) if buckets else None)
+        return cached_entry(self, args)
+
+    def refine_signature(self, sig: Signature) -> Signature:
+        """With `length_buckets`, the call's signature with its microbatches' lengths and leaves
+        (`BucketSignature`): the plan depends on them."""
+        return sig if self.settings.length_buckets is None else refine(self, sig)
 
     def measure_peak_activations(self, *args) -> list[int]:
         """Run one step and return, per rank, the most `(stage, microbatch)` activations alive at once."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+import numpy as np
+
 from .._trace.args import Signature
 from .._trace.exact_loss import BATCH, PARAM
 from .._trace.split import trace
@@ -46,3 +49,13 @@ def step_weights(step, sig: Signature, kinds, micro: list, closed, whole: Callab
         keys=kinds.keys,
         exact=step.exact,
     )
+
+
+def check_loss(name: str, closed) -> None:
+    """Refuse a traced loss that is not a floating-point scalar."""
+    loss_aval = closed.out_avals[0]
+    if loss_aval.shape != () or not jax.dtypes.issubdtype(loss_aval.dtype, np.inexact):
+        raise MpmdError(
+            f"{name}: the loss must be a floating-point scalar, got {loss_aval.str_short()}; "
+            "reduce it (e.g. mean over the batch) before returning."
+        )

@@ -1,10 +1,5 @@
-"""A step with `LengthBuckets` simulated: which microbatch it runs first, and its predicted time.
+"""The planner's predictions of a step with `LengthBuckets`, whose microbatches differ in length.
 
-Its microbatches differ in length, so their cells differ in cost: `CellCost` gives every cell of
-the schedule's table its own duration. The order of the microbatches is the one whose simulated
-step is shorter, each cell costing the schedule's unit cost of its kind times its microbatch's
-length (the rows are the same either way, only their order in the schedule differs; the loss and
-gradients are sums over the microbatches, so the order changes them by float rounding only).
 `predicted_step` is the planner's prediction of the step from its cells measured one at a time
 per (stage, kind, bucket), on the compute units and issuing cost a plain step measured
 (`spectrax_mpmd._planner.shared`). `predicted_peaks` predicts each rank's peak device bytes:
@@ -15,62 +10,16 @@ per stage profiled on a batch whose microbatches all fall in it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import jax
 import numpy as np
 
-from spectrax_core.schedules import StageCost, StageMemory, simulate
+from spectrax_core.schedules import StageMemory, simulate
 
+from .._buckets import CellCost
 from .backend import cell_work
 from .shared import shared_makespan
-
-KINDS = "FBIW"
-
-
-@dataclass(frozen=True)
-class CellCost(StageCost):
-    """A `StageCost` whose cells each take their own seconds: `cells[(kind, stage, microbatch)]`
-    (0 for a cell that does not run: the loss stage's B, fused into its F)."""
-
-    cells: Mapping = field(default_factory=dict)
-
-    def of(self, cell) -> float:
-        return float(sum(self.cells.get((a.kind, a.stage, a.microbatch), 0.0) for a in cell.parts))
-
-    @classmethod
-    def of_cells(cls, cells: Mapping, stages: int) -> CellCost:
-        zeros = (0.0,) * stages
-        return cls(zeros, zeros, zeros, zeros, 0.0, dict(cells))
-
-
-def scaled_unit_cost(schedule, n: int, lengths) -> CellCost:
-    """Each cell of `schedule` on `n` ranks at its kind's unit cost (F = I = W = 1, B = 2) times its
-    microbatch's length over the longest."""
-    stages, top = schedule.num_stages(n), max(lengths)
-    unit = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-    cells = {
-        (k, s, i): unit[k] * length / top for k in KINDS for s in range(stages) for i, length in enumerate(lengths)
-    }
-    return CellCost.of_cells(cells, stages)
-
-
-def simulated_step(schedule, n: int, lengths) -> float:
-    """The simulated step of `schedule` on `n` ranks with microbatch `i` at `lengths[i]`
-    (`scaled_unit_cost`), in unit-cost time."""
-    return simulate(schedule, n, scaled_unit_cost(schedule, n, lengths)).makespan
-
-
-def longest_first(step, rows) -> bool:
-    """Whether `step` (a step with `LengthBuckets`) runs its longest microbatch first, for the
-    microbatches `rows` (sorted longest first): as its `order` says, or for `"auto"` the order
-    whose simulated step is shorter (longest first on a tie)."""
-    order = step.settings.length_buckets.order
-    if order != "auto":
-        return order == "longest_first"
-    schedule, n = step.settings.schedule, step.mesh.mpmd_dim
-    lengths = rows.lengths
-    return simulated_step(schedule, n, lengths) <= simulated_step(schedule, n, lengths[::-1])
 
 
 def measured_cells(step, args, rounds: int = 3) -> dict:
@@ -88,7 +37,9 @@ def measured_cells(step, args, rounds: int = 3) -> dict:
     return cells
 
 
-def predicted_step(schedule, n: int, cells: Mapping, units: float, issue_s: float, shares_host: bool) -> float:
+def predicted_step(
+    schedule, n: int, cells: Mapping, units: float, issue_s: float, shares_host: bool
+) -> float:
     """Predicted seconds of `schedule` on `n` ranks whose cells took `cells` (`measured_cells`),
     each doing its time less its issuing `issue_s`, on `units` compute units shared as
     `shared_makespan` says."""

@@ -13,8 +13,8 @@ import pytest
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_core.schedules import InterleavedH1, Std1F1B, ZeroBubbleH1
-from spectrax_mpmd._buckets import split_rows
-from spectrax_mpmd._planner.buckets import bucket_memory, simulated_step
+from spectrax_mpmd._buckets import simulated_step, split_rows
+from spectrax_mpmd._planner.buckets import bucket_memory
 
 V, D, PADDED, M = 11, 8, 16, 4
 # 8 rows, sorted: 16 9 | 5 4 | 3 2 | 2 1 -> microbatches of 2 rows at 16, 16, 8, 4, 2 (powers of two)
@@ -163,7 +163,11 @@ def test_refused_with_the_rule(settings, args, match):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"lengths": -1}, "position"), ({"lengths": 3, "sizes": (8, 4)}, "ascending"), ({"lengths": 3, "axis": 0}, "axis")],
+    [
+        ({"lengths": -1}, "position"),
+        ({"lengths": 3, "sizes": (8, 4)}, "ascending"),
+        ({"lengths": 3, "axis": 0}, "axis"),
+    ],
 )
 def test_bad_length_buckets(kwargs, match):
     with pytest.raises(mp.MpmdError, match=match):
