@@ -64,6 +64,9 @@ class Block(eqx.Module):
         if eps is not None:
             norm_kw["eps"] = eps
         proj_kw = {"w_init": w_init, "b_init": b_init, "compute_dtype": compute_dtype}
+        attn_kw = dict(
+            n_kv_heads=n_kv_heads, head_dim=head_dim, causal=causal, rope=rope, rope_theta=rope_theta
+        )
         mlp_cls = GatedMLP if gated else MLP
         mlp_kw = {"dtype": dtype, "use_bias": use_bias, **proj_kw}
         if activation is not None:
@@ -71,17 +74,7 @@ class Block(eqx.Module):
         return cls(
             norm1=norm_cls.init(None, d_model, **norm_kw),
             attn=Attention.init(
-                k_attn,
-                d_model,
-                n_heads,
-                n_kv_heads=n_kv_heads,
-                head_dim=head_dim,
-                causal=causal,
-                rope=rope,
-                rope_theta=rope_theta,
-                use_bias=use_bias,
-                dtype=dtype,
-                **proj_kw,
+                k_attn, d_model, n_heads, **attn_kw, use_bias=use_bias, dtype=dtype, **proj_kw
             ),
             norm2=norm_cls.init(None, d_model, **norm_kw),
             mlp=mlp_cls.init(k_mlp, d_model, d_ff, **mlp_kw),

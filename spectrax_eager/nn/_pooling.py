@@ -68,40 +68,28 @@ class _AvgPool(_Pool):
         )
 
 
-class MaxPool1d(_MaxPool):
-    """Maximum over windows of `(batch, length, channels)`."""
-
-    ndim = 1
-
-
-class MaxPool2d(_MaxPool):
-    """Maximum over windows of `(batch, height, width, channels)`."""
-
-    ndim = 2
-
-
-class MaxPool3d(_MaxPool):
-    """Maximum over windows of `(batch, depth, height, width, channels)`."""
-
-    ndim = 3
+def _per_rank(base: type, doc: str) -> tuple[type, ...]:
+    """The 1-, 2- and 3-d classes of `base`, named after it (`_MaxPool` gives `MaxPool1d`, ...),
+    each documented by `doc` with its input's shape."""
+    return tuple(
+        type(
+            f"{base.__name__.lstrip('_')}{n}d",
+            (base,),
+            {"ndim": n, "__doc__": doc.format(shape=_SHAPES[n]), "__module__": __name__},
+        )
+        for n in (1, 2, 3)
+    )
 
 
-class AvgPool1d(_AvgPool):
-    """Mean over windows of `(batch, length, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 1
-
-
-class AvgPool2d(_AvgPool):
-    """Mean over windows of `(batch, height, width, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 2
-
-
-class AvgPool3d(_AvgPool):
-    """Mean over windows of `(batch, depth, height, width, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 3
+_SHAPES = {
+    1: "(batch, length, channels)",
+    2: "(batch, height, width, channels)",
+    3: "(batch, depth, height, width, channels)",
+}
+MaxPool1d, MaxPool2d, MaxPool3d = _per_rank(_MaxPool, "Maximum over windows of `{shape}`.")
+AvgPool1d, AvgPool2d, AvgPool3d = _per_rank(
+    _AvgPool, "Mean over windows of `{shape}`; `count_include_pad` as PyTorch."
+)
 
 
 class _AdaptiveAvgPool(Module):
@@ -119,22 +107,9 @@ class _AdaptiveAvgPool(Module):
         return sc.functional.adaptive_avg_pool(x, self.output_size)
 
 
-class AdaptiveAvgPool1d(_AdaptiveAvgPool):
-    """Average `(batch, length, channels)` into `(batch, output_size, channels)`."""
-
-    ndim = 1
-
-
-class AdaptiveAvgPool2d(_AdaptiveAvgPool):
-    """Average `(batch, height, width, channels)` into `(batch, *output_size, channels)`."""
-
-    ndim = 2
-
-
-class AdaptiveAvgPool3d(_AdaptiveAvgPool):
-    """Average `(batch, depth, height, width, channels)` into `(batch, *output_size, channels)`."""
-
-    ndim = 3
+AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = _per_rank(
+    _AdaptiveAvgPool, "Average `{shape}` into `output_size` windows along its spatial axes."
+)
 
 
 __all__ = [
