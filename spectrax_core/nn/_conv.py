@@ -11,17 +11,17 @@ padding`, and the output length is `(L-1)·stride - 2·padding + dilation·(k-1)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, Unpack
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._apply import register_apply
 from .._checks import check_last_dim
 from ..init import initialize, lecun_normal, zeros
+from ._options import ParamOptions, option_values, with_options
 from ._pool import Padding, spatial_padding
 from ._validate import check_ndim
 
@@ -138,12 +138,12 @@ def _cast(compute_dtype: Any, *arrays):
     return tuple(None if a is None else a.astype(compute_dtype) for a in arrays)
 
 
-def _kernel_fields(cls, key, channels: tuple, geometry: tuple, init: tuple, axes, compute_dtype) -> dict:
+def _kernel_fields(cls, key, channels: tuple, geometry: tuple, use_bias: bool, axes, options: dict) -> dict:
     """The fields a convolution and a transposed one share. `channels`: `(c_in, c_out, groups)`;
-    `geometry`: `(kernel_size, stride, dilation)`; `init`: `(use_bias, dtype, w_init, b_init)`.
+    `geometry`: `(kernel_size, stride, dilation)`; `options`: the layer's `ParamOptions`.
     The weight `(*kernel, c_in / groups, c_out)` comes from `key` (lecun-normal by default), the
     bias from `fold_in(key, 1)` (zeros by default)."""
-    (c_in, c_out, groups), (use_bias, dtype, w_init, b_init) = channels, init
+    (c_in, c_out, groups), (dtype, w_init, b_init, compute_dtype) = channels, option_values(options)
     n, where = cls.ndim, cls.__name__
     kernel, stride, dilation = (_as_tuple(where, k, v, n) for k, v in zip(_GEOMETRY, geometry))
     shape = (*kernel, c_in // groups, c_out)
@@ -185,6 +185,7 @@ class _Conv(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -197,11 +198,8 @@ class _Conv(eqx.Module):
         dilation: int | tuple[int, ...] = 1,
         groups: int = 1,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: tuple[str | None, str | None] = (None, None),
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ):
         """Lecun-normal weight (fan-in = prod(kernel) · c_in / groups) and zero bias unless
         `w_init` / `b_init` say otherwise; `dtype` is the parameters' dtype."""
@@ -210,8 +208,8 @@ class _Conv(eqx.Module):
             raise ValueError(
                 f"{where}: groups={groups!r} must be a positive int dividing c_in={c_in} and c_out={c_out}."
             )
-        geometry, init = (kernel_size, stride, dilation), (use_bias, dtype, w_init, b_init)
-        fields = _kernel_fields(cls, key, (c_in, c_out, groups), geometry, init, axes, compute_dtype)
+        geometry = (kernel_size, stride, dilation)
+        fields = _kernel_fields(cls, key, (c_in, c_out, groups), geometry, use_bias, axes, options)
         return cls(**fields, padding=spatial_padding(where, padding, cls.ndim), groups=groups)
 
     logical_axes = _conv_axes
@@ -251,6 +249,7 @@ class _ConvTranspose(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -263,17 +262,14 @@ class _ConvTranspose(eqx.Module):
         output_padding: int | tuple[int, ...] = 0,
         dilation: int | tuple[int, ...] = 1,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: tuple[str | None, str | None] = (None, None),
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ):
         """Lecun-normal weight (fan-in = prod(kernel) · c_in) and zero bias unless `w_init` /
         `b_init` say otherwise; `padding` / `output_padding` as PyTorch's ConvTranspose."""
         n, where = cls.ndim, cls.__name__
-        geometry, init = (kernel_size, stride, dilation), (use_bias, dtype, w_init, b_init)
-        fields = _kernel_fields(cls, key, (c_in, c_out, 1), geometry, init, axes, compute_dtype)
+        geometry = (kernel_size, stride, dilation)
+        fields = _kernel_fields(cls, key, (c_in, c_out, 1), geometry, use_bias, axes, options)
         stride_t, dilation_t = fields["stride"], fields["dilation"]
         out_pad = _as_tuple(where, "output_padding", output_padding, n, minimum=0)
         if any(op >= max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
