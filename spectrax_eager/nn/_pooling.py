@@ -26,42 +26,32 @@ def _window(where: str, value: Any, n: int) -> tuple[int, ...]:
 
 
 class _Pool(Module):
+    """A window reduction; `count_include_pad` (as PyTorch) matters to the average pools only (a
+    maximum never sees padding)."""
+
     ndim: int
 
-    def __init__(self, kernel_size: int | tuple[int, ...], stride: Any = None, padding: Any = 0):
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, ...],
+        stride: Any = None,
+        padding: Any = 0,
+        count_include_pad: bool = True,
+    ):
         self.kernel_size = _window(type(self).__name__, kernel_size, self.ndim)
         self.stride = (
             None if stride is None else (stride,) * self.ndim if isinstance(stride, int) else tuple(stride)
         )
         self.padding = padding if isinstance(padding, int | str) else tuple(padding)
+        self.count_include_pad = bool(count_include_pad)
 
 
 class _MaxPool(_Pool):
-    def __init__(
-        self,
-        kernel_size: int | tuple[int, ...],
-        stride: Any = None,
-        padding: Any = 0,
-        count_include_pad: bool = True,
-    ):
-        """`count_include_pad` is accepted as for the average pools; a maximum never sees padding."""
-        super().__init__(kernel_size, stride, padding)
-
     def forward(self, x: jax.Array) -> jax.Array:
         return sc.functional.max_pool(x, self.kernel_size, self.stride, self.padding)
 
 
 class _AvgPool(_Pool):
-    def __init__(
-        self,
-        kernel_size: int | tuple[int, ...],
-        stride: Any = None,
-        padding: Any = 0,
-        count_include_pad: bool = True,
-    ):
-        super().__init__(kernel_size, stride, padding)
-        self.count_include_pad = bool(count_include_pad)
-
     def forward(self, x: jax.Array) -> jax.Array:
         return sc.functional.avg_pool(
             x, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad
