@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict, get_args
+from typing import Any, TypedDict
 
 import jax.numpy as jnp
 
@@ -45,7 +45,7 @@ def with_options(init: Callable) -> Callable:
     """Decorate a layer's `init` whose last parameter is `**options: Unpack[...]` (see the module)."""
     sig = inspect.signature(init)
     var = list(sig.parameters.values())[-1]
-    (declared,) = get_args(eval(var.annotation, init.__globals__))  # the one string annotation
+    declared = init.__globals__[var.annotation.removeprefix("Unpack[").removesuffix("]")]
     names = tuple(declared.__annotations__)
     spelled = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DEFAULTS[n]) for n in names]
     signature = sig.replace(parameters=[*list(sig.parameters.values())[:-1], *spelled])

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypedDict, get_args
+from typing import Any, ClassVar, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -180,7 +180,7 @@ def spell_out_options(cls: type) -> None:
     hint = var.annotation if var is not None else None
     if not (isinstance(hint, str) and hint.startswith("Unpack[")):
         return
-    (options,) = get_args(eval(hint, init.__globals__))  # resolves the one string annotation
+    options = init.__globals__[hint.removeprefix("Unpack[").removesuffix("]")]
     names = [n for n in options.__annotations__ if n not in sig.parameters]
     kept = [p for p in sig.parameters.values() if p is not var]
     spelled = [
