@@ -1,8 +1,10 @@
 """`LengthBuckets`: a batch whose rows have their own lengths, run as microbatches padded only to
 their length bucket.
 
-A step takes the batch as a JAX user already holds it: every row padded to the batch's longest
-(the padded length) and an integer argument with each row's length. At each call the rows are
+A training step (`sxvalue_and_grad`, `sxgrad`, `sxvalue_and_grad_and_apply`, `run`, `runner`,
+`Runner`, the eager `spx.run`) takes the batch as a JAX user already holds it: every row padded to
+the batch's longest (the padded length) and an integer array with each row's length (an argument,
+or a leaf inside one). At each call the rows are
 sorted by length (longest first) and cut into the schedule's microbatches, each the same number of
 rows; a microbatch is cut along the sequence axis to the smallest bucket that holds its longest
 row. Every (stage, cell kind, bucket) is one compiled program, and the schedule runs the
@@ -33,7 +35,9 @@ KINDS = "FBIW"
 class LengthBuckets:
     """Run a step's microbatches at their own length (see the module docstring).
 
-    `lengths`: the position of the batch argument holding each row's length (integers `[rows]`).
+    `lengths`: where each row's length is (integers `[rows]`, a batch leaf): the position or
+    parameter name of the argument holding it, or a path into an argument, `(argument, key, ...)`
+    (`("targets", "lengths")`: the `"lengths"` entry of the argument `targets`).
     `sizes`: the bucket lengths, ascending (default: powers of two; the padded length is always a
     bucket). `axis`: the sequence axis of the padded batch leaves; a batch leaf is cut along it
     when its size there is the padded length (the largest among the batch leaves). `order`: which
@@ -42,16 +46,22 @@ class LengthBuckets:
     first); the loss and gradients do not depend on it beyond float rounding.
     """
 
-    lengths: int
+    lengths: int | str | tuple
     sizes: tuple[int, ...] | None = None
     axis: int = 1
     order: str = "auto"
 
     def __post_init__(self):
-        if isinstance(self.lengths, bool) or not isinstance(self.lengths, int) or self.lengths < 0:
+        where = self.lengths if isinstance(self.lengths, tuple) else (self.lengths,)
+        argument = where[0] if where else None
+        if (
+            isinstance(argument, bool)
+            or not isinstance(argument, int | str)
+            or (isinstance(argument, int) and argument < 0)
+        ):
             raise MpmdError(
-                f"LengthBuckets: lengths must be the position of the argument holding each row's "
-                f"length (an int >= 0), got {self.lengths!r}."
+                f"LengthBuckets: lengths must say where each row's length is: the position (an int >= 0) "
+                f"or name of its argument, or a path (argument, key, ...), got {self.lengths!r}."
             )
         if self.sizes is not None:
             sizes = tuple(int(s) for s in self.sizes)
@@ -69,6 +79,19 @@ class LengthBuckets:
         if self.order not in ORDERS:
             raise MpmdError(f"LengthBuckets: order must be one of {ORDERS}, got {self.order!r}.")
 
+    def path(self, name: str, names: list[str]) -> tuple:
+        """Where the lengths are in a call of a function whose positional parameters are `names`,
+        as `(position, key, ...)`."""
+        argument, *keys = self.lengths if isinstance(self.lengths, tuple) else (self.lengths,)
+        if isinstance(argument, str):
+            if argument not in names:
+                raise MpmdError(
+                    f"{name}: LengthBuckets(lengths={self.lengths!r}) names the argument {argument!r}, but "
+                    f"the function's positional parameters are {names}; name one of them (or give its position)."
+                )
+            argument = names.index(argument)
+        return (argument, *keys)
+
     def bucket(self, length: int, padded: int) -> int:
         """The length a microbatch whose longest row is `length` is padded to."""
         if self.sizes is None:
@@ -76,6 +99,11 @@ class LengthBuckets:
         else:
             size = next((s for s in self.sizes if s >= length), padded)
         return min(size, padded)
+
+
+def key_path(path) -> tuple:
+    """A JAX key path (`jax.tree_util.tree_flatten_with_path`) as the keys it indexes with."""
+    return tuple(getattr(e, "idx", getattr(e, "key", getattr(e, "name", e))) for e in path)
 
 
 def check_length_buckets(settings) -> None:
@@ -92,10 +120,16 @@ def check_length_buckets(settings) -> None:
             "exact, or reduce='sum'); microbatches of different lengths have no common mean or "
             "weight. Drop reduce='mean' / microbatch_weight_fn, or length_buckets."
         )
-    if settings.schedule is None or settings.has_aux:
+    if (settings.schedule is None and settings.microbatches == 1) or settings.has_aux:
         raise MpmdError(
-            f"{name}: length_buckets needs schedule= and a function without aux outputs "
-            "(has_aux=False): a microbatch's outputs other than the loss change shape with its length."
+            f"{name}: length_buckets needs microbatches (schedule=, or microbatches= where the entry "
+            "point takes it) and a function without aux outputs (has_aux=False): a microbatch's "
+            "outputs other than the loss change shape with its length."
+        )
+    if settings.stage_sizes == "auto":
+        raise MpmdError(
+            f"{name}: stage_sizes='auto' balances the stages on one profiled shape; with length_buckets "
+            "give the block counts (e.g. the `balance.sizes` of a run on the padded batch)."
         )
 
 

@@ -148,14 +148,14 @@ class RunKey(NamedTuple):
     stage_sizes: Any
     loss: Any
     optimizer: Any  # the optimizers' transformations and selections, by value (None: gradients out)
-    memory: Any = ()  # what each stage keeps for its backward (remat, offload), the weight, the budget
+    memory: Any = ()  # what each stage keeps (remat, offload), the weight, the budget, the buckets
 
 
 def run_key(plan, selected, settings, loss_fn, optimizers) -> RunKey | None:
     """The `RunKey` of a run of `plan` with `settings` (a `spectrax_mpmd.StepSettings`), or None
     when a value it depends on has no key by content."""
     memory = {"remat": settings.remat, "offload": settings.offload}
-    for name in ("microbatch_weight_fn", "memory_budget"):  # in the key when given, by value
+    for name in ("microbatch_weight_fn", "memory_budget", "length_buckets"):  # when given, by value
         if getattr(settings, name) is not None:
             memory[name] = getattr(settings, name)
     try:

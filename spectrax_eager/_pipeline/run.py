@@ -52,6 +52,7 @@ def run(
     offload: Any = False,
     microbatch_weight_fn: Callable | None = None,
     memory_budget: int | None = None,
+    length_buckets: Any = None,
     fuse_1f1b: bool | None = None,
     fuse_zb: bool | None = None,
     max_new_tokens: Any = None,
@@ -96,6 +97,10 @@ def run(
     recompute (`True` or a `jax.checkpoint_policies` name) and saved values in
     host memory (see `spectrax_mpmd.sxvalue_and_grad`), for every stage or per
     stage; a run without a pipeline axis ignores them.
+
+    `length_buckets=spectrax_mpmd.LengthBuckets(("targets", "lengths"))` runs each microbatch at
+    its rows' length bucket on a pipeline mesh, gradients or `optimizer=` alike: the rows' lengths
+    are named by a path into `inputs` or `targets` (see `docs/variable-length.md`).
 
     Compiled runs are cached by value (model structure, configuration, the mesh's
     devices and axes, and the loss function's code with the values it reads; see

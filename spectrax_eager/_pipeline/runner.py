@@ -82,6 +82,12 @@ def new_runner(model, plan, selected, args, counters, settings, loss_fn) -> tupl
         sizes = _balanced_sizes(model, plan, selected, args, settings, loss_fn)
     loss = CurrentLoss(loss_fn) if loss_fn is not None else None
     counting = bool(counters) and settings.mode == "train" and loss is not None
+    if counting and settings.length_buckets is not None:
+        raise mp.MpmdError(
+            "spx.run: length_buckets runs microbatches whose outputs besides the loss would change shape "
+            "with their length, and the model's Rngs streams come back per microbatch; drop "
+            "length_buckets, or draw the model's randomness from a key passed in the inputs."
+        )
     n_stages = settings.model_stages()
     stages = None if n_stages == 1 else stage_plan(model, n_stages, sizes, args[2])
     runner = mp.Runner.of(

@@ -19,6 +19,7 @@ from spectrax_core.schedules import Schedule
 
 from .._settings import StepSettings
 from ..errors import MpmdError
+from .bucketed import InnerStep
 from .grad import _StepFunction
 from .jit import sxjit
 from .validation import VALIDATIONS, guarded_update
@@ -44,6 +45,7 @@ def sxvalue_and_grad_and_apply(
     max_grad_norm: float | None = None,
     skip_nonfinite: bool = False,
     validation: str = "sync",
+    length_buckets=None,
 ) -> Callable:
     """One pipelined training step: `step(params, opt_state, *args) -> (loss, params, opt_state)`.
 
@@ -76,6 +78,10 @@ def sxvalue_and_grad_and_apply(
     (`optax.GradientTransformationExtraArgs`: `optax.contrib.reduce_on_plateau`,
     `optax.polyak_sgd` in a chain), and whatever `update_kwargs(loss, aux)` returns
     (a dict; `aux` is None without `has_aux`).
+
+    `length_buckets=LengthBuckets(lengths=k)` runs each microbatch at its rows' length bucket, as
+    `sxvalue_and_grad` does (`k` names one of `fn`'s arguments, not the step's), the update after
+    it in the same plan.
     """
     settings = StepSettings.of("sxvalue_and_grad_and_apply", locals())
     if tx is None:
@@ -115,7 +121,6 @@ def apply_step(fn: Callable, settings: StepSettings, update: Update = Update()) 
     `update` says: what `sxvalue_and_grad_and_apply` returns."""
     name, tx, has_aux = settings.name, settings.tx, settings.has_aux
     update.check(name)
-    grad_step = _StepFunction(fn, settings)
 
     def train_step(*call_args):
         if len(call_args) < 2:
@@ -138,6 +143,9 @@ def apply_step(fn: Callable, settings: StepSettings, update: Update = Update()) 
     shifted = tuple(k + 1 if k > 0 else k for k in settings.static_argnums)
     donated = (0, 1) if update.donate else ()
     step = sxjit(train_step, mesh=settings.mesh, static_argnums=shifted, donate_argnums=donated)
+    grad_step = _StepFunction(fn, settings, compiler=step.compiler)  # one build report for both
+    if settings.length_buckets is not None:  # the step's arguments: the function's but opt_state
+        step.inner_step = InnerStep(grad_step, lambda arguments: (arguments[0], *arguments[2:]))
     step.unsplit = unsplit_step(fn, tx, has_aux, update)
     step.parity_groups = (("loss", "aux") if has_aux else "loss", "params", "opt_state")
     return step

@@ -7,20 +7,26 @@ its coefficients (a token count) are computed by the loss cells from the padded 
 read, and each bucket's stages emit the partial sums of their microbatch, proven the same way at
 the bucket's length. A bucket whose partial sums differ in shape from the padded batch's (a sum
 per position) is refused.
+
+A whole training step (`sxvalue_and_grad_and_apply`, a runner's `update`) cuts its call through
+the step it calls (`refine_around`) and builds the same plan with its update appended
+(`bucketed_plan` with an `Epilogue`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+import jax
 import numpy as np
 
-from .._buckets import MicrobatchRows, in_order, split_rows
+from .._buckets import MicrobatchRows, in_order, key_path, split_rows
 from .._comm import is_transfer
-from .._plan import PlanArgs
+from .._plan import Epilogue, PlanArgs
 from .._plan.buckets import build_bucketed_train_plan
-from .._runtime import Output
-from .._trace.args import ArgumentKinds, Signature, classify, traced_avals
+from .._runtime import Output, Plan
+from .._trace.args import ArgumentKinds, Signature, classify, positional_names, signature, traced_avals
 from .._trace.exact_loss import BATCH, PARAM
 from .._trace.policy import stage_policies
 from .._trace.split import split, trace
@@ -41,6 +47,16 @@ class BucketSignature(Signature):
     rows: MicrobatchRows | None = None
     kinds: ArgumentKinds | None = None
     sequence: frozenset = frozenset()  # the batch leaves cut along the sequence axis
+    inner: BucketSignature | None = None  # a whole training step's: that of the step it calls
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerStep:
+    """The pipelined step with `LengthBuckets` a whole training step (`sxvalue_and_grad_and_apply`)
+    calls, and how: `select(arguments)` are the step's arguments among the function's."""
+
+    step: object
+    select: Callable
 
 
 def _sequence_leaves(step, sig: Signature, kinds: ArgumentKinds) -> tuple[frozenset, int]:
@@ -56,15 +72,18 @@ def _sequence_leaves(step, sig: Signature, kinds: ArgumentKinds) -> tuple[frozen
 
 
 def _lengths_leaf(step, sig: Signature, kinds: ArgumentKinds) -> int:
-    k = step.settings.length_buckets.lengths
-    ranges = dict(zip(sig.positions, sig.ranges()))
-    leaves = ranges.get(k, range(0))
-    if len(leaves) != 1 or leaves[0] not in kinds.batch:
+    buckets = step.settings.length_buckets
+    where = buckets.path(step.name, positional_names(step.fn))
+    flat = jax.tree_util.tree_flatten_with_path(sig.in_tree.unflatten(range(sig.in_tree.num_leaves)))[0]
+    leaves = {(sig.positions[p[0].idx], *key_path(p[1:])): a for p, a in flat}
+    a = leaves.get(where)
+    if a is None or a not in kinds.batch:
         raise MpmdError(
-            f"{step.name}: LengthBuckets(lengths={k}) must name a batch argument holding one integer "
-            "array [rows] of row lengths."
+            f"{step.name}: LengthBuckets(lengths={buckets.lengths!r}) must say where a batch leaf holding "
+            "one integer array [rows] of row lengths is: an argument's position or name, or a path "
+            "(argument, key, ...) to a leaf inside it."
         )
-    return leaves[0]
+    return a
 
 
 def refine(step, sig: Signature) -> BucketSignature:
@@ -96,6 +115,25 @@ def refine(step, sig: Signature) -> BucketSignature:
         rows=rows,
         kinds=kinds,
         sequence=sequence,
+    )
+
+
+def refine_around(inner: InnerStep, sig: Signature) -> BucketSignature:
+    """A whole training step's signature with the microbatches of the step it calls: that step's
+    `BucketSignature` (`inner`), whose microbatches' leaves are appended to the function's."""
+    step = inner.step
+    own = refine(step, signature(step.name, step.fn, inner.select(sig.arguments()), step.static_argnums))
+    n = len(own.base.leaves)
+    return BucketSignature(
+        (sig.key, own.rows.lengths),
+        sig.statics,
+        sig.positions,
+        [*sig.leaves, *own.leaves[n:]],
+        sig.in_tree,
+        (*sig.types, *own.types[n:]),
+        base=sig,
+        rows=own.rows,
+        inner=own,
     )
 
 
@@ -188,22 +226,35 @@ def _check_same_sums(name: str, own, padded, length: int) -> None:
         )
 
 
-def bucketed_entry(step, sig: BucketSignature) -> Entry:
-    """The compiled plan of a call with these microbatches, with its output trees."""
+def bucketed_plan(step, sig: BucketSignature, epilogue: Epilogue | None = None) -> Plan:
+    """The compiled plan of a call of `step` with these microbatches, then `epilogue` (a whole
+    training step's update) if given."""
     traced = step.buckets_traced  # per call signature: the padded batch's weights, each bucket's graph
     key = sig.base.key
     if key not in traced:
         traced[key] = (*_padded_weights(step, sig), {})
-    weights, out_tree, graphs = traced[key]
-    lengths = sig.rows.lengths
+    weights, _, graphs = traced[key]
     for length in sig.rows.buckets:
         if length not in graphs:
             graphs[length] = _bucket_graph(step, sig, length, weights)
     buckets = {length: graphs[length] for length in sig.rows.buckets}
-    n = len(sig.base.leaves)
-    plan = build_plan(
-        step.compiler, build_bucketed_train_plan, buckets, lengths, n, step.settings.schedule, step.mesh
+    n, settings = len(sig.base.leaves), step.settings
+    return build_plan(
+        step.compiler,
+        build_bucketed_train_plan,
+        buckets,
+        sig.rows.lengths,
+        n,
+        settings.schedule,
+        step.mesh,
+        epilogue,
     )
+
+
+def bucketed_entry(step, sig: BucketSignature) -> Entry:
+    """The compiled plan of a call with these microbatches, with its output trees."""
+    plan = bucketed_plan(step, sig)
+    out_tree, lengths = step.buckets_traced[sig.base.key][1], sig.rows.lengths
     slots = plan.output_slots[Output.GRADS]
     ranges = dict(zip(sig.positions, sig.base.ranges()))
     grad_trees = tuple(

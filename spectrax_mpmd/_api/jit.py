@@ -25,6 +25,7 @@ from .._trace.context import methods_outside_context_mesh
 from .._trace.pipelined import find_pipeline_call, tracing_train_step
 from .._trace.split import split, trace
 from .agree import InputsCheck
+from .bucketed import BucketSignature, InnerStep, refine_around
 from .checks import microbatches, pipeline_schedule
 from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
 from .train_step import build_train_step
@@ -42,9 +43,16 @@ class _JitFunction:
         self.donate_argnums = donate_argnums
         self.compiler, self.placer, self.cache = Compiler(), Placer(), {}
         self.inputs_check = InputsCheck(self.name, fn, self.mesh)
+        self.inner_step: InnerStep | None = None  # a whole training step's bucketed pipelined step
         functools.update_wrapper(self, fn)
 
+    def refine_signature(self, sig: Signature) -> Signature:
+        """With a bucketed `inner_step`, the call's signature with its microbatches (see
+        `_StepFunction.refine_signature`)."""
+        return sig if self.inner_step is None else refine_around(self.inner_step, sig)
+
     def build_entry(self, sig: Signature) -> Entry:
+        bucketed, sig = sig, sig.base if isinstance(sig, BucketSignature) else sig  # traced padded
         settings, kinds, split_batch, m = self.settings, None, {}, 1
         if settings.microbatched:  # the batch splits as the schedule says
             whole = WholeBatchTrace(sig.bind(self.fn), sig, self.compiler.stats)
@@ -59,7 +67,7 @@ class _JitFunction:
         donated = self._donated(sig)
         found = find_pipeline_call(closed, self.name)
         if found is not None:
-            return build_train_step(self, sig, found, out_tree, donated)
+            return build_train_step(self, bucketed, found, out_tree, donated)
         pipeline_schedule(settings, self.schedule_error, None, regions)
         v = 1 if settings.schedule is None else settings.schedule.virtual_stages
         with self.compiler.stats.timed("split"):

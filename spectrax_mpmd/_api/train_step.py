@@ -16,6 +16,8 @@ import dataclasses
 from .._plan import Epilogue, Role, RoleKind, build_train_plan
 from .._trace.ownership import Program
 from .._trace.pipelined import FoundCall, PipelineCall
+from ..errors import MpmdError
+from .bucketed import BucketSignature, bucketed_plan
 from .entry import Entry, build_plan
 
 
@@ -48,8 +50,19 @@ def build_train_step(function, sig, found: FoundCall, out_tree, donated_leaves: 
         tuple(found.outvars),
         found.consts,
     )
+    function.last_graph = pipe.graph
+    if isinstance(sig, BucketSignature):  # the microbatches' own leaves follow the function's
+        n = len(sig.base.leaves)
+        step_to_fn += range(n, len(sig.leaves))
     epilogue = Epilogue(program, tuple(roles), frozenset(donated), tuple(step_to_fn))
+    if isinstance(sig, BucketSignature):
+        plan = bucketed_plan(call.step, sig.inner, epilogue)
+        return Entry(plan, out_tree, donated=donated_leaves, lengths=sig.rows.lengths)
+    if call.step.settings.length_buckets is not None:
+        raise MpmdError(
+            f"{function.name}: the pipelined step it calls has length_buckets, which an sxjit function "
+            "cannot pass on; build the whole step with sxvalue_and_grad_and_apply(..., length_buckets=...)."
+        )
     args = dataclasses.replace(pipe.args, epilogue=epilogue)
     plan = build_plan(function.compiler, build_train_plan, pipe.graph, pipe.schedule, function.mesh, args)
-    function.last_graph = pipe.graph
     return Entry(plan, out_tree, donated=donated_leaves)

@@ -95,6 +95,7 @@ def runner(
     offload=False,
     advice=None,
     microbatch_weight_fn: Callable | None = None,
+    length_buckets=None,
 ) -> Callable:
     """`run` as a reusable step: `step(model, inputs, targets=None)`, compiled once per signature.
 
@@ -116,6 +117,7 @@ def runner(
     `remat`/`offload` to the per-stage choice it fits with; the
     model's `blocks` are cut into that configuration's ranks x virtual stages
     (evenly, or by `stage_sizes`), as the advised function cut them.
+    `length_buckets` is `run`'s; `step.update` takes it too.
     """
     settings = StepSettings.of("run", locals()) if advice is None else _advised(advice, locals())
     if settings.mesh is None:
@@ -177,6 +179,7 @@ def run(
     remat=False,
     offload=False,
     microbatch_weight_fn: Callable | None = None,
+    length_buckets=None,
     max_new_tokens=None,
     **options,
 ):
@@ -199,6 +202,9 @@ def run(
     `microbatch_weight_fn(inputs, targets)`) and its gradients, shaped like `model`.
     `mode="forward"`: returns the outputs in batch order. `remat` and `offload`
     set what each pipelined stage keeps for its backward (see `sxvalue_and_grad`).
+    `length_buckets=mp.LengthBuckets(("targets", "lengths"))` runs each microbatch
+    at its rows' length bucket (the lengths named by a path into `inputs` or
+    `targets`; see `docs/variable-length.md`).
     Each call compiles;
     in a loop use `runner(...)` once and call the step it returns.
     `mode="generate"`: `model` is a core LM and `inputs` a left-padded prompt;

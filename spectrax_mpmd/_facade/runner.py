@@ -139,7 +139,10 @@ class Runner:
     `microbatch_weight_fn(inputs, targets)` weighs each microbatch's loss (the
     step's loss is `sum(w_i * loss_i) / sum(w_i)`; see `sxvalue_and_grad`), on
     either kind of mesh; without it both give the loss of the whole batch for a
-    loss ending in batch factors (a padded token mean).
+    loss ending in batch factors (a padded token mean). `length_buckets` (an
+    `mp.LengthBuckets`; a path such as `("targets", "lengths")` names the lengths)
+    runs each microbatch at its rows' length bucket on an MPMD mesh (see
+    `sxvalue_and_grad`).
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class Runner:
         remat=False,
         offload=False,
         microbatch_weight_fn: Callable | None = None,
+        length_buckets=None,
     ):
         self._build(forward, loss_fn, StepSettings.of(name, locals()))
 
@@ -178,6 +182,12 @@ class Runner:
         self.forward, self.loss_fn = forward, loss_fn
         self.mpmd = settings.pipelined
         if not self.mpmd:
+            if settings.length_buckets is not None:
+                raise MpmdError(
+                    f"{settings.name}: length_buckets runs a pipelined step's microbatches at their own "
+                    "lengths, and this mesh has no pipeline axis (one SPMD program of one shape); drop "
+                    "length_buckets, or use a mesh with mpmd_axis='pp'."
+                )
             mesh = settings.mesh
             self.settings, self.mesh = settings, mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh
             self.step = jax.jit(self._spmd_train if settings.mode == "train" else self._spmd_forward)

@@ -10,20 +10,18 @@ accumulators, gradient reduction and loss shared. Microbatch `i` reads batch lea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .._compile.compiler import Compiler
 from .._runtime.plan import Plan
 from .._trace.graph import StageGraph
 from .draft import Draft
 from .emit import emit_action
-from .gradients import accumulator_cells, reduce_gradients
-from .hoist import hoist
+from .gradients import accumulator_cells
 from .layout import Layout, PlanArgs
 from .order import order_actions
 from .programs import programs_of
-from .seal import describe_training, seal
-from .train import check_loss_stage, stage_programs
+from .train import check_loss_stage, finish_training, stage_programs
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,11 +43,11 @@ class BucketLayout(Layout):
 
 
 def build_bucketed_train_plan(
-    buckets: dict, lengths: tuple[int, ...], templates: int, schedule, mesh, compiler: Compiler
+    buckets: dict, lengths: tuple[int, ...], templates: int, schedule, mesh, epilogue, compiler: Compiler
 ) -> Plan:
-    """The plan running `schedule` with microbatch `i` at length `lengths[i]`; `buckets` maps each
-    length to its `(StageGraph, PlanArgs)`, whose batch leaves are the templates numbered from
-    `templates`."""
+    """The plan running `schedule` with microbatch `i` at length `lengths[i]`, then `epilogue` (an
+    `Epilogue`, or None); `buckets` maps each length to its `(StageGraph, PlanArgs)`, whose batch
+    leaves are the templates numbered from `templates`."""
     layouts, programs = {}, {}
     for length, (graph, args) in buckets.items():
         check_loss_stage(graph)
@@ -70,7 +68,4 @@ def build_bucketed_train_plan(
 
     for rank, action in order_actions(schedule, layout.n, layout.graph):
         emit_action(draft, layout, programs[first], rank, action, pick)
-    tail = len(draft.steps)
-    draft.outputs = reduce_gradients(draft, layout, programs[first], args)
-    draft = hoist(draft, tail)
-    return seal(draft, layout, compiler, schedule, None, **describe_training(draft, layout, programs[first]))
+    return finish_training(draft, layout, programs[first], replace(args, epilogue=epilogue), compiler)

@@ -32,13 +32,20 @@ def build_train_plan(graph: StageGraph, schedule, mesh, args: PlanArgs, compiler
         draft.add(spec, (), outs)
     for rank, action in order_actions(schedule, layout.n, layout.graph):
         emit_action(draft, layout, programs, rank, action)
+    return finish_training(draft, layout, programs, args, compiler)
+
+
+def finish_training(draft: Draft, layout: Layout, programs: list, args: PlanArgs, compiler: Compiler) -> Plan:
+    """After the schedule's actions: gradient reduction -> the epilogue on the gradients, if any
+    -> those issued as early as their inputs allow -> localize and seal."""
     tail = len(draft.steps)
     draft.outputs = reduce_gradients(draft, layout, programs, args)
     if args.epilogue is not None:
         draft.outputs = emit_epilogue(draft, layout, args.epilogue, draft.outputs)
     draft = hoist(draft, tail)
     numbering = args.epilogue.function_leaves if args.epilogue is not None else None
-    return seal(draft, layout, compiler, schedule, numbering, **describe_training(draft, layout, programs))
+    schedule, described = layout.schedule, describe_training(draft, layout, programs)
+    return seal(draft, layout, compiler, schedule, numbering, **described)
 
 
 def stage_programs(

@@ -17,7 +17,8 @@ import numpy as np
 
 from spectrax_core.schedules import StageMemory, simulate
 
-from .._buckets import CellCost
+from .._buckets import CellCost, key_path
+from .._trace.args import positional_names
 from .backend import cell_work
 from .shared import shared_makespan
 
@@ -69,14 +70,16 @@ def within_bucket(step, args, length: int) -> tuple:
     long = [x for k in batch for x in jax.tree.leaves(args[k]) if np.ndim(x) > axis]
     padded = max(np.shape(x)[axis] for x in long)
 
-    def cut(x):
-        if np.ndim(x) > axis and np.shape(x)[axis] == padded:
+    where = buckets.path(step.name, positional_names(step.fn))
+
+    def cut(path, x):
+        if key_path(path) == where:
+            return np.minimum(np.asarray(x), length).astype(np.int32)
+        if path[0].idx in batch and np.ndim(x) > axis and np.shape(x)[axis] == padded:
             return np.asarray(x)[(slice(None),) * axis + (slice(0, length),)]
         return x
 
-    out = [jax.tree.map(cut, x) if k in batch else x for k, x in enumerate(args)]
-    out[buckets.lengths] = np.minimum(np.asarray(args[buckets.lengths]), length).astype(np.int32)
-    return tuple(out)
+    return jax.tree_util.tree_map_with_path(cut, tuple(args))
 
 
 def bucket_memory(step, args, optimizer_states: float = 0.0) -> BucketMemory:

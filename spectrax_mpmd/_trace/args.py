@@ -32,17 +32,22 @@ def as_tuple(argnums) -> tuple[int, ...]:
     return (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
 
-def describe_argument(fn: Callable, k: int) -> str:
-    """`argument 2 ('mask')`: the position, with the parameter's name when it can be read."""
+def positional_names(fn: Callable) -> list[str]:
+    """The names of `fn`'s positional parameters (none where they cannot be read)."""
     try:
-        params = [
-            p
+        return [
+            p.name
             for p in inspect.signature(fn).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
     except (TypeError, ValueError):
-        params = []
-    return f"argument {k} ({params[k].name!r})" if k < len(params) else f"argument {k}"
+        return []
+
+
+def describe_argument(fn: Callable, k: int) -> str:
+    """`argument 2 ('mask')`: the position, with the parameter's name when it can be read."""
+    names = positional_names(fn)
+    return f"argument {k} ({names[k]!r})" if k < len(names) else f"argument {k}"
 
 
 def is_prng_key(shape: tuple, dtype) -> bool:
@@ -87,6 +92,16 @@ class Signature:
     def describe(self, fn: Callable, a: int) -> str:
         """Leaf `a` for an error message: `argument 2 ('batch')['mask']`."""
         return _describe_leaf(fn, self.positions, self.in_tree.unflatten(self.leaves), a)
+
+    def arguments(self) -> list:
+        """The call's positional arguments again (statics and the trees of its leaves)."""
+        statics, dynamic = (
+            dict(self.statics),
+            iter(self.in_tree.unflatten(self.leaves[: self.in_tree.num_leaves])),
+        )
+        return [
+            statics[k] if k in statics else next(dynamic) for k in range(len(self.positions) + len(statics))
+        ]
 
     def bind(self, fn: Callable) -> Callable:
         """`fn` as a function of the dynamic arguments only, statics bound in."""
