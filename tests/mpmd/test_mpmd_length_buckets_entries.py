@@ -12,7 +12,7 @@ import pytest
 from test_mpmd_length_buckets import LENGTHS, M, PADDED, inputs, loss, mesh
 
 import spectrax_mpmd as mp
-from spectrax_core.schedules import Std1F1B, ZeroBubbleH1
+from spectrax_core.schedules import InterleavedH1, Std1F1B, ZeroBubbleH1
 from spectrax_mpmd._buckets import split_rows
 
 TX = optax.adam(1e-2)
@@ -39,29 +39,35 @@ def run_loss(outputs, targets):
     return loss(p, tokens, labels["labels"], labels["lengths"])
 
 
-def reference_update(args):
+def reference_update(args, fn=loss):
     """One adam step on the padded batch's `jax.value_and_grad`, unsplit."""
     p = args[0]
-    value, grads = jax.value_and_grad(loss)(*args)
+    value, grads = jax.value_and_grad(fn)(*args)
     updates, state = TX.update(grads, TX.init(p), p)
     return value, optax.apply_updates(p, updates), state
 
 
+SCHEDULES = {
+    "Std1F1B": Std1F1B(microbatches=M),
+    "ZeroBubbleH1": ZeroBubbleH1(microbatches=M),
+    "InterleavedH1": InterleavedH1(microbatches=M, virtual_stages=2),
+}
+
+
 @functools.cache
 def one_plan(schedule_name):
-    schedule = {"Std1F1B": Std1F1B(microbatches=M), "ZeroBubbleH1": ZeroBubbleH1(microbatches=M)}[
-        schedule_name
-    ]
-    return mp.sxvalue_and_grad_and_apply(loss, TX, mesh=mesh(), schedule=schedule, length_buckets=BUCKETS)
+    schedule = SCHEDULES[schedule_name]
+    fn = functools.partial(loss, stages=schedule.num_model_stages(2))
+    return fn, mp.sxvalue_and_grad_and_apply(fn, TX, mesh=mesh(), schedule=schedule, length_buckets=BUCKETS)
 
 
-@pytest.mark.parametrize("schedule_name", ["Std1F1B", "ZeroBubbleH1"])
+@pytest.mark.parametrize("schedule_name", sorted(SCHEDULES))
 def test_one_plan_step_updates_as_the_padded_batch(schedule_name):
-    step = one_plan(schedule_name)
+    fn, step = one_plan(schedule_name)
     for lengths, seed in ((LENGTHS, 0), (OTHER, 1)):
         args = inputs(lengths, seed)
         value, params, state = step(jax.tree.map(np.copy, args[0]), TX.init(args[0]), *args[1:])
-        close((value, params, state), reference_update(args))
+        close((value, params, state), reference_update(args, fn))
         assert sorted(step.last_entry.lengths) == sorted(split_rows(BUCKETS, lengths, PADDED, M, "").lengths)
     assert len(step.cache) == 2  # one plan per composition of buckets, its update inside
 
