@@ -139,3 +139,15 @@ def test_wiring_reads_first_uses_returns_what_is_read_later_and_keeps_donations(
     assert [w.slots[n] for n in w.arguments] == [10, 11]
     assert [w.slots[n] for n in w.results] == [11, 13]  # y stays inside: nothing after reads it
     assert w.donated == (1,)
+
+
+@pytest.mark.parametrize("name", ["Std1F1B", "GPipe", "InterleavedH1(v=4)"])
+def test_the_planner_counts_a_fused_run_as_one_call(name):
+    from spectrax_mpmd._env import configured_fuse_cells
+    from spectrax_mpmd._planner.issued import issued_calls
+
+    params, batch = case()
+    step = step_of(name)
+    plan = step.plan_for(params, batch)
+    programs = [st for st in plan.hot_steps if not hasattr(st.fn, "targets")]
+    assert issued_calls(plan.schedule, 1, configured_fuse_cells()) == len(programs)
