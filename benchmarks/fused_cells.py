@@ -40,10 +40,10 @@ import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 
 LAYERS = 4
-CONFIGS = {  # label -> (virtual stages, microbatches)
-    "1 stage m=8": (1, 8),
-    "4 virtual stages m=8": (4, 8),
-    "4 virtual stages m=32": (4, 32),
+CONFIGS = {  # label -> (virtual stages, microbatches): 1 stage m=8, 4 virtual stages m=8 and m=32
+    "v1m8": (1, 8),
+    "v4m8": (4, 8),
+    "v4m32": (4, 32),
 }
 FUSE_ENV = "SPECTRAX_MPMD_FUSE_CELLS"
 
@@ -124,7 +124,7 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
         jax.block_until_ready(call())
     wall, cpu = interleaved(contenders, rounds, 5, issue_cpu_only=True)
     t = {name: summary(wall[name], cpu[name], unit="us") for name in contenders}
-    row = {"D": d, "batch": batch, "config": label, "microbatches": m, "virtual_stages": v}
+    row = {"size": f"D{d}B{batch}", "D": d, "batch": batch, "config": label, "microbatches": m, "virtual_stages": v}
     row.update({f"{name}_{k}": value for name, s in t.items() for k, value in s.items()})
     for name, step in steps.items():
         plan = step.plan_for(*args)
@@ -143,7 +143,7 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
 COLUMNS = [
     ("D", "D", "5"),
     ("batch", "batch", "5"),
-    ("config", "config", "22"),
+    ("config", "config", "6"),
     ("scan_median_us", "scan us", "9.0f"),
     ("fused_median_us", "fused us", "9.0f"),
     ("fused_spread", "spread", "6.2f"),
