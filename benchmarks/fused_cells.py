@@ -108,13 +108,18 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
     args = (params, data)
     schedule = S.InterleavedH1(microbatches=m, virtual_stages=v) if v > 1 else S.Std1F1B(microbatches=m)
     mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=[device])
-    steps = {"fused": built(schedule, v > 1, mesh, None, args), "unfused": built(schedule, v > 1, mesh, "1", args)}
+    steps = {
+        "fused": built(schedule, v > 1, mesh, None, args),
+        "unfused": built(schedule, v > 1, mesh, "1", args),
+    }
     scan, raw = scan_of(m), jax.jit(jax.value_and_grad(loss))
     micro = tuple(x[: batch // m] for x in data)
     reference = jax.value_and_grad(loss)(*args)
     for name, step in steps.items():
         if not close(step(*args), reference):
-            raise SystemExit(f"{label} D={d}: the {name} step differs from value_and_grad of the unsplit loss")
+            raise SystemExit(
+                f"{label} D={d}: the {name} step differs from value_and_grad of the unsplit loss"
+            )
     contenders = {
         "scan": lambda: scan(*args),
         **{name: (lambda s=step: s(*args)) for name, step in steps.items()},
@@ -124,7 +129,14 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
         jax.block_until_ready(call())
     wall, cpu = interleaved(contenders, rounds, 5, issue_cpu_only=True)
     t = {name: summary(wall[name], cpu[name], unit="us") for name in contenders}
-    row = {"size": f"D{d}B{batch}", "D": d, "batch": batch, "config": label, "microbatches": m, "virtual_stages": v}
+    row = {
+        "size": f"D{d}B{batch}",
+        "D": d,
+        "batch": batch,
+        "config": label,
+        "microbatches": m,
+        "virtual_stages": v,
+    }
     row.update({f"{name}_{k}": value for name, s in t.items() for k, value in s.items()})
     for name, step in steps.items():
         plan = step.plan_for(*args)
@@ -136,7 +148,9 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
         row[f"{name}_vs_scan_min"] = t[name]["min_us"] / t["scan"]["min_us"]
         row[f"{name}_us_per_cell"] = t[name]["median_us"] / host.cells
         row[f"{name}_issue_us_per_call"] = host.issue_s * 1e6 / calls
-        row[f"{name}_issue_per_call_vs_raw"] = ratio(host.issue_s * 1e6 / calls, t["raw call"]["cpu_median_us"])
+        row[f"{name}_issue_per_call_vs_raw"] = ratio(
+            host.issue_s * 1e6 / calls, t["raw call"]["cpu_median_us"]
+        )
     return row
 
 

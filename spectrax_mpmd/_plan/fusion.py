@@ -16,7 +16,6 @@ inside a fused program is compiled when such a measurement first calls it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
@@ -126,7 +125,11 @@ def _usable(donated: tuple, in_specs: tuple, out_avals) -> tuple:
 def _constrained(value, sharding):
     """`value` laid out on `sharding` inside the fused program where its cell named a layout over
     several devices (a value the run keeps inside is laid out as the cell alone made it)."""
-    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1 and sharding.memory_kind in (None, "device"):
+    if (
+        isinstance(sharding, NamedSharding)
+        and sharding.mesh.size > 1
+        and sharding.memory_kind in (None, "device")
+    ):
         return jax.lax.with_sharding_constraint(value, sharding)
     return value
 
@@ -151,7 +154,13 @@ def fuse(steps: list, kept: set, limit: int) -> tuple[list, tuple, set]:
         if w.key() not in programs:
             programs[w.key()] = fused_spec(w)
         issued_of.extend([len(out)] * (end - first))
-        out.append(Step(programs[w.key()], tuple(w.slots[n] for n in w.arguments), tuple(w.slots[n] for n in w.results)))
+        out.append(
+            Step(
+                programs[w.key()],
+                tuple(w.slots[n] for n in w.arguments),
+                tuple(w.slots[n] for n in w.results),
+            )
+        )
         done = end
     alone = {step.fn for step in out if isinstance(step.fn, CellSpec)}
     only_fused = {step.fn for step in steps if isinstance(step.fn, CellSpec)} - alone

@@ -127,6 +127,7 @@ class Plan:
     def with_public_transfers(self) -> "Plan":
         """This plan with every transfer through the public `jax.device_put` (for checking the
         fast path: both must give the same values on the same shardings)."""
+
         def public(steps):
             return [Step(fn.public() if is_transfer(fn) else fn, *rest) for fn, *rest in steps]
 

@@ -102,7 +102,9 @@ def test_measurements_replay_every_cell_of_a_fused_plan():
     plan = step.plan_for(params, batch)
     assert step.measure_peak_activations(params, batch) == [plan.schedule.peak_activations(1)]
     timeline = step.measure_timeline(params, batch)
-    assert sum(len(row) for row in timeline.events) == sum(end > first for *_, first, end in plan.action_steps)
+    assert sum(len(row) for row in timeline.events) == sum(
+        end > first for *_, first, end in plan.action_steps
+    )
     assert step.profile(params, batch, rounds=1).cells == sum(
         len(cell.split("&")) for *_, cell in plan.log if cell != "-"
     )
@@ -118,11 +120,11 @@ class Spec:
 
 
 def test_runs_stop_at_transfers_other_devices_and_the_limit(monkeypatch):
-    import spectrax_mpmd._plan.fusion as fusion
+    from spectrax_mpmd._plan import fusion
 
     monkeypatch.setattr(fusion, "CellSpec", Spec)
     a, b = jax.devices()[:2]
-    cell = lambda d: Step(Spec(d), (0,), (1,))  # noqa: E731
+    cell = lambda d: Step(Spec(d), (0,), (1,))
     steps = [cell(a), cell(a), Step(object(), (1,), (2,)), cell(a), cell(b), cell(b), cell(b), cell(a)]
     assert runs(steps, limit=8) == [(0, 2), (4, 7)]
     assert runs(steps, limit=2) == [(0, 2), (4, 6)]
