@@ -320,7 +320,7 @@ def release_cost(owner, args: tuple, rounds: int) -> float:
     from spectrax_mpmd._runtime.plan import Step
 
     entry, leaves = cached_entry(owner, args)
-    kept = dataclasses.replace(entry.plan, steps=[Step(fn, i, o) for fn, i, o, _ in entry.plan.steps])
+    kept = dataclasses.replace(entry.plan, issued=[Step(fn, i, o) for fn, i, o, _ in entry.plan.hot_steps])
     inputs = fresh_inputs(entry, owner.placer, leaves)
     plans, placed = {"freed": entry.plan, "kept": kept}, {}
 
