@@ -13,8 +13,10 @@ for):
   raw call   one `jax.jit(value_and_grad(loss))` call on one microbatch: a raw call's issue time
 
 Reported: each step's wall time over the scan's, wall microseconds per schedule cell, the
-compiled calls the step issues, and the issuing thread's CPU time per issued call (the plan's
-issue time, `step.profile`) against the raw call's. The results are checked against
+compiled calls the step issues, the issuing thread's CPU time per issued call (the plan's issue
+time, `step.profile`) against the raw call's, and each step's first call (trace and compile
+included). On CPU a small program whose inputs are ready runs on the calling thread, so there a
+fused call's issue time holds its arithmetic too. The results are checked against
 `jax.value_and_grad` of the unsplit loss (rtol 1e-5) before timing.
 
     python benchmarks/fused_cells.py [--rounds 7] [--sizes 256/64,1024/256,4096/2048]
@@ -34,7 +36,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import interleaved, issue_clock, ratio, summary
+from _timing import interleaved, issue_clock, once, ratio, summary
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
@@ -74,19 +76,20 @@ def scan_of(m: int):
     return jax.jit(scan)
 
 
-def built(schedule, cut: bool, mesh, fuse: str | None, args):
-    """A pipelined step built (its first call made) with `$SPECTRAX_MPMD_FUSE_CELLS` = `fuse`."""
+def built(schedule, cut: bool, mesh, fuse: str | None, args) -> tuple:
+    """A pipelined step built with `$SPECTRAX_MPMD_FUSE_CELLS` = `fuse`, and its first call's
+    wall seconds (tracing and compiling included)."""
     saved = os.environ.get(FUSE_ENV)
     if fuse is not None:
         os.environ[FUSE_ENV] = fuse
     try:
         step = mp.sxvalue_and_grad(lambda p, b: loss(p, b, cut), mesh=mesh, schedule=schedule)
-        jax.block_until_ready(step(*args))
+        first_s, _ = once(lambda: step(*args))
     finally:
         os.environ.pop(FUSE_ENV, None)
         if saved is not None:
             os.environ[FUSE_ENV] = saved
-    return step
+    return step, first_s
 
 
 def close(got, want) -> bool:
@@ -108,10 +111,11 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
     args = (params, data)
     schedule = S.InterleavedH1(microbatches=m, virtual_stages=v) if v > 1 else S.Std1F1B(microbatches=m)
     mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=[device])
-    steps = {
+    made = {
         "fused": built(schedule, v > 1, mesh, None, args),
         "unfused": built(schedule, v > 1, mesh, "1", args),
     }
+    steps = {name: step for name, (step, _) in made.items()}
     scan, raw = scan_of(m), jax.jit(jax.value_and_grad(loss))
     micro = tuple(x[: batch // m] for x in data)
     reference = jax.value_and_grad(loss)(*args)
@@ -142,6 +146,7 @@ def measure(d: int, batch: int, label: str, rounds: int) -> dict:
         plan = step.plan_for(*args)
         host = step.profile(*args, rounds=rounds)
         calls = issued_calls(plan)
+        row[f"{name}_first_s"] = made[name][1]
         row[f"{name}_cells"] = host.cells
         row[f"{name}_calls"] = calls
         row[f"{name}_vs_scan"] = t[name]["median_us"] / t["scan"]["median_us"]
@@ -171,6 +176,8 @@ COLUMNS = [
     ("unfused_calls", "calls", "5"),
     ("unfused_issue_per_call_vs_raw", "call/raw", "8.2f"),
     ("raw call_cpu_median_us", "raw us", "7.1f"),
+    ("fused_first_s", "first s", "8.2f"),
+    ("unfused_first_s", "unfused", "8.2f"),
 ]
 
 

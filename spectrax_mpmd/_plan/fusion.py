@@ -60,11 +60,15 @@ def runs(steps: list, limit: int) -> list[tuple[int, int]]:
     return out
 
 
-def wiring(steps: list, first: int, end: int, kept: set, last_read: dict) -> Wiring:
+def wiring(
+    steps: list, first: int, end: int, kept: set, last_read: dict, made: frozenset = frozenset()
+) -> Wiring:
     """The wiring of `steps[first:end]` fused: a slot is an argument where the run reads it before
     writing it, a result where the run writes it and a later step (`last_read[slot]`: the last step
     reading it) or the call (`kept`) reads it; an argument is donated where the cell reading it
-    donated it."""
+    donated it, the call's own arguments (slots no step in `made` writes) listed first: XLA may
+    reuse fewer donated buffers than are donated (`_usable`), and those are what the caller sees
+    consumed."""
     local: dict = {}
     written: set = set()
     arguments: list = []
@@ -82,34 +86,43 @@ def wiring(steps: list, first: int, end: int, kept: set, last_read: dict) -> Wir
             written.add(slot)
         cells.append((step.fn, tuple(local[s] for s in step.ins), tuple(local[s] for s in step.outs)))
     results = [n for s, n in local.items() if s in written and (s in kept or last_read.get(s, -1) >= end)]
-    return Wiring(tuple(cells), tuple(arguments), tuple(results), tuple(sorted(donated)), tuple(local))
+    slots = tuple(local)
+    order = sorted(donated, key=lambda k: (slots[arguments[k]] in made, k))
+    return Wiring(tuple(cells), tuple(arguments), tuple(results), tuple(order), slots)
 
 
-def fused_spec(w: Wiring) -> CellSpec:
-    """One program running `w`'s cells in order on its arguments, returning its results."""
+def fused_spec(w: Wiring, bodies: dict) -> CellSpec:
+    """One program running `w`'s cells in order on its arguments, returning its results. Each cell
+    runs as a nested `jax.jit` of its function (`bodies`, one per cell spec, shared by every run of
+    the plan), so a cell that runs in many programs is traced once."""
     specs: dict = {}  # local number -> the spec of the argument, or the sharding a cell made it with
     made: dict = {}
     for spec, ins, outs in w.cells:
         for n, in_spec in zip(ins, spec.in_specs):
             specs.setdefault(n, in_spec)
         made.update(zip(outs, spec.out_shardings))
-    cells, arguments, results = w.cells, w.arguments, w.results
+    for spec, *_ in w.cells:
+        bodies.setdefault(spec, jax.jit(spec.fn))
+    cells = [(bodies[spec], ins, outs) for spec, ins, outs in w.cells]
+    arguments, results = w.arguments, w.results
 
     def run(*flat):
         env = dict(zip(arguments, flat))
-        for spec, ins, outs in cells:
-            values = spec.fn(*[env[n] for n in ins])
+        for body, ins, outs in cells:
+            values = body(*[env[n] for n in ins])
             env.update((n, _constrained(v, made[n])) for n, v in zip(outs, values))
         return tuple(env[n] for n in results)
 
     in_specs = tuple(specs[n] for n in arguments)
     out_avals = jax.eval_shape(run, *in_specs)
-    return CellSpec(run, in_specs, tuple(made[n] for n in results), _usable(w.donated, in_specs, out_avals))
+    donated = _usable(w.donated, in_specs, out_avals)
+    return CellSpec(run, in_specs, tuple(made[n] for n in results), donated)
 
 
 def _usable(donated: tuple, in_specs: tuple, out_avals) -> tuple:
-    """The donated arguments a result of the same shape and type can take the place of (XLA
-    reuses no other: a buffer the run consumes inside is freed after it instead)."""
+    """The donated arguments (in order of preference) a result of the same shape and type can take
+    the place of, sorted (XLA reuses no other: a buffer the run consumes inside is freed after
+    it instead)."""
     free: dict = {}
     for aval in out_avals:
         free[aval.shape, aval.dtype] = free.get((aval.shape, aval.dtype), 0) + 1
@@ -119,7 +132,7 @@ def _usable(donated: tuple, in_specs: tuple, out_avals) -> tuple:
         if free.get(key, 0) > 0:
             free[key] -= 1
             usable.append(k)
-    return tuple(usable)
+    return tuple(sorted(usable))
 
 
 def _constrained(value, sharding):
@@ -142,7 +155,9 @@ def fuse(steps: list, kept: set, limit: int) -> tuple[list, tuple, set]:
     for k, step in enumerate(steps):
         for slot in step.ins:
             last_read[slot] = k
+    made = frozenset(slot for step in steps for slot in step.outs)
     programs: dict = {}
+    bodies: dict = {}
     out, issued_of, done = [], [], 0
     for first, end in [*runs(steps, limit), (len(steps), len(steps))]:
         for step in steps[done:first]:
@@ -150,9 +165,9 @@ def fuse(steps: list, kept: set, limit: int) -> tuple[list, tuple, set]:
             out.append(step)
         if first == end:
             break
-        w = wiring(steps, first, end, kept, last_read)
+        w = wiring(steps, first, end, kept, last_read, made)
         if w.key() not in programs:
-            programs[w.key()] = fused_spec(w)
+            programs[w.key()] = fused_spec(w, bodies)
         issued_of.extend([len(out)] * (end - first))
         out.append(
             Step(
