@@ -11,7 +11,7 @@ from mpmd_cases import assert_close
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_mpmd._env import FUSE_ENV
+from spectrax_mpmd._env import FUSE_ENV, RUN_AHEAD_ENV
 from spectrax_mpmd._plan.fusion import runs, wiring
 from spectrax_mpmd._runtime.plan import Step
 
@@ -84,6 +84,22 @@ def test_an_optax_update_fused_into_the_plan_is_the_unsplit_update(name):
     assert_close(loss, want_loss, rtol=1e-5)
     assert_close(got, want, rtol=1e-5)
     assert_close(got_state, want_state, rtol=1e-5)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_bounded_run_ahead_counts_a_fused_program_as_one_cell(monkeypatch, limit):
+    monkeypatch.setenv(FUSE_ENV, "8")  # several fused programs on the rank
+    monkeypatch.setenv(RUN_AHEAD_ENV, str(limit))
+    params, batch = case()
+    step = step_of("InterleavedH1(v=4)")
+    loss, grads = step(params, batch)
+    want_loss, want_grads = jax.value_and_grad(lambda p, b: mlp_loss(p, b, False))(params, batch)
+    assert_close(loss, want_loss, rtol=1e-5)
+    assert_close(grads, want_grads, rtol=1e-5)
+    plan = step.plan_for(params, batch)
+    assert len(plan.hot_steps) > 2 and plan.outstanding == [limit]
+    programs = [k for k, st in enumerate(plan.hot_steps) if not hasattr(st.fn, "targets")]
+    assert [k for k, r in enumerate(plan.gates.ends) if r == 0] == programs, "each program ends a cell"
 
 
 def test_one_cell_per_program_when_fusion_is_off(monkeypatch):
