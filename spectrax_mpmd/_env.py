@@ -75,18 +75,20 @@ def configured_compile_threads() -> int:
     return _positive(COMPILE_THREADS_ENV, raw, int, MpmdError, "a positive number of threads, e.g. 1 or 4")
 
 
-DEFAULT_FUSE_CELLS = 32
+DEFAULT_FUSE_CELLS = 256
 
 
 def configured_fuse_cells() -> int:
     """The most consecutive cells of one rank a plan fuses into one program:
-    `$SPECTRAX_MPMD_FUSE_CELLS`, default 32 (1: every cell its own call). Each fused
+    `$SPECTRAX_MPMD_FUSE_CELLS`, default 256 (1: every cell its own call). Each fused
     program is compiled once per distinct run; longer runs mean fewer calls per step and
-    larger programs to compile."""
+    larger programs to compile. 256 runs a 4-stage one-rank step of 32 microbatches as one
+    program, which on CPU compiled and ran faster than its runs of 32
+    (`benchmarks/fused_cells.py --limits 32`)."""
     raw = os.environ.get(FUSE_ENV)
     if raw is None:
         return DEFAULT_FUSE_CELLS
-    return _positive(FUSE_ENV, raw, int, MpmdError, "a positive number of cells, e.g. 32 (1: no fusion)")
+    return _positive(FUSE_ENV, raw, int, MpmdError, "a positive number of cells, e.g. 256 (1: no fusion)")
 
 
 DEFAULT_RUN_AHEAD = 2

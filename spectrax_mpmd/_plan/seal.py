@@ -71,12 +71,15 @@ def seal(
         return compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn
 
     fused = len(issued) < len(draft.steps)
+    hot = issued if fused else draft.steps
+    issued_specs = tuple(fn if isinstance(fn, CellSpec) else None for fn, *_ in hot)
     steps = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in draft.steps]
     issued = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in issued] if fused else []
     return Plan(
         steps=_free_after_last_use(steps, keep),
         issued=_free_after_last_use(issued, keep),
         issued_of=issued_of if fused else (),
+        issued_specs=issued_specs,
         log=draft.log,
         n_slots=draft.count,
         const_slots=const_slots,

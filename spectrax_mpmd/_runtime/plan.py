@@ -49,6 +49,7 @@ class Plan:
     steps: list = field(default_factory=list)
     issued: list = field(default_factory=list)  # the steps `run` issues (empty: `steps`)
     issued_of: tuple = ()  # per step, the issued step that runs it (empty: itself)
+    issued_specs: tuple = ()  # per step `run` issues, the CellSpec of its program (None: a copy)
     log: list = field(default_factory=list)  # (rank, action, cell label) in issue order
     n_slots: int = 0
     const_slots: dict = field(default_factory=dict)
@@ -78,12 +79,22 @@ class Plan:
 
     def buffers(self, placed_inputs: Sequence) -> list:
         """A fresh buffer list holding the constants and `placed_inputs` (aligned with `input_keys`)."""
+        buf = self._constants_only.copy()
+        for slot, value in zip(self._input_slots, placed_inputs):
+            buf[slot] = value
+        return buf
+
+    @functools.cached_property
+    def _constants_only(self) -> list:
+        """The buffer list with the constants in place (copied by every call)."""
         buf: list = [None] * self.n_slots
         for slot, value in self.const_slots.items():
             buf[slot] = value
-        for (slot, _), value in zip(self.input_keys, placed_inputs):
-            buf[slot] = value
         return buf
+
+    @functools.cached_property
+    def _input_slots(self) -> tuple:
+        return tuple(slot for slot, _ in self.input_keys)
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""

@@ -169,3 +169,39 @@ def test_the_planner_counts_a_fused_run_as_one_call(name):
     plan = step.plan_for(params, batch)
     programs = [st for st in plan.hot_steps if not hasattr(st.fn, "targets")]
     assert issued_calls(plan.schedule, 1, configured_fuse_cells()) == len(programs)
+
+
+def test_the_default_runs_a_one_rank_step_as_one_program(monkeypatch):
+    monkeypatch.setitem(SCHEDULES, "m=8", (1, lambda: S.InterleavedH1(microbatches=8, virtual_stages=4)))
+    params, batch = case()
+    plan = step_of("m=8").plan_for(params, batch)
+    programs = [st for st in plan.hot_steps if not hasattr(st.fn, "targets")]
+    cells = [k for k, (fn, *_) in enumerate(plan.steps) if not hasattr(fn, "targets")]
+    assert len(programs) == 1 and len(cells) > 32
+
+
+@pytest.mark.parametrize("fuse", ["1", "8", None])
+def test_the_issued_specs_are_the_programs_the_plan_issues(monkeypatch, fuse):
+    """Each issued step's spec, compiled by `jax.jit`, run in the plan's order on its buffers,
+    gives the plan's results (what benchmarks time `jax.jit`'s own dispatch of)."""
+    if fuse is not None:
+        monkeypatch.setenv(FUSE_ENV, fuse)
+    params, batch = case()
+    step = step_of("InterleavedH1(v=4)")
+    plan = step.plan_for(params, batch)
+    assert len(plan.issued_specs) == len(plan.hot_steps)
+    leaves = jax.tree.leaves((params, batch))
+    placed = lambda: jax.device_put([leaves[key.leaf] for _, key in plan.input_keys], plan.input_shardings)
+    want = plan.run(placed())
+    buf = plan.buffers(placed())
+    empty = set(range(plan.n_slots)) - {slot for slot, _ in plan.input_keys} - set(plan.const_slots)
+    assert all(buf[slot] is None for slot in empty), "each call starts from fresh buffers"
+    for (fn, ins, outs, frees), spec in zip(plan.hot_steps, plan.issued_specs):
+        assert (spec is None) == hasattr(fn, "targets")
+        run = fn if spec is None else jax.jit(spec.fn, donate_argnums=spec.donate)
+        for o, r in zip(outs, run(*[buf[i] for i in ins])):
+            buf[o] = r
+        for f in frees:
+            buf[f] = None
+    for slots in jax.tree.leaves(plan.output_slots):
+        assert_close(buf[slots], want[slots], rtol=1e-6)
