@@ -50,6 +50,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _scan import scan_step
 from _timing import interleaved, issue_clock, once, ratio, summary
 
 import spectrax_mpmd as mp
@@ -71,23 +72,6 @@ def loss(params, batch, cut: bool = False):
         if cut and k < LAYERS - 1:
             x = mp.sxstage_iter(x)
     return jnp.mean((x - y) ** 2)
-
-
-def scan_of(m: int):
-    grad = jax.value_and_grad(loss)
-
-    def scan(params, batch):
-        xs, ys = (a.reshape(m, -1, a.shape[-1]) for a in batch)
-
-        def body(carry, mb):
-            value, g = carry
-            v, gi = grad(params, mb)
-            return (value + v / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
-
-        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-        return jax.lax.scan(body, zero, (xs, ys))[0]
-
-    return jax.jit(scan)
 
 
 def built(schedule, cut: bool, mesh, fuse: str | None, args) -> tuple:
@@ -203,7 +187,7 @@ def measure(d: int, batch: int, label: str, rounds: int, limits: list) -> dict:
     variants = {"fused": None, "unfused": "1", **{f"limit{n}": str(n) for n in limits}}
     made = {name: built(schedule, v > 1, mesh, fuse, args) for name, fuse in variants.items()}
     steps = {name: step for name, (step, _) in made.items()}
-    scan, raw = scan_of(m), jax.jit(jax.value_and_grad(loss))
+    scan, raw = scan_step(jax.value_and_grad(loss), m), jax.jit(jax.value_and_grad(loss))
     micro = tuple(x[: batch // m] for x in data)
     reference = jax.value_and_grad(loss)(*args)
     for name, step in steps.items():
