@@ -1,4 +1,4 @@
-"""One-rank pipelined steps against `lax.scan` of the same microbatches, with cells fused or each its
+r"""One-rank pipelined steps against `lax.scan` of the same microbatches, with cells fused or each its
 own call: the host's cost per schedule cell on one device.
 
 One rank (JAX's default device: the accelerator where there is one) trains a 4-layer tanh MLP
@@ -22,22 +22,24 @@ plan's issue (`Plan.run`) per call over that, `call/jit` the whole call's (argum
 results included); these three are medians over 5 x `--rounds` interleaved rounds. On CPU a
 small program whose inputs are ready may run on the calling thread, so there a call's issue
 time can hold its arithmetic, alike for both; and the Python work around the calls runs on
-caches the program's arithmetic just used. The results are checked against `jax.value_and_grad` of the unsplit loss (rtol 1e-5) before timing.
+caches the program's arithmetic just used. The results are checked against
+`jax.value_and_grad` of the unsplit loss (rtol 1e-5) before timing.
 
     python benchmarks/fused_cells.py [--rounds 7] [--sizes 256/64,1024/256,4096/2048]
         [--configs v1m8,v4m8,v4m32] [--limits 32,256] [--json benchmarks/results/fused_cells.json]
 
-The one-chip table on a TPU (every size and configuration, within 400 s), from the repository
-root on the device machine, the wheels of `.whl-tpu` carried:
+The one-chip table on a TPU (every size and configuration; the rows are written as they come,
+so a run cut short keeps the finished ones): from the repository root on the device machine,
+`.whl-tpu` carried, one command (its benchmark within 400 s) that records it there and
+returns the record and the raw JSON under $OUT:
 
     PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-tpu/*.whl \
       && export PYTHONPATH=$PYTHONPATH:/tmp/site:$PWD || exit; \
       PYTHONUNBUFFERED=1 timeout 400 python3 benchmarks/fused_cells.py --rounds 5 \
-      --json $OUT/tpu_fused_cells.json
-
-then `benchmarks/results/tpu_fused_cells.json` is that file and
-`python benchmarks/figures.py record tpu_fused_cells --no-run` records it.
+      --json benchmarks/results/tpu_fused_cells.json; \
+      python3 benchmarks/figures.py record tpu_fused_cells --no-run; \
+      cp benchmarks/results/tpu_fused_cells.json docs/measurements/tpu_fused_cells.json $OUT/
 """
 
 from __future__ import annotations
