@@ -31,7 +31,7 @@ caches the program's arithmetic just used. The results are checked against
 The one-chip table on a TPU (every size and configuration; the rows are written as they come,
 so a run cut short keeps the finished ones): from the repository root on the device machine,
 `.whl-tpu` carried, one command (its benchmark within 400 s) that records it there and
-returns the record and the raw JSON under $OUT:
+returns the record (and the benchmark's own JSON) under $OUT:
 
     PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-tpu/*.whl \
@@ -39,7 +39,8 @@ returns the record and the raw JSON under $OUT:
       PYTHONUNBUFFERED=1 timeout 400 python3 benchmarks/fused_cells.py --rounds 5 \
       --json benchmarks/results/tpu_fused_cells.json; \
       python3 benchmarks/figures.py record tpu_fused_cells --no-run; \
-      cp benchmarks/results/tpu_fused_cells.json docs/measurements/tpu_fused_cells.json $OUT/
+      cp docs/measurements/tpu_fused_cells.json $OUT/; \
+      cp benchmarks/results/tpu_fused_cells.json $OUT/tpu_fused_cells_rows.json
 """
 
 from __future__ import annotations
