@@ -125,6 +125,11 @@ SOURCES = {
             ("stack_decode", "--rounds 3", "per-token decode of a BlockStack against its blocks"),
             ("dispatch", "--rounds 3 --calls 300", "eager spx.jit against raw jax.jit"),
             ("host_cost", "--rounds 7", "issue cost per cell of a one-rank step against a raw jax.jit call"),
+            (
+                "fused_cells",
+                "--rounds 7 --sizes 256/64 --limits 32",
+                "one-rank steps, cells fused or not, against lax.scan",
+            ),
             ("planner", "--runs 3", "the planner's predicted against measured peaks and busy time"),
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("input_check", "--rounds 5 --calls 5", "the per-call argument check of a 2-process job"),
@@ -151,6 +156,11 @@ SOURCES = {
         "--json benchmarks/results/tpu_dispatch.json",
         "benchmarks/results/tpu_dispatch.json",
         "eager spx.jit against raw jax.jit, on one TPU v5e chip",
+    ),
+    "tpu_fused_cells": Source(
+        f"{PY} benchmarks/fused_cells.py --rounds 5 --json benchmarks/results/tpu_fused_cells.json",
+        "benchmarks/results/tpu_fused_cells.json",
+        "one-rank steps, cells fused or not, against lax.scan, on one TPU v5e chip",
     ),
     "tpu_host_cost": Source(
         f"{PY} benchmarks/host_cost.py --rounds 7 --json benchmarks/results/tpu_host_cost.json",

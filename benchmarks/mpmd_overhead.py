@@ -51,6 +51,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from _scan import scan_step  # noqa: E402
 from _timing import interleaved, once, ratio, summary  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
@@ -101,19 +102,7 @@ def mlp_loss(params, batch, *, per_stage=1, v=1, marker=mp.sxstage_iter):
 def references(layers: int, m: int) -> tuple:
     """Fresh one-device references: (a) a lax.scan over m microbatches, (b) the unsplit step."""
     grad = jax.value_and_grad(functools.partial(mlp_loss, marker=None))
-
-    def scan(params, batch):
-        xs, ys = (a.reshape(m, -1, a.shape[-1]) for a in batch)
-
-        def body(carry, mb):
-            loss, g = carry
-            value, gi = grad(params, mb)
-            return (loss + value / m, jax.tree.map(lambda a, b: a + b / m, g, gi)), None
-
-        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-        return jax.lax.scan(body, zero, (xs, ys))[0]
-
-    return jax.jit(scan), jax.jit(grad)
+    return scan_step(grad, m), jax.jit(grad)
 
 
 def pipeline(n: int, schedule, layers: int, d: int, b: int):
@@ -320,7 +309,7 @@ def release_cost(owner, args: tuple, rounds: int) -> float:
     from spectrax_mpmd._runtime.plan import Step
 
     entry, leaves = cached_entry(owner, args)
-    kept = dataclasses.replace(entry.plan, steps=[Step(fn, i, o) for fn, i, o, _ in entry.plan.steps])
+    kept = dataclasses.replace(entry.plan, issued=[Step(fn, i, o) for fn, i, o, _ in entry.plan.hot_steps])
     inputs = fresh_inputs(entry, owner.placer, leaves)
     plans, placed = {"freed": entry.plan, "kept": kept}, {}
 

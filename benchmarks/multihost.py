@@ -99,7 +99,7 @@ def _step_figures(world: int, rounds: int, calls: int) -> dict:
 
     for _ in range(3):
         jax.block_until_ready(call())
-    issued = len(step.plan_for(params, batch).steps)
+    issued = len(step.plan_for(params, batch).hot_steps)
     wall, cpu = interleaved({"step": call}, rounds, calls, setup=lambda _: _barrier(world))
     return {"wall": wall["step"], "cpu": cpu["step"], "issued": issued}
 

@@ -18,6 +18,7 @@ HOST_ENV = "SPECTRAX_MPMD_TRANSFER_HOST"  # the address peers reach this process
 CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their arguments, one of INPUT_CHECKS
 COMPILE_THREADS_ENV = "SPECTRAX_MPMD_COMPILE_THREADS"  # how many programs XLA compiles at once
 RUN_AHEAD_ENV = "SPECTRAX_MPMD_RUN_AHEAD"  # cells a rank may issue ahead of its oldest unfinished one
+FUSE_ENV = "SPECTRAX_MPMD_FUSE_CELLS"  # the most consecutive cells of a rank one program runs
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 
 DEFAULT_TIMEOUT = 30.0
@@ -72,6 +73,22 @@ def configured_compile_threads() -> int:
     if raw is None:
         return os.cpu_count() or 1
     return _positive(COMPILE_THREADS_ENV, raw, int, MpmdError, "a positive number of threads, e.g. 1 or 4")
+
+
+DEFAULT_FUSE_CELLS = 256
+
+
+def configured_fuse_cells() -> int:
+    """The most consecutive cells of one rank a plan fuses into one program:
+    `$SPECTRAX_MPMD_FUSE_CELLS`, default 256 (1: every cell its own call). Each fused
+    program is compiled once per distinct run; longer runs mean fewer calls per step and
+    larger programs to compile. 256 runs a 4-stage one-rank step of 32 microbatches as one
+    program, which on CPU compiled and ran faster than its runs of 32
+    (`benchmarks/fused_cells.py --limits 32`)."""
+    raw = os.environ.get(FUSE_ENV)
+    if raw is None:
+        return DEFAULT_FUSE_CELLS
+    return _positive(FUSE_ENV, raw, int, MpmdError, "a positive number of cells, e.g. 256 (1: no fusion)")
 
 
 DEFAULT_RUN_AHEAD = 2

@@ -54,12 +54,11 @@ class Placer:
         out: list = [None] * len(values)
         miss_v, miss_s, miss_i = [], [], []
         for k, (v, sh, key) in enumerate(zip(values, shardings, keys)):
-            if isinstance(v, jax.Array) and v.committed and v.sharding == sh:
-                out[k] = v
-                continue
             hit = self.cache.get(key) if key is not None else None
-            if hit is not None and hit[0] is v and isinstance(v, jax.Array):
+            if hit is not None and hit[0] is v:  # the array placed last time (only arrays are kept)
                 out[k] = hit[1]
+            elif isinstance(v, jax.Array) and v.committed and v.sharding == sh:
+                out[k] = v
             else:
                 miss_v.append(v)
                 miss_s.append(sh)

@@ -7,9 +7,11 @@ import jax
 from jax.sharding import NamedSharding
 
 from .._compile.compiler import CellSpec, Compiler
+from .._env import configured_fuse_cells
 from .._runtime.plan import Plan, Step
 from .._runtime.slots import Activation, CellKind, Input, InputKind, Offloaded, Residual, Stash
 from .draft import Draft
+from .fusion import Deferred, fuse
 from .layout import REPLICATED, Layout
 from .localize import localize
 from .programs import StageProgram
@@ -54,17 +56,30 @@ def seal(
         for _, key in placed
     ]
     input_keys = [(slot, _numbered(key, function_leaves)) for slot, key in placed]
-    compiler.prefetch([st.fn for st in draft.steps if isinstance(st.fn, CellSpec)])
+    issued, issued_of, only_fused = fuse(draft.steps, keep, configured_fuse_cells())
+    compiler.prefetch([st.fn for st in issued if isinstance(st.fn, CellSpec)])
     const_slots = {}
     if draft.constants:
         values, shardings = zip(*draft.constants.values())
         const_slots = dict(zip(draft.constants, jax.device_put(list(values), list(shardings))))
-    steps = [
-        Step(compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn, ins, outs)
-        for fn, ins, outs, _ in draft.steps
-    ]
+
+    deferred = {fn: Deferred(compiler.compile_spec, fn) for fn in only_fused}
+
+    def compiled(fn):
+        if fn in deferred:
+            return deferred[fn]
+        return compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn
+
+    fused = len(issued) < len(draft.steps)
+    hot = issued if fused else draft.steps
+    issued_specs = tuple(fn if isinstance(fn, CellSpec) else None for fn, *_ in hot)
+    steps = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in draft.steps]
+    issued = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in issued] if fused else []
     return Plan(
         steps=_free_after_last_use(steps, keep),
+        issued=_free_after_last_use(issued, keep),
+        issued_of=issued_of if fused else (),
+        issued_specs=issued_specs,
         log=draft.log,
         n_slots=draft.count,
         const_slots=const_slots,

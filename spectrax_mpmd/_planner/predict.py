@@ -1,5 +1,6 @@
 """A candidate's predicted step: its table simulated with its measured cells on the compute units
-the backend measured, the issuing thread among them (`spectrax_mpmd._planner.shared`).
+the backend measured, the issuing thread among them (`spectrax_mpmd._planner.shared`); the
+thread issues one call per run of a rank's cells the plan fuses (`issued_calls`).
 
 Each cell runs for its work (`worked`: its measured time alone less its issuing,
 which the issuing thread does ahead of the devices), once issued; one thread
@@ -18,8 +19,9 @@ from dataclasses import dataclass, replace
 from spectrax_core import schedules as S
 from spectrax_core.schedules import StageCost, Timeline
 
-from .._env import configured_run_ahead
+from .._env import configured_fuse_cells, configured_run_ahead
 from .backend import BackendCost, cell_work
+from .issued import issued_calls
 from .memory import run_ahead_bytes
 from .optimizer import with_sync_copy
 from .shared import shared_makespan
@@ -49,13 +51,15 @@ def predictor(schedule, n: int, update_s, validation: str, backend: BackendCost)
     the verdict (`with_sync_copy`); with a run-ahead bound (the default on an accelerator) its
     queued cells' bytes are added (`run_ahead_bytes`)."""
     bound = configured_run_ahead()
+    fused = issued_calls(schedule, n, configured_fuse_cells())
 
     def predict(memory, cost, copies: int = 0) -> Predicted:
         work = worked(cost, backend.call_issue_s)
         timeline = S.simulate(schedule, n, work, memory=memory)
         updated = S.with_update(timeline, update_s, validation=validation)
         update = updated.makespan - timeline.makespan
-        calls = sum(cost.of(e.cell) > 0 for row in timeline.events for e in row) + n
+        cells = sum(cost.of(e.cell) > 0 for row in timeline.events for e in row)
+        calls = min(cells, fused) + n  # a run of one rank's cells fused is one call
         issuing = calls * backend.call_issue_s + copies * backend.copy_issue_s
         per_cell = issuing / max(sum(map(len, timeline.events)), 1)
         units, shares = backend.parallelism, backend.shares_host

@@ -37,13 +37,19 @@ class Plan:
 
     `steps` run in order; `input_keys` are `(slot, Input(kind, leaf, rank))` of the
     argument leaves placed on each rank and `input_shardings` their shardings;
-    `output_slots` name the slots holding the call's results. The rest describes
-    the steps for measurement and inspection: `log` / `action_steps` map each
+    `output_slots` name the slots holding the call's results. `issued` are the steps
+    `run` issues where they differ from `steps`: runs of cells fused into one program
+    each (`spectrax_mpmd._plan.fusion`); `steps` stay cell by cell for the
+    measurements that replay them. The rest describes the steps for measurement
+    and inspection: `log` / `action_steps` map each
     issued schedule action to its steps, `cells` the cell specs by
     `(stage, kind)`, `slot_names` each slot's typed key.
     """
 
     steps: list = field(default_factory=list)
+    issued: list = field(default_factory=list)  # the steps `run` issues (empty: `steps`)
+    issued_of: tuple = ()  # per step, the issued step that runs it (empty: itself)
+    issued_specs: tuple = ()  # per step `run` issues, the CellSpec of its program (None: a copy)
     log: list = field(default_factory=list)  # (rank, action, cell label) in issue order
     n_slots: int = 0
     const_slots: dict = field(default_factory=dict)
@@ -73,12 +79,22 @@ class Plan:
 
     def buffers(self, placed_inputs: Sequence) -> list:
         """A fresh buffer list holding the constants and `placed_inputs` (aligned with `input_keys`)."""
+        buf = self._constants_only.copy()
+        for slot, value in zip(self._input_slots, placed_inputs):
+            buf[slot] = value
+        return buf
+
+    @functools.cached_property
+    def _constants_only(self) -> list:
+        """The buffer list with the constants in place (copied by every call)."""
         buf: list = [None] * self.n_slots
         for slot, value in self.const_slots.items():
             buf[slot] = value
-        for (slot, _), value in zip(self.input_keys, placed_inputs):
-            buf[slot] = value
         return buf
+
+    @functools.cached_property
+    def _input_slots(self) -> tuple:
+        return tuple(slot for slot, _ in self.input_keys)
 
     def run(self, placed_inputs: Sequence) -> list:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
@@ -86,9 +102,9 @@ class Plan:
             self.transport.begin()
         buf = self.buffers(placed_inputs)
         if self.run_ahead is not None and self.transport is None:  # see `run_ahead` (one process)
-            run_bounded(self, buf, self.run_ahead, self.gates, self.outstanding)
+            run_bounded(self.hot_steps, buf, self.run_ahead, self.gates, self.outstanding)
         else:
-            for fn, ins, outs, frees in self.steps:
+            for fn, ins, outs, frees in self.hot_steps:
                 results = fn(*[buf[i] for i in ins])
                 for o, r in zip(outs, results):
                     buf[o] = r
@@ -99,6 +115,11 @@ class Plan:
             for slot, value in self.remote_outputs:
                 buf[slot] = value
         return buf
+
+    @property
+    def hot_steps(self) -> list:
+        """The steps `run` issues: the fused ones where there are, else `steps`."""
+        return self.issued or self.steps
 
     @functools.cached_property
     def gates(self) -> Gates:
@@ -117,16 +138,17 @@ class Plan:
     def with_public_transfers(self) -> "Plan":
         """This plan with every transfer through the public `jax.device_put` (for checking the
         fast path: both must give the same values on the same shardings)."""
-        steps = [
-            Step(fn.public() if is_transfer(fn) else fn, ins, outs, frees)
-            for fn, ins, outs, frees in self.steps
-        ]
-        return dataclasses.replace(self, steps=steps)
+
+        def public(steps):
+            return [Step(fn.public() if is_transfer(fn) else fn, *rest) for fn, *rest in steps]
+
+        return dataclasses.replace(self, steps=public(self.steps), issued=public(self.issued))
 
     def produced_shardings(self) -> dict:
-        """`slot -> sharding` of every buffer a step or a constant fills."""
+        """`slot -> sharding` of every buffer an issued step or a constant fills (a value a fused
+        program keeps inside is not among them)."""
         produced = {slot: value.sharding for slot, value in self.const_slots.items()}
-        for fn, _, outs, _ in self.steps:
+        for fn, _, outs, _ in self.hot_steps:
             shardings = fn.targets if is_transfer(fn) else getattr(fn, "output_shardings", None)
             if shardings is not None:
                 produced.update(zip(outs, shardings))

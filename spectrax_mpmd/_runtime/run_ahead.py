@@ -36,23 +36,25 @@ class Gates(NamedTuple):
 
 
 def gates(plan) -> Gates:
-    """The steps where each action's cell starts and where its last program runs."""
-    starts, ends = [-1] * len(plan.steps), [-1] * len(plan.steps)
+    """The issued steps where each action's cell starts and where its last program runs (a fused
+    program running several cells of a rank counts as one)."""
+    issued = plan.issued_of or range(len(plan.steps))
+    starts, ends = [-1] * len(plan.hot_steps), [-1] * len(plan.hot_steps)
     for rank, _, first, end in plan.action_steps:
         programs = [k for k in range(first, end) if not is_transfer(plan.steps[k].fn)]
         if programs:
-            starts[programs[0]] = rank
-            ends[programs[-1]] = rank
+            starts[issued[programs[0]]] = rank
+            ends[issued[programs[-1]]] = rank
     ranks = 1 + max((rank for rank, *_ in plan.action_steps), default=-1)
     return Gates(tuple(starts), tuple(ends), ranks)
 
 
-def run_bounded(plan, buf: list, limit: int, gated: Gates, most: list) -> None:
-    """Run `plan.steps` over `buf` as `Plan.run` does, at most `limit` cells outstanding per rank;
+def run_bounded(steps: list, buf: list, limit: int, gated: Gates, most: list) -> None:
+    """Run `steps` (a plan's issued steps) over `buf` as `Plan.run` does, at most `limit` cells outstanding per rank;
     `most[r]` becomes the most cells rank `r` had outstanding at once (the check of the limit)."""
     pending = [deque() for _ in range(gated.ranks)]
     most[:] = [0] * gated.ranks
-    for k, (fn, ins, outs, frees) in enumerate(plan.steps):
+    for k, (fn, ins, outs, frees) in enumerate(steps):
         rank = gated.starts[k]
         if rank >= 0:
             queue = pending[rank]

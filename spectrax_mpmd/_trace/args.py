@@ -140,17 +140,15 @@ DONATING_CALLS = (
 
 
 def _leaf_type(leaf, live: bool) -> tuple:
-    """(shape, dtype, weak type) of a leaf; an array's own attributes are those of its aval, read
-    without building one (a training loop's call passes every parameter and optimizer leaf).
-    With `live` (concrete arguments), a deleted `jax.Array` raises `_DeletedLeaf`."""
-    weak = getattr(leaf, "weak_type", None)  # a typed key array has none: its aval is read below
-    if weak is not None and isinstance(leaf, jax.Array):
+    """(shape, dtype, weak type) of a leaf; an array's (or a tracer's) from the abstract value it
+    holds, read once (a training loop's call passes every parameter and optimizer leaf). With
+    `live` (concrete arguments), a deleted `jax.Array` raises `_DeletedLeaf`."""
+    if isinstance(leaf, jax.Array):
         if live and leaf.is_deleted():
             raise _DeletedLeaf
-        return leaf.shape, leaf.dtype, weak
-    if live and isinstance(leaf, jax.Array) and leaf.is_deleted():
-        raise _DeletedLeaf
-    aval = jax.typeof(leaf)
+        aval = leaf.aval
+    else:
+        aval = jax.typeof(leaf)
     return aval.shape, aval.dtype, aval.weak_type
 
 
