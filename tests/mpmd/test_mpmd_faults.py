@@ -62,8 +62,9 @@ def _results(jobs, mode: str) -> tuple[list[dict], str, int]:
 def test_processes_that_built_different_steps_are_refused_naming_what_differs(jobs):
     """Stage markers in other places (the edge shapes agree: the job used to train a model made
     of parts of both splits), another schedule, another microbatch count: refused on both
-    processes at the first call, naming the field and each process's value; the same step
-    afterwards runs and equals the unsplit loss."""
+    processes at the first call (or at `prepare`, before any call), naming the field and each
+    process's value; the same step, prepared on shapes, afterwards runs without another build
+    and equals the unsplit loss."""
     results, text, code = _results(jobs, "built")
     assert code == 0, text[-3000:]
     built = "DistributedError: sxvalue_and_grad: the processes of the job built different steps: "
@@ -77,8 +78,10 @@ def test_processes_that_built_different_steps_are_refused_naming_what_differs(jo
         assert mine["micro"].startswith(
             built + "the microbatch count differs (process 0: 2; process 1: 4)"
         ), mine
+        assert mine["prepare schedule"].startswith(built + "the schedule differs (process 0: Std1F1B"), mine
         loss, reference = mine["same"]
         assert loss == pytest.approx(reference, rel=1e-5)
+        assert mine["prepared"] > 0 and mine["builds"] == 1, mine  # prepared once, then only run
 
 
 def test_different_batches_are_refused_at_the_call_they_start(jobs):
