@@ -151,6 +151,28 @@ SOURCES = {
         "benchmarks/results/tpu_dispatch.json",
         "eager spx.jit against raw jax.jit, on one TPU v5e chip",
     ),
+    "tpu_startup": Source(
+        f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
+        "benchmarks/results/tpu_startup.json",
+        "the main job's first call against its plan and compile, this version (tree) and the one before "
+        "(base: a checkout of it at runs/base) alternating, on a TPU v5e machine's 13 cores",
+    ),
+    **{
+        name: Source(
+            f"{env}{PY} benchmarks/owner_init.py --sections init,restore --json benchmarks/results/{name}.json",
+            f"benchmarks/results/{name}.json",
+            f"owner-rank initialisation and restores, {which}: seconds and each device's peak live bytes, "
+            "on a TPU v5e machine's 13 cores (CPU devices)",
+        )
+        for name, env, which in [
+            ("tpu_owner_init", "", "compiled programs"),
+            (
+                "tpu_owner_init_before",
+                "PYTHONPATH=runs/base ",
+                "the version before (a checkout at runs/base)",
+            ),
+        ]
+    },
     "tpu_host_cost": Source(
         f"{PY} benchmarks/host_cost.py --rounds 7 --json benchmarks/results/tpu_host_cost.json",
         "benchmarks/results/tpu_host_cost.json",

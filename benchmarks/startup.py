@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", default=default or HERE / "benchmarks" / "results" / "startup.json")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
-    trees = {"this tree": HERE} | ({"base": Path(args.base).resolve()} if args.base else {})
+    trees = {"tree": HERE} | ({"base": Path(args.base).resolve()} if args.base else {})
     runs: dict = {name: [] for name in trees}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
