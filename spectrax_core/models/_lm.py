@@ -59,20 +59,9 @@ class TransformerLM(eqx.Module):
 
         def build(key: PRNGKeyArray) -> TransformerLM:
             k_embed, k_blocks, k_head = jax.random.split(key, 3)
-            blocks = BlockStack.init(
-                k_blocks,
-                n_layers,
-                d_model=d_model,
-                n_heads=n_heads,
-                d_ff=d_ff,
-                n_kv_heads=n_kv_heads,
-                causal=True,
-                rope=rope,
-                norm="rms",
-                gated=gated,
-                use_bias=False,
-                dtype=dtype,
-            )
+            sizes = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, n_kv_heads=n_kv_heads)
+            kind = dict(causal=True, rope=rope, norm="rms", gated=gated, use_bias=False, dtype=dtype)
+            blocks = BlockStack.init(k_blocks, n_layers, **sizes, **kind)
             head = None
             if not tie_embeddings:
                 head = Linear.init(

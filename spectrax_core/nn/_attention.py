@@ -12,6 +12,7 @@ form the pair rotated by angle `position * theta**(-2i/head_dim)`.
 from __future__ import annotations
 
 import math
+from typing import Unpack
 
 import equinox as eqx
 import jax
@@ -22,6 +23,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ._linear import Linear, _linear
+from ._options import ParamOptions, with_options
 from ._validate import check_mask, check_ndim
 
 
@@ -95,6 +97,7 @@ class Attention(eqx.Module):
     rope_theta: float = eqx.field(static=True, default=10000.0)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -107,10 +110,7 @@ class Attention(eqx.Module):
         rope: bool = False,
         rope_theta: float = 10000.0,
         use_bias: bool = False,
-        dtype=jnp.float32,
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ) -> "Attention":
         """Lecun-normal projections (or `w_init` / `b_init`; `compute_dtype` goes to each).
         `n_kv_heads` defaults to `n_heads` (plain multi-head), `head_dim` to `d_model // n_heads`."""
@@ -131,7 +131,7 @@ class Attention(eqx.Module):
             raise ValueError(f"Attention: rope=True needs an even head_dim, received head_dim={head_dim}.")
         kq, kk, kv, ko = jax.random.split(key, 4)
         q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
+        kw = dict(use_bias=use_bias, **options)
         return cls(
             q=Linear.init(kq, d_model, q_dim, **kw, axes=("EMBED", "HEAD")),
             k=Linear.init(kk, d_model, kv_dim, **kw, axes=("EMBED", "KV_HEAD")),

@@ -11,7 +11,7 @@ at least float32.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim, check_rank
 from ..init import initialize
+from ._options import ParamOptions, option_values, with_options
 
 
 def _affine(key, c, affine, dtype, w_init, b_init, where):
@@ -61,6 +62,7 @@ class BatchNorm(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray | None,
@@ -69,12 +71,10 @@ class BatchNorm(eqx.Module):
         eps: float = 1e-5,
         momentum: float = 0.1,
         affine: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "BatchNorm":
         """Unit scale, zero bias (or `w_init` / `b_init`, which need `key`), running mean 0, variance 1."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"BatchNorm: momentum must lie in [0, 1], received {momentum}.")
         scale, bias = _affine(key, num_features, affine, dtype, w_init, b_init, "BatchNorm")
@@ -139,6 +139,7 @@ class GroupNorm(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray | None,
@@ -147,12 +148,10 @@ class GroupNorm(eqx.Module):
         *,
         eps: float = 1e-5,
         affine: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "GroupNorm":
         """Unit scale and zero bias (or `w_init` / `b_init`, which need `key`); none when `affine=False`."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         if num_groups < 1 or num_channels % num_groups:
             raise ValueError(
                 f"GroupNorm: num_groups={num_groups} must be positive and divide num_channels={num_channels}."
@@ -176,6 +175,7 @@ class InstanceNorm(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray | None,
@@ -183,12 +183,10 @@ class InstanceNorm(eqx.Module):
         *,
         eps: float = 1e-5,
         affine: bool = False,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "InstanceNorm":
         """No affine parameters unless `affine=True` (unit scale, zero bias, or `w_init` / `b_init`)."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         scale, bias = _affine(key, num_features, affine, dtype, w_init, b_init, "InstanceNorm")
         return cls(scale, bias, num_features, float(eps), compute_dtype)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._apply import apply, register_apply
@@ -12,6 +13,7 @@ from .._checks import check_last_dim
 from ._attention import Attention, KVCache
 from ._mlp import MLP, GatedMLP
 from ._norm import LayerNorm, RMSNorm
+from ._options import ParamOptions, with_options
 from ._validate import check_ndim
 
 _NORMS = {"layer": LayerNorm, "rms": RMSNorm}
@@ -31,6 +33,7 @@ class Block(eqx.Module):
     d_model: int = eqx.field(static=True)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -48,10 +51,7 @@ class Block(eqx.Module):
         gated: bool = False,
         activation: str | None = None,
         use_bias: bool = False,
-        dtype=jnp.float32,
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ) -> "Block":
         """Build the block's layers. `norm` is "layer" or "rms"; `gated` picks `GatedMLP`
         over `MLP`; `activation`/`eps` default to the chosen layer's own default. `w_init` /
@@ -60,29 +60,22 @@ class Block(eqx.Module):
             raise ValueError(f"Block: norm must be one of {sorted(_NORMS)}, received {norm!r}.")
         k_attn, k_mlp = jax.random.split(key)
         norm_cls = _NORMS[norm]
-        norm_kw = {"dtype": dtype, "compute_dtype": compute_dtype}
+        norm_kw = {"dtype": options["dtype"], "compute_dtype": options["compute_dtype"]}
         if eps is not None:
             norm_kw["eps"] = eps
-        proj_kw = {"w_init": w_init, "b_init": b_init, "compute_dtype": compute_dtype}
+        attn_kw = {
+            "n_kv_heads": n_kv_heads,
+            "head_dim": head_dim,
+            "rope_theta": rope_theta,
+            "use_bias": use_bias,
+        }
         mlp_cls = GatedMLP if gated else MLP
-        mlp_kw = {"dtype": dtype, "use_bias": use_bias, **proj_kw}
+        mlp_kw = {"use_bias": use_bias, **options}
         if activation is not None:
             mlp_kw["activation"] = activation
         return cls(
             norm1=norm_cls.init(None, d_model, **norm_kw),
-            attn=Attention.init(
-                k_attn,
-                d_model,
-                n_heads,
-                n_kv_heads=n_kv_heads,
-                head_dim=head_dim,
-                causal=causal,
-                rope=rope,
-                rope_theta=rope_theta,
-                use_bias=use_bias,
-                dtype=dtype,
-                **proj_kw,
-            ),
+            attn=Attention.init(k_attn, d_model, n_heads, causal=causal, rope=rope, **attn_kw, **options),
             norm2=norm_cls.init(None, d_model, **norm_kw),
             mlp=mlp_cls.init(k_mlp, d_model, d_ff, **mlp_kw),
             d_model=d_model,

@@ -11,17 +11,17 @@ padding`, and the output length is `(L-1)·stride - 2·padding + dilation·(k-1)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, Unpack
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._apply import register_apply
 from .._checks import check_last_dim
 from ..init import initialize, lecun_normal, zeros
+from ._options import ParamOptions, option_values, with_options
 from ._pool import Padding, spatial_padding
 from ._validate import check_ndim
 
@@ -138,15 +138,30 @@ def _cast(compute_dtype: Any, *arrays):
     return tuple(None if a is None else a.astype(compute_dtype) for a in arrays)
 
 
-def _weight_and_bias(where, key, shape, use_bias, dtype, w_init, b_init):
-    """Weight from `key` (lecun-normal by default), bias from `fold_in(key, 1)` (zeros by default)."""
+def _kernel_fields(cls, key, channels: tuple, geometry: tuple, use_bias: bool, axes, options: dict) -> dict:
+    """The fields a convolution and a transposed one share. `channels`: `(c_in, c_out, groups)`;
+    `geometry`: `(kernel_size, stride, dilation)`; `options`: the layer's `ParamOptions`.
+    The weight `(*kernel, c_in / groups, c_out)` comes from `key` (lecun-normal by default), the
+    bias from `fold_in(key, 1)` (zeros by default)."""
+    (c_in, c_out, groups), (dtype, w_init, b_init, compute_dtype) = channels, option_values(options)
+    n, where = cls.ndim, cls.__name__
+    kernel, stride, dilation = (_as_tuple(where, k, v, n) for k, v in zip(_GEOMETRY, geometry))
+    shape = (*kernel, c_in // groups, c_out)
     weight = initialize(w_init or lecun_normal(), key, shape, dtype, where=f"{where}: w_init")
-    if not use_bias:
-        return weight, None
-    bias = initialize(
-        b_init or zeros, jax.random.fold_in(key, 1), (shape[-1],), dtype, where=f"{where}: b_init"
-    )
-    return weight, bias
+    bias = None
+    if use_bias:
+        bias_key = jax.random.fold_in(key, 1)
+        bias = initialize(b_init or zeros, bias_key, (c_out,), dtype, where=f"{where}: b_init")
+    fields = dict(weight=weight, bias=bias, c_in=c_in, c_out=c_out, kernel_size=kernel, stride=stride)
+    return fields | dict(dilation=dilation, axes=tuple(axes), compute_dtype=compute_dtype)
+
+
+_GEOMETRY = ("kernel_size", "stride", "dilation")
+
+
+def _conv_axes(params) -> dict[str, tuple]:
+    """Logical axes of a convolution's arrays: kernel axes unsharded, then the channel `axes`."""
+    return {"weight": (None,) * len(params.kernel_size) + tuple(params.axes), "bias": (params.axes[1],)}
 
 
 class _Conv(eqx.Module):
@@ -170,6 +185,7 @@ class _Conv(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -182,39 +198,21 @@ class _Conv(eqx.Module):
         dilation: int | tuple[int, ...] = 1,
         groups: int = 1,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: tuple[str | None, str | None] = (None, None),
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ):
         """Lecun-normal weight (fan-in = prod(kernel) · c_in / groups) and zero bias unless
         `w_init` / `b_init` say otherwise; `dtype` is the parameters' dtype."""
-        n, where = cls.ndim, cls.__name__
-        kernel = _as_tuple(where, "kernel_size", kernel_size, n)
+        where = cls.__name__
         if not isinstance(groups, int) or groups < 1 or c_in % groups or c_out % groups:
             raise ValueError(
                 f"{where}: groups={groups!r} must be a positive int dividing c_in={c_in} and c_out={c_out}."
             )
-        shape = (*kernel, c_in // groups, c_out)
-        weight, bias = _weight_and_bias(where, key, shape, use_bias, dtype, w_init, b_init)
-        return cls(
-            weight=weight,
-            bias=bias,
-            c_in=c_in,
-            c_out=c_out,
-            kernel_size=kernel,
-            stride=_as_tuple(where, "stride", stride, n),
-            padding=spatial_padding(where, padding, n),
-            axes=tuple(axes),
-            dilation=_as_tuple(where, "dilation", dilation, n),
-            groups=groups,
-            compute_dtype=compute_dtype,
-        )
+        geometry = (kernel_size, stride, dilation)
+        fields = _kernel_fields(cls, key, (c_in, c_out, groups), geometry, use_bias, axes, options)
+        return cls(**fields, padding=spatial_padding(where, padding, cls.ndim), groups=groups)
 
-    def logical_axes(self) -> dict[str, tuple]:
-        """Logical axes of each array field (see `spectrax_core.sharding`)."""
-        return {"weight": (None,) * len(self.kernel_size) + tuple(self.axes), "bias": (self.axes[1],)}
+    logical_axes = _conv_axes
 
 
 class Conv1d(_Conv):
@@ -251,6 +249,7 @@ class _ConvTranspose(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -263,41 +262,24 @@ class _ConvTranspose(eqx.Module):
         output_padding: int | tuple[int, ...] = 0,
         dilation: int | tuple[int, ...] = 1,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: tuple[str | None, str | None] = (None, None),
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ):
         """Lecun-normal weight (fan-in = prod(kernel) · c_in) and zero bias unless `w_init` /
         `b_init` say otherwise; `padding` / `output_padding` as PyTorch's ConvTranspose."""
         n, where = cls.ndim, cls.__name__
-        kernel = _as_tuple(where, "kernel_size", kernel_size, n)
-        weight, bias = _weight_and_bias(where, key, (*kernel, c_in, c_out), use_bias, dtype, w_init, b_init)
-        stride_t = _as_tuple(where, "stride", stride, n)
-        dilation_t = _as_tuple(where, "dilation", dilation, n)
+        geometry = (kernel_size, stride, dilation)
+        fields = _kernel_fields(cls, key, (c_in, c_out, 1), geometry, use_bias, axes, options)
+        stride_t, dilation_t = fields["stride"], fields["dilation"]
         out_pad = _as_tuple(where, "output_padding", output_padding, n, minimum=0)
         if any(op >= max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
             raise ValueError(
                 f"{where}: output_padding {out_pad} must be smaller than stride {stride_t} or dilation {dilation_t}."
             )
-        return cls(
-            weight=weight,
-            bias=bias,
-            c_in=c_in,
-            c_out=c_out,
-            kernel_size=kernel,
-            stride=stride_t,
-            padding=_as_tuple(where, "padding", padding, n, minimum=0),
-            output_padding=out_pad,
-            dilation=dilation_t,
-            axes=tuple(axes),
-            compute_dtype=compute_dtype,
-        )
+        padding = _as_tuple(where, "padding", padding, n, minimum=0)
+        return cls(**fields, padding=padding, output_padding=out_pad)
 
-    def logical_axes(self) -> dict[str, tuple]:
-        """Logical axes of each array field (see `spectrax_core.sharding`)."""
-        return {"weight": (None,) * len(self.kernel_size) + tuple(self.axes), "bias": (self.axes[1],)}
+    logical_axes = _conv_axes
 
 
 class ConvTranspose1d(_ConvTranspose):

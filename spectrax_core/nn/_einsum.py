@@ -5,7 +5,7 @@ DenseGeneral (contract several input axes, produce several output axes) and Bili
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, Unpack
 
 import equinox as eqx
 import jax
@@ -16,6 +16,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim
 from ..init import initialize, lecun_normal, variance_scaling, zeros
+from ._options import ParamOptions, option_values, with_options
 
 
 def _bias(key, use_bias, shape, dtype, b_init, where):
@@ -45,6 +46,7 @@ class Einsum(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -52,13 +54,11 @@ class Einsum(eqx.Module):
         formula: str,
         *,
         bias_shape: Sequence[int] | None = None,
-        dtype=jnp.float32,
         axes: Sequence[str | None] | None = None,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "Einsum":
         """Lecun-normal weight (fan-in on axis -2, fan-out on axis -1) and, with `bias_shape`, a zero bias."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         shape = tuple(shape)
         operands = formula.replace(" ", "").split("->")[0].split(",")
         if "->" not in formula or len(operands) != 2 or len(operands[1].replace("...", "")) != len(shape):
@@ -106,6 +106,7 @@ class DenseGeneral(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -114,14 +115,12 @@ class DenseGeneral(eqx.Module):
         *,
         axis: int | Sequence[int] = -1,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: Sequence[str | None] | None = None,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "DenseGeneral":
         """Weight initialised as the `(prod(in), prod(out))` matrix (lecun-normal by default) then
         reshaped, so fan-in counts every contracted axis; zero bias of shape `out_features`."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         ins = (in_features,) if isinstance(in_features, int) else tuple(in_features)
         outs = (out_features,) if isinstance(out_features, int) else tuple(out_features)
         axis_t = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -180,6 +179,7 @@ class Bilinear(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -188,12 +188,10 @@ class Bilinear(eqx.Module):
         out_features: int,
         *,
         use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "Bilinear":
         """Lecun-normal weight with fan-in `in1 · in2` (or `w_init`), zero bias (or `b_init`)."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         default = variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=(0, 1), out_axis=-1)
         shape = (in1_features, in2_features, out_features)
         weight = initialize(w_init or default, key, shape, dtype, where="Bilinear: w_init")

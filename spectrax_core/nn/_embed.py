@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ..init import initialize
+from ._options import WeightOptions, option_values, with_options
 from ._validate import check_integer
 
 
@@ -26,19 +27,19 @@ class Embed(eqx.Module):
     axes: tuple[str | None, str | None] = eqx.field(static=True, default=("VOCAB", "EMBED"))
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
         vocab_size: int,
         d_model: int,
         *,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        compute_dtype: Any = None,
         axes: tuple[str | None, str | None] = ("VOCAB", "EMBED"),
+        **options: Unpack[WeightOptions],
     ) -> "Embed":
         """Normal table with standard deviation `1/sqrt(d_model)` (unit-norm rows on average),
         unless `w_init` (an initializer `(key, shape, dtype)`) says otherwise."""
+        dtype, w_init, _, compute_dtype = option_values(options)
         if w_init is None:
             table = jax.random.normal(key, (vocab_size, d_model), dtype) * d_model**-0.5
         else:

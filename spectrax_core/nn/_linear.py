@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ..init import initialize, lecun_normal, zeros
+from ._options import ParamOptions, option_values, with_options
 
 
 class Linear(eqx.Module):
@@ -31,6 +31,7 @@ class Linear(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -38,15 +39,13 @@ class Linear(eqx.Module):
         d_out: int,
         *,
         use_bias: bool = True,
-        dtype=jnp.float32,
         axes: tuple[str | None, str | None] = ("EMBED", "MLP"),
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "Linear":
         """Lecun-normal weight from `key` and zero bias, unless `w_init` / `b_init` (initializers
         `(key, shape, dtype)`; the bias draws from `fold_in(key, 1)`) say otherwise. `dtype` is
         the parameters' dtype."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         weight = initialize(w_init or lecun_normal(), key, (d_in, d_out), dtype, where="Linear: w_init")
         bias = None
         if use_bias:

@@ -4,7 +4,7 @@ on request. Inputs are batch-first: `(batch, length, features)`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 import equinox as eqx
 import jax
@@ -14,6 +14,7 @@ from jaxtyping import Array, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim
 from ._linear import Linear, _linear
+from ._options import ParamOptions, with_options
 from ._sdpa import scaled_dot_product_attention
 from ._validate import check_ndim
 
@@ -30,6 +31,7 @@ class MultiHeadAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -39,10 +41,7 @@ class MultiHeadAttention(eqx.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        **options: Unpack[ParamOptions],
     ) -> "MultiHeadAttention":
         """Lecun-normal projections and zero biases (or `w_init` / `b_init`); `kdim` / `vdim`
         (default `embed_dim`) are the key and value input widths."""
@@ -51,7 +50,7 @@ class MultiHeadAttention(eqx.Module):
                 f"MultiHeadAttention: embed_dim={embed_dim} must be divisible by num_heads={num_heads}."
             )
         kq, kk, kv, ko = jax.random.split(key, 4)
-        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
+        kw = dict(use_bias=use_bias, **options)
         return cls(
             q=Linear.init(kq, embed_dim, embed_dim, **kw, axes=("EMBED", "HEAD")),
             k=Linear.init(kk, kdim or embed_dim, embed_dim, **kw, axes=("EMBED", "HEAD")),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Unpack
 
 import equinox as eqx
 import jax
@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ._linear import Linear, _linear
+from ._options import ParamOptions, with_options
 
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "gelu": jax.nn.gelu,
@@ -47,6 +48,7 @@ class MLP(eqx.Module):
     activation: str = eqx.field(static=True, default="gelu")
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -55,15 +57,12 @@ class MLP(eqx.Module):
         *,
         activation: str = "gelu",
         use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ) -> "MLP":
         """Lecun-normal weights, zero biases (or `w_init` / `b_init` for every projection);
         `compute_dtype` goes to each projection."""
         k_up, k_down = jax.random.split(key)
-        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
+        kw = dict(use_bias=use_bias, **options)
         return cls(
             up=Linear.init(k_up, d_model, d_ff, **kw, axes=("EMBED", "MLP")),
             down=Linear.init(k_down, d_ff, d_model, **kw, axes=("MLP", "EMBED")),
@@ -88,6 +87,7 @@ class GatedMLP(eqx.Module):
     activation: str = eqx.field(static=True, default="silu")
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -96,15 +96,12 @@ class GatedMLP(eqx.Module):
         *,
         activation: str = "silu",
         use_bias: bool = False,
-        dtype=jnp.float32,
-        w_init=None,
-        b_init=None,
-        compute_dtype=None,
+        **options: Unpack[ParamOptions],
     ) -> "GatedMLP":
         """Lecun-normal weights (or `w_init` / `b_init`); no biases by default, as in LLaMA-style
         blocks; `compute_dtype` goes to each projection."""
         k_gate, k_up, k_down = jax.random.split(key, 3)
-        kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
+        kw = dict(use_bias=use_bias, **options)
         return cls(
             gate=Linear.init(k_gate, d_model, d_ff, **kw, axes=("EMBED", "MLP")),
             up=Linear.init(k_up, d_model, d_ff, **kw, axes=("EMBED", "MLP")),

@@ -7,7 +7,7 @@ activations keep accurate variances.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ..init import initialize
+from ._options import ParamOptions, WeightOptions, option_values, with_options
 
 
 def _compute_dtype(x: Array):
@@ -43,18 +44,12 @@ class LayerNorm(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
-        cls,
-        key: PRNGKeyArray | None,
-        d: int,
-        *,
-        eps: float = 1e-5,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
+        cls, key: PRNGKeyArray | None, d: int, *, eps: float = 1e-5, **options: Unpack[ParamOptions]
     ) -> "LayerNorm":
         """Unit scale, zero bias (or `w_init` / `b_init`); `key` feeds those initializers only."""
+        dtype, w_init, b_init, compute_dtype = option_values(options)
         scale, bias = jnp.ones((d,), dtype), jnp.zeros((d,), dtype)
         if w_init is not None:
             scale = initialize(w_init, _need_key(key, "LayerNorm"), (d,), dtype, where="LayerNorm: w_init")
@@ -77,17 +72,12 @@ class RMSNorm(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
+    @with_options
     def init(
-        cls,
-        key: PRNGKeyArray | None,
-        d: int,
-        *,
-        eps: float = 1e-6,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        compute_dtype: Any = None,
+        cls, key: PRNGKeyArray | None, d: int, *, eps: float = 1e-6, **options: Unpack[WeightOptions]
     ) -> "RMSNorm":
         """Unit scale (or `w_init`); `key` feeds that initializer only."""
+        dtype, w_init, _, compute_dtype = option_values(options)
         scale = jnp.ones((d,), dtype)
         if w_init is not None:
             scale = initialize(w_init, _need_key(key, "RMSNorm"), (d,), dtype, where="RMSNorm: w_init")

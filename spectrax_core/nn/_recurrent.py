@@ -14,7 +14,8 @@ returns `(new_carry, y)`. The gate formulas are PyTorch's:
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -25,13 +26,14 @@ from jaxtyping import Array, PRNGKeyArray
 from .._apply import apply, register_apply
 from .._checks import check_last_dim
 from ._linear import Linear, _linear
+from ._options import ParamOptions, with_options
 
 _CELL_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
 
 
-def _projections(key, d_in, hidden, k, use_bias, dtype, w_init, b_init, compute_dtype):
+def _projections(key, d_in, hidden, k, use_bias, options):
     k_ih, k_hh = jax.random.split(key)
-    kw = dict(use_bias=use_bias, dtype=dtype, w_init=w_init, b_init=b_init, compute_dtype=compute_dtype)
+    kw = dict(use_bias=use_bias, **options)
     return (
         Linear.init(k_ih, d_in, k * hidden, **kw, axes=(None, None)),
         Linear.init(k_hh, hidden, k * hidden, **kw, axes=(None, None)),
@@ -51,6 +53,7 @@ class _Cell(eqx.Module):
         return {}
 
     @classmethod
+    @with_options
     def init(
         cls,
         key: PRNGKeyArray,
@@ -58,16 +61,11 @@ class _Cell(eqx.Module):
         hidden: int,
         *,
         use_bias: bool = True,
-        dtype=jnp.float32,
-        w_init: Any = None,
-        b_init: Any = None,
-        compute_dtype: Any = None,
-        **fields: Any,
+        **options: Unpack[ParamOptions],
     ):
-        """Lecun-normal projections and zero biases (or `w_init` / `b_init`); `fields` are the
-        cell's own static fields."""
-        ih, hh = _projections(key, d_in, hidden, cls.gates, use_bias, dtype, w_init, b_init, compute_dtype)
-        return cls(ih=ih, hh=hh, d_in=d_in, hidden=hidden, **fields)
+        """Lecun-normal projections and zero biases (or `w_init` / `b_init`)."""
+        ih, hh = _projections(key, d_in, hidden, cls.gates, use_bias, options)
+        return cls(ih=ih, hh=hh, d_in=d_in, hidden=hidden)
 
     def initialize_carry(self, batch_shape: tuple[int, ...] = (), dtype=None) -> Any:
         """A zero carry for inputs of leading shape `batch_shape`."""
@@ -88,7 +86,7 @@ class SimpleRNNCell(_Cell):
             raise ValueError(
                 f"SimpleRNNCell: activation must be one of {sorted(_CELL_ACTIVATIONS)}, received {activation!r}."
             )
-        return super().init(key, d_in, hidden, activation=activation, **kwargs)
+        return dataclasses.replace(super().init(key, d_in, hidden, **kwargs), activation=activation)
 
 
 class LSTMCell(_Cell):

@@ -194,16 +194,8 @@ def _generate(model, inputs, mesh, mode, schedule, stage_sizes, max_new_tokens, 
             f"spx.run: mode='generate' runs a core LM (spectrax_core.models.TransformerLM), got the eager "
             f"module {type(model).__name__}; pass the core parameters (e.g. what a training step returned)."
         )
-    return mp.run(
-        model,
-        inputs=inputs,
-        mesh=mesh,
-        mode=mode,
-        schedule=schedule,
-        stage_sizes=stage_sizes,
-        max_new_tokens=max_new_tokens,
-        **options,
-    )
+    layout = dict(mesh=mesh, schedule=schedule, stage_sizes=stage_sizes)
+    return mp.run(model, inputs=inputs, mode=mode, max_new_tokens=max_new_tokens, **layout, **options)
 
 
 def no_fusion(name: str, **flags) -> None:

@@ -10,6 +10,7 @@ as ordinary pytrees.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
@@ -173,26 +174,19 @@ def value_and_grad(
     return wrapped
 
 
-def grad(
-    fn: Callable | None = None,
-    argnums: int | Sequence[int] = 0,
-    *,
-    wrt: Any = "parameters",
-    has_aux: bool = False,
-    mutable: Any = None,
-    argnum: int | None = None,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    reduce_axes: Sequence[Any] = (),
-) -> Callable:
-    """Like `jax.grad` for functions that take modules; see `value_and_grad` for the arguments.
+def grad(fn: Callable | None = None, argnums: int | Sequence[int] = 0, **options: Any) -> Callable:
+    """Like `jax.grad` for functions that take modules; the keywords of `value_and_grad`.
 
     Returns `grads` (or `(grads, aux)` with `has_aux=True`).
     """
-    opts = dict(wrt=wrt, has_aux=has_aux, mutable=mutable, holomorphic=holomorphic, allow_int=allow_int)
+    try:
+        grad.__signature__.bind(fn, argnums, **options)
+    except TypeError as e:
+        raise TypeError(f"grad(): {e}") from None
     if fn is None:
-        return functools.partial(grad, argnums=argnums, argnum=argnum, reduce_axes=reduce_axes, **opts)
-    vg = value_and_grad(fn, argnums, argnum=argnum, reduce_axes=reduce_axes, **opts)
+        return functools.partial(grad, argnums=argnums, **options)
+    vg = value_and_grad(fn, argnums, **options)
+    has_aux = options.get("has_aux", False)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -200,6 +194,9 @@ def grad(
         return (grads, value[1]) if has_aux else grads
 
     return wrapped
+
+
+grad.__signature__ = inspect.signature(value_and_grad)
 
 
 def _module_tangents(d: _Diff, k: int, t: Any, where: str) -> dict[int, Any]:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from spectrax_core import init as core_init
 from spectrax_core.init import Initializer, lecun_normal, lecun_uniform, ones, variance_scaling, zeros
 
 from .._compat.paths import keep_names
@@ -134,23 +135,8 @@ def orthogonal(gain: float = 1.0) -> Initializer:
     return jax.nn.initializers.orthogonal(scale=gain)
 
 
-__all__ = [
-    "Initializer",
-    "constant",
-    "kaiming_normal",
-    "kaiming_uniform",
-    "lecun_normal",
-    "lecun_uniform",
-    "normal",
-    "ones",
-    "orthogonal",
-    "truncated_normal",
-    "uniform",
-    "variance_scaling",
-    "xavier_normal",
-    "xavier_uniform",
-    "zeros",
-]
+#: The core's initializer names, each here with PyTorch's defaults where they differ.
+__all__ = [name for name in core_init.__all__ if name != "initialize"]
 
 # `spectrax-lib`'s module paths `spectrax.init.constant`, ... hold these names too; each submodule
 # named like one of this module's functions is loaded now, the function kept under its name.

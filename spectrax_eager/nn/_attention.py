@@ -4,7 +4,7 @@ and `spectrax_core.nn.MLP`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._graph.rngs import Rngs
-from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
+from ._base import CoreLayer, LayerOptions, also_named, annotate
 from ._layers import MLP
 
 
@@ -102,35 +102,21 @@ class MultiheadAttention(CoreLayer):
         vdim: int | None = None,
         batch_first: bool = True,
         *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         qkv_sharding: Any = None,
         out_sharding: Any = None,
         qkv_bias_sharding: Any = None,
         out_bias_sharding: Any = None,
         decode: bool = False,
         cache_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         _no_cache(type(self).__name__, decode)
         del cache_sharding  # see _no_cache
-        self._adopt(
-            sc.nn.MultiHeadAttention.init(
-                key_from(rngs, type(self).__name__),
-                embed_dim,
-                num_heads,
-                kdim=kdim,
-                vdim=vdim,
-                use_bias=use_bias,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(embed_dim, num_heads, kdim=kdim, vdim=vdim, use_bias=use_bias, options=options)
         _annotate_projections(self, qkv_sharding, out_sharding, qkv_bias_sharding, out_bias_sharding)
         self.dropout = _check_rate(type(self).__name__, dropout)
         self.batch_first = bool(batch_first)
-        self.rngs = rngs
+        self.rngs = options.get("rngs")
 
     def forward(
         self,
@@ -214,30 +200,18 @@ class CausalSelfAttention(CoreLayer):
         dropout: float = 0.0,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         qkv_sharding: Any = None,
         out_sharding: Any = None,
         qkv_bias_sharding: Any = None,
         out_bias_sharding: Any = None,
         cache_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         del cache_sharding  # no KV cache to annotate (see _no_cache)
-        self._adopt(
-            sc.nn.MultiHeadAttention.init(
-                key_from(rngs, "CausalSelfAttention"),
-                embed_dim,
-                num_heads,
-                use_bias=use_bias,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(embed_dim, num_heads, use_bias=use_bias, options=options)
         _annotate_projections(self, qkv_sharding, out_sharding, qkv_bias_sharding, out_bias_sharding)
         self.dropout = _check_rate("CausalSelfAttention", dropout)
-        self.rngs = rngs
+        self.rngs = options.get("rngs")
 
     def forward(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         rng = _dropout_key(self, "CausalSelfAttention")
@@ -271,15 +245,11 @@ class MLPBlock(MLP):
         *,
         out_features: int | None = None,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         fc1_sharding: Any = None,
         fc2_sharding: Any = None,
         fc1_bias_sharding: Any = None,
         fc2_bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         if out_features not in (None, features):
             raise ValueError(
@@ -291,11 +261,7 @@ class MLPBlock(MLP):
             4 * features if hidden_features is None else hidden_features,
             activation=activation,
             use_bias=use_bias,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            w_init=w_init,
-            b_init=b_init,
-            rngs=rngs,
+            **options,
         )
         annotate(
             self,
@@ -306,7 +272,7 @@ class MLPBlock(MLP):
             down__bias=fc2_bias_sharding,
         )
         self.dropout = _check_rate("MLPBlock", dropout)
-        self.rngs = rngs
+        self.rngs = options.get("rngs")
 
     def forward(self, x: jax.Array) -> jax.Array:
         y = super().forward(x)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +40,33 @@ class CoreLayer(Module):
     #: Variable class of each array field (default `Parameter`), e.g. running statistics.
     variable_types: ClassVar[dict[str, type]] = {}
 
+    #: The keywords a layer's `**options` takes (see `spell_out_options`).
+    option_names: ClassVar[frozenset] = frozenset()
+
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         if "core_cls" in cls.__dict__:
             _EAGER_OF.setdefault(cls.core_cls, cls)
+        if "__init__" in cls.__dict__:
+            spell_out_options(cls)
+
+    def _build(self, *args: Any, options: Mapping, constant: bool = False, **core_kwargs: Any) -> None:
+        """Adopt `core_cls.init(key, *args, **core_kwargs)` with the dtype and initializer keywords
+        of the layer's `options`. `constant`: the layer's default values are constants, so a key
+        (and `rngs`) is needed only when an initializer is given."""
+        where = type(self).__name__
+        unknown = sorted(set(options) - (self.option_names or set(LayerOptions.__annotations__)))
+        if unknown:
+            raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+        o = {**OPTION_DEFAULTS, **options}
+        if constant:
+            key = init_key(o["rngs"], where, o["w_init"], o["b_init"])
+        else:
+            key = key_from(o["rngs"], where)
+        kw = dtype_kwargs(o["dtype"], o["param_dtype"], o["w_init"], o["b_init"])
+        if self.option_names and "b_init" not in self.option_names:
+            del kw["b_init"]
+        self._adopt(self.core_cls.init(key, *args, **core_kwargs, **kw))
 
     def _adopt(self, params: Any) -> None:
         """Take the arrays, sub-params and static fields of a core params object.
@@ -119,6 +143,51 @@ def dtype_kwargs(dtype: Any, param_dtype: Any, w_init: Any = None, b_init: Any =
 
 #: Default storage dtype of eager layers' parameters.
 PARAM_DTYPE = jnp.float32
+
+
+class WeightOptions(TypedDict, total=False):
+    """The keywords of every eager layer that makes a weight: `dtype` (compute dtype; None = as
+    given), `param_dtype` (storage dtype, float32), `w_init` (an initializer from `spx.init` or
+    `jax.nn.initializers`) and `rngs` (init keys; None = the innermost `with spx.seed(...)`)."""
+
+    dtype: Any
+    param_dtype: Any
+    w_init: Any
+    rngs: Any
+
+
+class LayerOptions(WeightOptions, total=False):
+    """`WeightOptions` and `b_init`, the bias's initializer."""
+
+    b_init: Any
+
+
+OPTION_DEFAULTS = {"dtype": None, "param_dtype": PARAM_DTYPE, "w_init": None, "b_init": None, "rngs": None}
+
+
+def split_options(kwargs: Mapping) -> tuple[dict, dict]:
+    """`(the LayerOptions among kwargs, the others)`: for layers passing other keywords on to the core."""
+    options = {k: v for k, v in kwargs.items() if k in LayerOptions.__annotations__}
+    return options, {k: v for k, v in kwargs.items() if k not in options}
+
+
+def spell_out_options(cls: type) -> None:
+    """Give `cls.__init__` a signature naming each keyword of its `**options: Unpack[...]` (with
+    its default), as if written out, and record them in `cls.option_names`."""
+    init = cls.__dict__["__init__"]
+    sig = inspect.signature(init)
+    var = next((p for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    hint = var.annotation if var is not None else None
+    if not (isinstance(hint, str) and hint.startswith("Unpack[")):
+        return
+    options = init.__globals__[hint.removeprefix("Unpack[").removesuffix("]")]
+    names = [n for n in options.__annotations__ if n not in sig.parameters]
+    kept = [p for p in sig.parameters.values() if p is not var]
+    spelled = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=OPTION_DEFAULTS[n]) for n in names
+    ]
+    init.__signature__ = sig.replace(parameters=kept + spelled)
+    cls.option_names = frozenset(options.__annotations__)
 
 
 def init_key(rngs: Any, where: str, w_init: Any = None, b_init: Any = None) -> jax.Array | None:

@@ -7,13 +7,12 @@ axes of the weight (kernel axes unsharded), or of every weight axis.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import spectrax_core as sc
 
-from .._graph.rngs import Rngs
 from .._sharding.rules import annotation_axes
-from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, key_from
+from ._base import CoreLayer, LayerOptions, also_named, annotate
 
 
 def _weight_sharding(where: str, sharding: Any, w_init: Any) -> tuple[Any, tuple]:
@@ -25,6 +24,17 @@ def _weight_sharding(where: str, sharding: Any, w_init: Any) -> tuple[Any, tuple
     if len(names) == 2:
         return None, names
     return names, (None, None)
+
+
+def _build_conv(
+    layer: CoreLayer, sizes: tuple, geometry: dict, sharding: Any, bias_sharding: Any, options: dict
+):
+    """Build a (transposed) convolution's params from its `(c_in, c_out, kernel_size)`, its
+    geometry keywords and its annotations."""
+    where = type(layer).__name__
+    whole, axes = _weight_sharding(where, sharding, options.get("w_init"))
+    layer._build(*sizes, axes=axes, options=options, **geometry)
+    annotate(layer, where, weight=whole, bias=bias_sharding)
 
 
 @also_named(in_channels="c_in", out_channels="c_out")
@@ -40,32 +50,12 @@ class _ConvLayer(CoreLayer):
         groups: int = 1,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        where = type(self).__name__
-        whole, axes = _weight_sharding(where, sharding, w_init)
-        self._adopt(
-            self.core_cls.init(
-                key_from(rngs, where),
-                c_in,
-                c_out,
-                kernel_size,
-                stride=stride,
-                padding=padding,
-                dilation=dilation,
-                groups=groups,
-                use_bias=use_bias,
-                axes=axes,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
-        annotate(self, where, weight=whole, bias=bias_sharding)
+        geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, use_bias=use_bias)
+        _build_conv(self, (c_in, c_out, kernel_size), geometry, sharding, bias_sharding, options)
 
 
 class Conv1d(_ConvLayer):
@@ -115,32 +105,19 @@ class _ConvTransposeLayer(CoreLayer):
         dilation: int | tuple[int, ...] = 1,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        where = type(self).__name__
-        whole, axes = _weight_sharding(where, sharding, w_init)
-        self._adopt(
-            self.core_cls.init(
-                key_from(rngs, where),
-                c_in,
-                c_out,
-                kernel_size,
-                stride=stride,
-                padding=padding,
-                output_padding=output_padding,
-                dilation=dilation,
-                use_bias=use_bias,
-                axes=axes,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
+        geometry = dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
+        _build_conv(
+            self,
+            (c_in, c_out, kernel_size),
+            dict(geometry, use_bias=use_bias),
+            sharding,
+            bias_sharding,
+            options,
         )
-        annotate(self, where, weight=whole, bias=bias_sharding)
 
 
 class ConvTranspose1d(_ConvTransposeLayer):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, Unpack
 
 import jax
 
 import spectrax_core as sc
 
-from .._graph.rngs import Rngs
 from .._scope.lazy import building_lazily, check_may_materialize
-from ._base import PARAM_DTYPE, CoreLayer, annotate, dtype_kwargs, key_from, sharding_axes
+from ._base import CoreLayer, LayerOptions, annotate, key_from, sharding_axes
 
 
 class Einsum(CoreLayer):
@@ -27,13 +26,9 @@ class Einsum(CoreLayer):
         *,
         use_bias: bool | None = None,
         bias_shape: Sequence[int] | None = None,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         if isinstance(shape, str):
             equation, shape = shape, equation
@@ -42,17 +37,9 @@ class Einsum(CoreLayer):
                 f"Einsum({equation!r}): use_bias=True needs bias_shape= (the trailing output axes the bias "
                 "spans), e.g. bias_shape=(heads, head_dim)."
             )
-        axes = sharding_axes("Einsum", sharding, len(tuple(shape)), w_init)
-        self._adopt(
-            sc.nn.Einsum.init(
-                key_from(rngs, "Einsum"),
-                shape,
-                equation,
-                bias_shape=None if use_bias is False else bias_shape,
-                axes=axes,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        axes = sharding_axes("Einsum", sharding, len(tuple(shape)), options.get("w_init"))
+        bias_shape = None if use_bias is False else bias_shape
+        self._build(shape, equation, bias_shape=bias_shape, axes=axes, options=options)
         annotate(self, "Einsum", bias=bias_sharding)
 
 
@@ -74,14 +61,10 @@ class DenseGeneral(CoreLayer):
         *,
         axis: int | Sequence[int] = -1,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
         in_shape: int | Sequence[int] | None = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         if out_features is not None:
             if in_shape is not None:
@@ -89,33 +72,31 @@ class DenseGeneral(CoreLayer):
                     "DenseGeneral: give (in_features, out_features) or (features, in_shape=), not both."
                 )
             features, in_shape = out_features, features
-        kw = dict(axis=axis, use_bias=use_bias, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
-        self.features, self.pending = features, (tuple(kw.items()), sharding, bias_sharding, w_init)
+        self.rngs = options.pop("rngs", None)
+        kw = dict(axis=axis, use_bias=use_bias)
+        self.features, self.pending = features, (tuple(kw.items()), options, sharding, bias_sharding)
         self.explicit_lazy = in_shape is None and building_lazily()
-        key_from(rngs, "DenseGeneral")  # fail now, not at the first call, when rngs is missing
-        self.rngs = rngs
+        key_from(self.rngs, "DenseGeneral")  # fail now, not at the first call, when rngs is missing
         if in_shape is not None:
-            self._build(in_shape)
+            self._materialize(in_shape)
 
-    def _build(self, in_shape: int | Sequence[int]) -> None:
+    def _materialize(self, in_shape: int | Sequence[int]) -> None:
         check_may_materialize(self.explicit_lazy, "DenseGeneral(features)")
-        kw, sharding, bias_sharding, w_init = self.pending
+        kw, options, sharding, bias_sharding = self.pending
         n_in = 1 if isinstance(in_shape, int) else len(tuple(in_shape))
         n_out = 1 if isinstance(self.features, int) else len(tuple(self.features))
-        axes = sharding_axes("DenseGeneral", sharding, n_in + n_out, w_init)
-        params = sc.nn.DenseGeneral.init(
-            key_from(self.rngs, "DenseGeneral"), in_shape, self.features, axes=axes, **dict(kw)
-        )
+        axes = sharding_axes("DenseGeneral", sharding, n_in + n_out, options.get("w_init"))
+        features, options = self.features, {**options, "rngs": self.rngs}
         for name in ("pending", "rngs", "features", "explicit_lazy"):
             delattr(self, name)
-        self._adopt(params)
+        self._build(in_shape, features, axes=axes, options=options, **dict(kw))
         annotate(self, "DenseGeneral", bias=bias_sharding)
 
     def forward(self, x: jax.Array) -> jax.Array:
         if "pending" in self.__dict__:
             axis = dict(self.pending[0])["axis"]
             axes = (axis,) if isinstance(axis, int) else tuple(axis)
-            self._build(tuple(x.shape[a] for a in axes))
+            self._materialize(tuple(x.shape[a] for a in axes))
         return super().forward(x)
 
 
@@ -131,24 +112,11 @@ class Bilinear(CoreLayer):
         out_features: int,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         sharding: Any = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        self._adopt(
-            sc.nn.Bilinear.init(
-                key_from(rngs, "Bilinear"),
-                in1_features,
-                in2_features,
-                out_features,
-                use_bias=use_bias,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(in1_features, in2_features, out_features, use_bias=use_bias, options=options)
         annotate(self, "Bilinear", weight=sharding, bias=bias_sharding)
 
     def forward(self, x1: jax.Array, x2: jax.Array) -> jax.Array:

@@ -8,7 +8,7 @@ Keywords shared by the layers: `dtype` (compute dtype; None = as given),
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 
@@ -17,15 +17,15 @@ import spectrax_core as sc
 from .._graph.rngs import Rngs
 from .._scope.lazy import building_lazily, check_may_materialize
 from ._base import (
-    PARAM_DTYPE,
     CoreLayer,
+    LayerOptions,
+    WeightOptions,
     also_named,
     annotate,
-    dtype_kwargs,
     fix_constant,
-    init_key,
     key_from,
     sharding_axes,
+    split_options,
 )
 
 
@@ -47,27 +47,22 @@ class Linear(CoreLayer):
         d_out: int,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        axes = sharding_axes("Linear", sharding, 2, w_init) or ("EMBED", "MLP")
-        kw = dict(use_bias=use_bias, axes=axes, **dtype_kwargs(dtype, param_dtype, w_init, b_init))
+        axes = sharding_axes("Linear", sharding, 2, options.get("w_init")) or ("EMBED", "MLP")
+        kw = dict(use_bias=use_bias, axes=axes, options=options)
         if d_in is None:
-            self.d_out, self.rngs = d_out, rngs
+            self.d_out, self.d_in, self.rngs = d_out, None, options.pop("rngs", None)
             self.init_kwargs = (
                 *kw.items(),
                 ("bias_sharding", bias_sharding),
                 ("explicit", building_lazily()),
             )
-            self.d_in = None
-            key_from(rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
+            key_from(self.rngs, "Linear(None, ...)")  # fail now, not at the first call, when rngs is missing
             return
-        self._adopt(sc.nn.Linear.init(key_from(rngs, "Linear"), d_in, d_out, **kw))
+        self._build(d_in, d_out, **kw)
         annotate(self, "Linear", bias=bias_sharding)
 
     def forward(self, x: jax.Array) -> jax.Array:
@@ -75,10 +70,10 @@ class Linear(CoreLayer):
             kw = dict(self.init_kwargs)
             check_may_materialize(kw.pop("explicit"), "Linear(None, ...)")
             bias_sharding = kw.pop("bias_sharding")
-            params = sc.nn.Linear.init(self.rngs.params(), x.shape[-1], self.d_out, **kw)
+            kw["options"] = {**kw["options"], "rngs": self.rngs}
             for name in ("init_kwargs", "rngs"):
                 delattr(self, name)
-            self._adopt(params)
+            self._build(x.shape[-1], self.d_out, **kw)
             annotate(self, "Linear", bias=bias_sharding)
         return super().forward(x)
 
@@ -94,18 +89,11 @@ class Embed(CoreLayer):
         vocab_size: int,
         d_model: int,
         *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
         sharding: tuple | None = None,
-        rngs: Rngs | None = None,
+        **options: Unpack[WeightOptions],
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init)
-        del kw["b_init"]
-        axes = sharding_axes("Embed", sharding, 2, w_init)
-        if axes is not None:
-            kw["axes"] = axes
-        self._adopt(sc.nn.Embed.init(key_from(rngs, "Embed"), vocab_size, d_model, **kw))
+        axes = sharding_axes("Embed", sharding, 2, options.get("w_init"))
+        self._build(vocab_size, d_model, options=options, **({} if axes is None else {"axes": axes}))
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Logits `x @ table.T`."""
@@ -125,18 +113,13 @@ class LayerNorm(CoreLayer):
         d: int,
         *,
         eps: float = 1e-5,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         elementwise_affine: bool = True,
         use_bias: bool = True,
         sharding: Any = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        key = init_key(rngs, "LayerNorm", w_init, b_init)
-        self._adopt(sc.nn.LayerNorm.init(key, d, eps=eps, **dtype_kwargs(dtype, param_dtype, w_init, b_init)))
+        self._build(d, eps=eps, options=options, constant=True)
         fix_constant(
             self,
             *(() if elementwise_affine else ("scale",)),
@@ -157,16 +140,11 @@ class RMSNorm(CoreLayer):
         d: int,
         *,
         eps: float = 1e-6,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        rngs: Rngs | None = None,
         elementwise_affine: bool = True,
         sharding: Any = None,
+        **options: Unpack[WeightOptions],
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init)
-        del kw["b_init"]
-        self._adopt(sc.nn.RMSNorm.init(init_key(rngs, "RMSNorm", w_init), d, eps=eps, **kw))
+        self._build(d, eps=eps, options=options, constant=True)
         fix_constant(self, *(() if elementwise_affine else ("scale",)))
         annotate(self, "RMSNorm", scale=sharding)
 
@@ -204,18 +182,9 @@ class MLP(CoreLayer):
         *,
         activation: str = "gelu",
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
+        **options: Unpack[LayerOptions],
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
-        self._adopt(
-            sc.nn.MLP.init(
-                key_from(rngs, "MLP"), d_model, d_ff, activation=activation, use_bias=use_bias, **kw
-            )
-        )
+        self._build(d_model, d_ff, activation=activation, use_bias=use_bias, options=options)
 
 
 class GatedMLP(CoreLayer):
@@ -230,22 +199,16 @@ class GatedMLP(CoreLayer):
         *,
         activation: str = "silu",
         use_bias: bool = False,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
+        **options: Unpack[LayerOptions],
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
-        key = key_from(rngs, "GatedMLP")
-        self._adopt(sc.nn.GatedMLP.init(key, d_model, d_ff, activation=activation, use_bias=use_bias, **kw))
+        self._build(d_model, d_ff, activation=activation, use_bias=use_bias, options=options)
 
 
 class Attention(CoreLayer):
     """Multi-head self-attention (causal by default, grouped-query heads, optional RoPE).
 
     Call as `attn(x, mask=None)` on `(batch, length, d_model)`; with `cache=`
-    (a core `KVCache`) it returns `(y, new_cache)`. Other keywords are those of
+    (a core `KVCache`) it returns `(y, new_cache)`. Other keywords are `LayerOptions` and those of
     `spectrax_core.nn.Attention.init` (`n_kv_heads`, `head_dim`, `causal`, `rope`, ...).
     """
 
@@ -255,22 +218,16 @@ class Attention(CoreLayer):
         self,
         d_model: int,
         n_heads: int,
-        *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         **kwargs: Any,
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
-        self._adopt(sc.nn.Attention.init(key_from(rngs, "Attention"), d_model, n_heads, **kw, **kwargs))
+        options, kwargs = split_options(kwargs)
+        self._build(d_model, n_heads, options=options, **kwargs)
 
 
 class Block(CoreLayer):
     """Pre-norm transformer block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
 
-    Other keywords are those of `spectrax_core.nn.Block.init` (`n_kv_heads`,
+    Other keywords are `LayerOptions` and those of `spectrax_core.nn.Block.init` (`n_kv_heads`,
     `rope`, `norm="rms"`, `gated=True`, ...).
     """
 
@@ -281,13 +238,7 @@ class Block(CoreLayer):
         d_model: int,
         n_heads: int,
         d_ff: int,
-        *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         **kwargs: Any,
     ):
-        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
-        self._adopt(sc.nn.Block.init(key_from(rngs, "Block"), d_model, n_heads, d_ff, **kw, **kwargs))
+        options, kwargs = split_options(kwargs)
+        self._build(d_model, n_heads, d_ff, options=options, **kwargs)

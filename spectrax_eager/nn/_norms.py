@@ -10,15 +10,14 @@ needs `spx.jit(mutable="batch_stats")` (with whatever else it updates); in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 
 import spectrax_core as sc
 
-from .._graph.rngs import Rngs
 from .._graph.variable import Variable
-from ._base import PARAM_DTYPE, CoreLayer, also_named, annotate, dtype_kwargs, init_key
+from ._base import CoreLayer, LayerOptions, also_named, annotate
 
 
 class BatchStat(Variable):
@@ -40,26 +39,13 @@ class _BatchNorm(CoreLayer):
         momentum: float = 0.1,
         affine: bool = True,
         *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         sharding: Any = None,
         bias_sharding: Any = None,
         stats_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
         where = type(self).__name__
-        self._adopt(
-            sc.nn.BatchNorm.init(
-                init_key(rngs, where, w_init, b_init),
-                num_features,
-                eps=eps,
-                momentum=momentum,
-                affine=affine,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(num_features, eps=eps, momentum=momentum, affine=affine, options=options, constant=True)
         annotate(self, where, scale=sharding, bias=bias_sharding, mean=stats_sharding, var=stats_sharding)
 
     def forward(self, x: jax.Array, *, use_running_average: bool | None = None) -> jax.Array:
@@ -102,24 +88,11 @@ class GroupNorm(CoreLayer):
         eps: float = 1e-5,
         affine: bool = True,
         *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         sharding: Any = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        self._adopt(
-            sc.nn.GroupNorm.init(
-                init_key(rngs, "GroupNorm", w_init, b_init),
-                num_groups,
-                num_channels,
-                eps=eps,
-                affine=affine,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(num_groups, num_channels, eps=eps, affine=affine, options=options, constant=True)
         annotate(self, "GroupNorm", scale=sharding, bias=bias_sharding)
 
 
@@ -136,21 +109,9 @@ class InstanceNorm(CoreLayer):
         eps: float = 1e-5,
         affine: bool = False,
         *,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         sharding: Any = None,
         bias_sharding: Any = None,
+        **options: Unpack[LayerOptions],
     ):
-        self._adopt(
-            sc.nn.InstanceNorm.init(
-                init_key(rngs, "InstanceNorm", w_init, b_init),
-                num_features,
-                eps=eps,
-                affine=affine,
-                **dtype_kwargs(dtype, param_dtype, w_init, b_init),
-            )
-        )
+        self._build(num_features, eps=eps, affine=affine, options=options, constant=True)
         annotate(self, "InstanceNorm", scale=sharding, bias=bias_sharding)

@@ -26,82 +26,60 @@ def _window(where: str, value: Any, n: int) -> tuple[int, ...]:
 
 
 class _Pool(Module):
+    """A window reduction; `count_include_pad` (as PyTorch) matters to the average pools only (a
+    maximum never sees padding)."""
+
     ndim: int
 
-    def __init__(self, kernel_size: int | tuple[int, ...], stride: Any = None, padding: Any = 0):
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, ...],
+        stride: Any = None,
+        padding: Any = 0,
+        count_include_pad: bool = True,
+    ):
         self.kernel_size = _window(type(self).__name__, kernel_size, self.ndim)
         self.stride = (
             None if stride is None else (stride,) * self.ndim if isinstance(stride, int) else tuple(stride)
         )
         self.padding = padding if isinstance(padding, int | str) else tuple(padding)
+        self.count_include_pad = bool(count_include_pad)
 
 
 class _MaxPool(_Pool):
-    def __init__(
-        self,
-        kernel_size: int | tuple[int, ...],
-        stride: Any = None,
-        padding: Any = 0,
-        count_include_pad: bool = True,
-    ):
-        """`count_include_pad` is accepted as for the average pools; a maximum never sees padding."""
-        super().__init__(kernel_size, stride, padding)
-
     def forward(self, x: jax.Array) -> jax.Array:
         return sc.functional.max_pool(x, self.kernel_size, self.stride, self.padding)
 
 
 class _AvgPool(_Pool):
-    def __init__(
-        self,
-        kernel_size: int | tuple[int, ...],
-        stride: Any = None,
-        padding: Any = 0,
-        count_include_pad: bool = True,
-    ):
-        super().__init__(kernel_size, stride, padding)
-        self.count_include_pad = bool(count_include_pad)
-
     def forward(self, x: jax.Array) -> jax.Array:
         return sc.functional.avg_pool(
             x, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad
         )
 
 
-class MaxPool1d(_MaxPool):
-    """Maximum over windows of `(batch, length, channels)`."""
-
-    ndim = 1
-
-
-class MaxPool2d(_MaxPool):
-    """Maximum over windows of `(batch, height, width, channels)`."""
-
-    ndim = 2
-
-
-class MaxPool3d(_MaxPool):
-    """Maximum over windows of `(batch, depth, height, width, channels)`."""
-
-    ndim = 3
+def _per_rank(base: type, doc: str) -> tuple[type, ...]:
+    """The 1-, 2- and 3-d classes of `base`, named after it (`_MaxPool` gives `MaxPool1d`, ...),
+    each documented by `doc` with its input's shape."""
+    return tuple(
+        type(
+            f"{base.__name__.lstrip('_')}{n}d",
+            (base,),
+            {"ndim": n, "__doc__": doc.format(shape=_SHAPES[n]), "__module__": __name__},
+        )
+        for n in (1, 2, 3)
+    )
 
 
-class AvgPool1d(_AvgPool):
-    """Mean over windows of `(batch, length, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 1
-
-
-class AvgPool2d(_AvgPool):
-    """Mean over windows of `(batch, height, width, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 2
-
-
-class AvgPool3d(_AvgPool):
-    """Mean over windows of `(batch, depth, height, width, channels)`; `count_include_pad` as PyTorch."""
-
-    ndim = 3
+_SHAPES = {
+    1: "(batch, length, channels)",
+    2: "(batch, height, width, channels)",
+    3: "(batch, depth, height, width, channels)",
+}
+MaxPool1d, MaxPool2d, MaxPool3d = _per_rank(_MaxPool, "Maximum over windows of `{shape}`.")
+AvgPool1d, AvgPool2d, AvgPool3d = _per_rank(
+    _AvgPool, "Mean over windows of `{shape}`; `count_include_pad` as PyTorch."
+)
 
 
 class _AdaptiveAvgPool(Module):
@@ -119,22 +97,9 @@ class _AdaptiveAvgPool(Module):
         return sc.functional.adaptive_avg_pool(x, self.output_size)
 
 
-class AdaptiveAvgPool1d(_AdaptiveAvgPool):
-    """Average `(batch, length, channels)` into `(batch, output_size, channels)`."""
-
-    ndim = 1
-
-
-class AdaptiveAvgPool2d(_AdaptiveAvgPool):
-    """Average `(batch, height, width, channels)` into `(batch, *output_size, channels)`."""
-
-    ndim = 2
-
-
-class AdaptiveAvgPool3d(_AdaptiveAvgPool):
-    """Average `(batch, depth, height, width, channels)` into `(batch, *output_size, channels)`."""
-
-    ndim = 3
+AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = _per_rank(
+    _AdaptiveAvgPool, "Average `{shape}` into `output_size` windows along its spatial axes."
+)
 
 
 __all__ = [

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import spectrax_core as sc
 
 from .._graph.module import Module
-from .._graph.rngs import Rngs
 from .._graph.variable import Parameter
-from ._base import PARAM_DTYPE, CoreLayer, also_named, dtype_kwargs, key_from
+from .._graph.rngs import Rngs
+from ._base import PARAM_DTYPE, CoreLayer, also_named, key_from, split_options
 
 
 @also_named(in_features=("input_size", "d_in"), hidden_features=("hidden_size", "hidden"))
@@ -26,26 +26,16 @@ class RNNCellBase(CoreLayer):
         hidden_size: int | None = None,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = PARAM_DTYPE,
-        w_init: Any = None,
-        b_init: Any = None,
-        rngs: Rngs | None = None,
         **extra: Any,
     ):
-        where = type(self).__name__
+        options, extra = split_options(extra)
         if input_size is None and hidden_size is None and not extra:
             return  # a cell written by subclassing: its own __init__ makes its variables
         if input_size is None or hidden_size is None:
             raise TypeError(
-                f"{where}: give both input_size and hidden_size, got {input_size}, {hidden_size}."
+                f"{type(self).__name__}: give both input_size and hidden_size, got {input_size}, {hidden_size}."
             )
-        kw = dtype_kwargs(dtype, param_dtype, w_init, b_init)
-        self._adopt(
-            self.core_cls.init(
-                key_from(rngs, where), input_size, hidden_size, use_bias=use_bias, **kw, **extra
-            )
-        )
+        self._build(input_size, hidden_size, use_bias=use_bias, options=options, **extra)
 
     def forward(self, carry: Any, x: jax.Array) -> tuple[Any, jax.Array]:
         """One step: `(carry, x) -> (new_carry, y)`."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -323,24 +324,18 @@ def sxvalue_and_grad(
     return _StepFunction(fn, StepSettings.of("sxvalue_and_grad", locals()), value=True)
 
 
-def sxgrad(
-    fn: Callable,
-    argnums: int | Sequence[int] = 0,
-    *,
-    mesh,
-    schedule: Schedule | None = None,
-    has_aux: bool = False,
-    remat=False,
-    offload=False,
-    rules=None,
-    batch_argnums: int | Sequence[int] | None = None,
-    static_argnums: int | Sequence[int] = (),
-    reduce: str | None = None,
-    region_ranks: dict | None = None,
-    microbatch_weight_fn: Callable | None = None,
-) -> Callable:
-    """Pipelined `jax.grad`: like `sxvalue_and_grad` but returns the gradients only (and aux)."""
-    return _StepFunction(fn, StepSettings.of("sxgrad", locals()), value=False)
+def sxgrad(fn: Callable, argnums: int | Sequence[int] = 0, **settings) -> Callable:
+    """Pipelined `jax.grad`: like `sxvalue_and_grad` (the same keywords) but returns the gradients
+    only (and aux)."""
+    try:
+        given = sxgrad.__signature__.bind(fn, argnums, **settings)
+    except TypeError as e:
+        raise TypeError(f"sxgrad(): {e}") from None
+    given.apply_defaults()
+    return _StepFunction(fn, StepSettings.of("sxgrad", given.arguments), value=False)
+
+
+sxgrad.__signature__ = inspect.signature(sxvalue_and_grad)
 
 
 def step_function(fn: Callable, settings: StepSettings, *, compiler: Compiler, **options) -> Callable:

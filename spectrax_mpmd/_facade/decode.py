@@ -139,18 +139,9 @@ class PipelineDecoder:
                 f"PipelineDecoder.generate: groups={groups!r} must be a positive int dividing the batch of "
                 f"{batch} sequences; pick a divisor of {batch} (groups >= ranks keeps every rank busy)."
             )
-        return self._steps.generate(
-            prompt,
-            max_new_tokens,
-            groups=groups,
-            lengths=lengths,
-            max_len=max_len,
-            sampler=sampler,
-            keys=keys,
-            stop_tokens=stop_tokens,
-            pad_id=pad_id,
-            record=record,
-        )
+        sampling = dict(sampler=sampler, keys=keys, stop_tokens=stop_tokens, pad_id=pad_id)
+        shape = dict(groups=groups, lengths=lengths, max_len=max_len, record=record)
+        return self._steps.generate(prompt, max_new_tokens, **shape, **sampling)
 
     def _remember(self, cache, written: int) -> None:
         index = _first_cache(cache).index
