@@ -129,6 +129,11 @@ SOURCES = {
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("input_check", "--rounds 5 --calls 5", "the per-call argument check of a 2-process job"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
+            (
+                "mlp_first_call",
+                "--rounds 9",
+                "the first call of a 4-stage homogeneous MLP against the unsplit jitted step's, fresh processes",
+            ),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
             ("ranks", "--rounds 3", "ranks of different sizes: an even split against a heavier last rank"),
@@ -150,6 +155,12 @@ SOURCES = {
         "--json benchmarks/results/tpu_dispatch.json",
         "benchmarks/results/tpu_dispatch.json",
         "eager spx.jit against raw jax.jit, on one TPU v5e chip",
+    ),
+    "startup": Source(
+        f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base",
+        "benchmarks/results/startup.json",
+        "the main job's first call against its plan and compile, this version (tree) and the one before "
+        "(base: a checkout of it at runs/base) alternating",
     ),
     "tpu_startup": Source(
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
