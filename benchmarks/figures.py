@@ -162,6 +162,11 @@ SOURCES = {
         "the main job's first call against its plan and compile, this version (tree) and the one before "
         "(base: a checkout of it at runs/base) alternating",
     ),
+    "owner_init_programs": Source(
+        f"{PY} benchmarks/owner_init.py --sections init --json benchmarks/results/owner_init_programs.json",
+        "benchmarks/results/owner_init_programs.json",
+        "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries",
+    ),
     "tpu_startup": Source(
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
         "benchmarks/results/tpu_startup.json",

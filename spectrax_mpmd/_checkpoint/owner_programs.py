@@ -2,8 +2,9 @@
 
 Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) one
 program: the equations of `init`'s jaxpr that the set's leaves need, compiled with
-`jax.jit` with those leaves' shardings as `out_shardings`, so each device computes and
-holds only its own share and nothing is made whole on one device first. The programs
+`jax.jit` with those leaves' shardings as `out_shardings`, so each device keeps only its
+own share (XLA's temporaries inside a program can hold more: a random draw `init` makes
+stacked over blocks is drawn whole before the rank's slice is taken). The programs
 go through the stage programs' `Compiler`: distinct ones compile concurrently, and one
 that is the same program on other devices is compiled once and loaded there.
 

@@ -1,4 +1,4 @@
-"""Parameters and optimizer state made on the ranks that keep them, never whole on one device.
+"""Parameters and optimizer state made on the ranks that keep them, not placed whole on one device.
 
 `owner_layout(step, init, key, *batch)` builds the step's plan on abstract arguments
 (`jax.eval_shape` of `init` and of `tx.init`) and reads there where the step keeps each
@@ -179,7 +179,8 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     value it computes is written with `jnp.where` or `jax.lax.cond`, not a Python `if`. Each
     device set then runs one compiled program of only the equations its own leaves need, with
     their shardings as its `out_shardings` (so the values are those of `jax.jit(init)(key)` on one
-    device, see docs/large-models.md); no device holds more than its own share. In a multi-process run
+    device, see docs/large-models.md); no device keeps more than its own share (a program's
+    temporaries can hold more, see there). In a multi-process run
     each process makes only its ranks' leaves.
     """
     closed, layout = _layout(step, init, key, batch, tx, NAME)
