@@ -134,6 +134,11 @@ SOURCES = {
             ("multihost", "--rounds 3 --calls 3", "the same step in 1, 2 and 4 processes"),
             ("input_check", "--rounds 5 --calls 5", "the per-call argument check of a 2-process job"),
             ("first_call", "--configs lm", "where the main job's first call goes"),
+            (
+                "mlp_first_call",
+                "--rounds 9",
+                "the first call of a 4-stage homogeneous MLP against the unsplit jitted step's, fresh processes",
+            ),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
             ("ranks", "--rounds 3", "ranks of different sizes: an even split against a heavier last rank"),
@@ -162,6 +167,39 @@ SOURCES = {
         "benchmarks/results/tpu_fused_cells.json",
         "one-rank steps, cells fused or not, against lax.scan, on one TPU v5e chip",
     ),
+    "startup": Source(
+        f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base",
+        "benchmarks/results/startup.json",
+        "the main job's first call against its plan and compile, this version (tree) and the one before "
+        "(base: a checkout of it at runs/base) alternating",
+    ),
+    "owner_init_programs": Source(
+        f"{PY} benchmarks/owner_init.py --sections init --json benchmarks/results/owner_init_programs.json",
+        "benchmarks/results/owner_init_programs.json",
+        "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries",
+    ),
+    "tpu_startup": Source(
+        f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
+        "benchmarks/results/tpu_startup.json",
+        "the main job's first call against its plan and compile, this version (tree) and the one before "
+        "(base: a checkout of it at runs/base) alternating, on a TPU v5e machine's 13 cores",
+    ),
+    **{
+        name: Source(
+            f"{env}{PY} benchmarks/owner_init.py --sections init,restore --json benchmarks/results/{name}.json",
+            f"benchmarks/results/{name}.json",
+            f"owner-rank initialisation and restores, {which}: seconds and each device's peak live bytes, "
+            "on a TPU v5e machine's 13 cores (CPU devices)",
+        )
+        for name, env, which in [
+            ("tpu_owner_init", "", "compiled programs"),
+            (
+                "tpu_owner_init_before",
+                "PYTHONPATH=runs/base ",
+                "the version before (a checkout at runs/base)",
+            ),
+        ]
+    },
     "tpu_host_cost": Source(
         f"{PY} benchmarks/host_cost.py --rounds 7 --json benchmarks/results/tpu_host_cost.json",
         "benchmarks/results/tpu_host_cost.json",

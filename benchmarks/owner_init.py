@@ -8,7 +8,9 @@ Sections (`--sections`, all by default):
             step then moves each leaf) against `mp.init_on_owners` (each rank makes its own
             leaves). Wall seconds of each (the owner-rank one after `mp.owner_layout` has built
             the step's plan, which the first step reuses; the plan's own seconds next to it), and
-            per device the bytes of live arrays once made (`jax.live_arrays()`, each buffer once).
+            per device the bytes of live arrays once made (`jax.live_arrays()`, each buffer once),
+            the most they reached while being made, and the temporaries of each device's
+            owner-rank program (XLA's `memory_analysis`), which live arrays do not show.
   restore   the d512 LM's parameters and Adam state saved (as a dict of its leaves, so that no
             layers are stacked after the reads), then restored onto the 4 ranks
             (`mp.owner_layout`) in one read (`host_bytes` above the checkpoint) and in host
@@ -31,6 +33,8 @@ import gc
 import json
 import os
 import tempfile
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -46,6 +50,7 @@ import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM  # noqa: E402
+from spectrax_mpmd._checkpoint import owner_programs  # noqa: E402  (its programs' temporaries)
 from spectrax_mpmd._env import RUN_AHEAD_ENV  # noqa: E402
 
 MIB = 2**20
@@ -74,6 +79,84 @@ def live_mib(before: set) -> dict:
     return dict(sorted(out.items()))
 
 
+class PeakLive:
+    """The most MiB of live arrays per device while the block runs (made since it started, each
+    buffer once), sampled by a thread every millisecond; the block's result is kept alive."""
+
+    def __enter__(self):
+        gc.collect()
+        self.before = {id(x) for x in jax.live_arrays()}
+        self.peak: dict = {}
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self._take()
+            time.sleep(1e-3)
+
+    def _take(self) -> None:
+        for device, mib in live_mib(self.before).items():
+            self.peak[device] = max(self.peak.get(device, 0.0), mib)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self._take()
+
+
+class ProgramTemps:
+    """Per device id, the most MiB of temporaries (XLA's `memory_analysis`: what a program needs
+    beyond its arguments and outputs, which `jax.live_arrays()` does not see) of the owner-rank
+    programs that `init_on_owners` compiles inside the block."""
+
+    def __enter__(self):
+        self.compilers: list = []
+        self.original = owner_programs.Compiler
+        compilers = self.compilers
+
+        class Recording(self.original):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                compilers.append(self)
+
+        owner_programs.Compiler = Recording
+        return self
+
+    def __exit__(self, *exc):
+        owner_programs.Compiler = self.original
+
+    def mib(self) -> dict:
+        out: dict = {}
+        for compiler in self.compilers:
+            for (_, devices), executable in compiler.cache.items():
+                temp = executable.memory_analysis().temp_size_in_bytes / MIB
+                for device in devices:
+                    out[device.id] = max(out.get(device.id, 0.0), temp)
+        return dict(sorted(out.items()))
+
+
+def with_temps(row: dict, temps: dict) -> dict:
+    """`row` with each device's program temporaries and its share plus them over the share: a
+    lower bound of the device's peak while its program runs (its outputs are its share)."""
+    final = row["final_mib"]
+    ratios = {d: (final[d] + temps.get(d, 0.0)) / final[d] for d in final if final[d]}
+    return row | {"temp_mib": temps, "with_temps_vs_final": ratios, "max_with_temps_vs_final": max(ratios.values())}
+
+
+def peak_row(peak: dict, final: dict) -> dict:
+    """Per device the peak MiB and its ratio to the final share, and the largest ratio."""
+    ratios = {d: peak[d] / final[d] for d in final if final[d]}
+    return {
+        "peak_mib": peak,
+        "final_mib": final,
+        "peak_vs_final": ratios,
+        "max_peak_vs_final": max(ratios.values()),
+    }
+
+
 def lm_step(ranks: int = 4):
     mesh = mp.create_mesh((ranks, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:ranks])
     step = mp.runner(mesh=mesh, loss_fn=softmax_cross_entropy, schedule=S.Std1F1B(microbatches=8), tx=TX)
@@ -82,15 +165,19 @@ def lm_step(ranks: int = 4):
 
 
 def measured(make) -> dict:
-    """Wall seconds of `make()` (its result waited for) and the live MiB per device it leaves."""
-    gc.collect()
-    kept = jax.live_arrays()
-    before = {id(x) for x in kept}
+    """Wall seconds of `make()` (its result waited for), the live MiB per device it leaves and the
+    most it held while it ran (`PeakLive`)."""
     held = {}
-    seconds, cpu = once(lambda: held.setdefault("made", jax.block_until_ready(make())), wait=None)
-    live = live_mib(before)
+    with PeakLive() as peak:
+        seconds, cpu = once(lambda: held.setdefault("made", jax.block_until_ready(make())), wait=None)
+    live = live_mib(peak.before)
     held.clear()
-    return {"seconds": seconds, "cpu_s": cpu, "live_mib": live, "max_device_mib": max(live.values())}
+    return {
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "live_mib": live,
+        "max_device_mib": max(live.values()),
+    } | peak_row(peak.peak, live)
 
 
 def init_section() -> list[dict]:
@@ -102,11 +189,15 @@ def init_section() -> list[dict]:
         # builds (and compiles) the step's plan
         plan_s, _ = once(lambda: mp.owner_layout(step, init, key, *batch), wait=None)
         whole = measured(lambda: (lambda p: (p, TX.init(p)))(init(key)))
-        owner = measured(lambda: mp.init_on_owners(step, init, key, *batch))
+        with ProgramTemps() as temps:
+            owner = measured(lambda: mp.init_on_owners(step, init, key, *batch))
+        owner = with_temps(owner, temps.mib())
         rows.append({"model": name, "plan_s": plan_s, "whole_tree": whole, "owner_ranks": owner})
         print(
             f"{name}: whole tree {whole['seconds']:.3f} s, {whole['live_mib']} MiB per device; owner ranks "
-            f"{owner['seconds']:.3f} s (plan {plan_s:.1f} s, reused by the first step), {owner['live_mib']}"
+            f"{owner['seconds']:.3f} s (plan {plan_s:.1f} s, reused by the first step), {owner['live_mib']}, "
+            f"peak / final share {owner['max_peak_vs_final']:.2f}; program temporaries {owner['temp_mib']} MiB, "
+            f"share plus them / share {owner['max_with_temps_vs_final']:.2f}"
         )
     return rows
 
@@ -131,24 +222,30 @@ def restore_section() -> list[dict]:
             gc.collect()
             tracemalloc.start()
             read = {}
-            seconds, _ = once(
-                lambda: read.setdefault(
-                    "got",
-                    jax.block_until_ready(
-                        mp.restore_checkpoint(directory, like=like, host_bytes=host_bytes).params
+            with PeakLive() as device_peak:
+                seconds, _ = once(
+                    lambda: read.setdefault(
+                        "got",
+                        jax.block_until_ready(
+                            mp.restore_checkpoint(directory, like=like, host_bytes=host_bytes).params
+                        ),
                     ),
-                ),
-                wait=None,
-            )
+                    wait=None,
+                )
+            final = live_mib(device_peak.before)
             got = read.pop("got")
             held, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             del got
             row = {"read": label, "seconds": seconds, "staged_mib": (peak - held) / MIB}
             row["peak_mib"] = peak / MIB
+            row["devices"] = peak_row(device_peak.peak, final)
             rows.append({**row, "checkpoint_mib": total / MIB, "largest_mib": largest / MIB})
-            print(f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB, traced peak "
-                  f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f})")
+            print(
+                f"restore {label}: {seconds:.2f} s, staged {row['staged_mib']:.1f} MiB, traced peak "
+                f"{row['peak_mib']:.1f} MiB (checkpoint {total / MIB:.1f}, largest {largest / MIB:.1f}), "
+                f"per device peak / final share {row['devices']['max_peak_vs_final']:.2f}"
+            )
     return rows
 
 

@@ -19,6 +19,7 @@ CHECK_INPUTS_ENV = "SPECTRAX_MPMD_CHECK_INPUTS"  # when processes compare their 
 COMPILE_THREADS_ENV = "SPECTRAX_MPMD_COMPILE_THREADS"  # how many programs XLA compiles at once
 RUN_AHEAD_ENV = "SPECTRAX_MPMD_RUN_AHEAD"  # cells a rank may issue ahead of its oldest unfinished one
 FUSE_ENV = "SPECTRAX_MPMD_FUSE_CELLS"  # the most consecutive cells of a rank one program runs
+WATCHDOG_ENV = "SPECTRAX_MPMD_WATCHDOG"  # whether a transfer waited for past the timeout ends the process
 ADDRESS_ENV, WORLD_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 
 DEFAULT_TIMEOUT = 30.0
@@ -89,6 +90,16 @@ def configured_fuse_cells() -> int:
     if raw is None:
         return DEFAULT_FUSE_CELLS
     return _positive(FUSE_ENV, raw, int, MpmdError, "a positive number of cells, e.g. 256 (1: no fusion)")
+
+
+def configured_watchdog() -> bool:
+    """Whether a call's wait for another process's transfer is bounded by the timeout (a hang
+    becomes an error naming the transfer and what the peer waits for): `$SPECTRAX_MPMD_WATCHDOG`,
+    `on` (default) or `off` (such a wait blocks until the transfer arrives)."""
+    raw = os.environ.get(WATCHDOG_ENV, "on").strip().lower()
+    if raw not in ("on", "off"):
+        raise DistributedError(f"{WATCHDOG_ENV}={raw!r}: expected on or off.")
+    return raw == "on"
 
 
 DEFAULT_RUN_AHEAD = 2

@@ -160,6 +160,8 @@ def cached_entry(function: PipelinedFunction, args) -> tuple[Entry, list]:
             entry = function.build_entry(sig)
         entry.build = stats.report()
         function.inputs_check.same_build(entry.plan)
+        if entry.plan.transport is not None:  # before any transfer is in flight, in one order
+            entry.plan.transport.open_channels()
         function.cache[sig.key] = entry
     if entry.donated:
         check_donated_once(function, sig, entry.donated, entry.returned)
@@ -229,6 +231,17 @@ class Timings(dict):
         return "\n".join(rows)
 
     __str__ = __repr__
+
+
+def prepare(function: PipelinedFunction, args) -> Timings:
+    """What a first call with `args`' signature does before it runs, done now (see the steps'
+    `prepare`): its build report."""
+    if not args:
+        raise MpmdError(
+            f"{function.name}.prepare: pass the arguments of the calls to prepare for (arrays, or "
+            "jax.ShapeDtypeStruct with their shapes and dtypes), as to a call."
+        )
+    return Timings(cached_entry(function, args)[0].build)
 
 
 def build_timings(function: PipelinedFunction, args) -> Timings:

@@ -38,7 +38,7 @@ from .agree import InputsCheck
 from .bind import bind_pipeline
 from .bucketed import BucketSignature, BucketSummary, bucket_summary, bucketed_entry, refine
 from .checks import microbatches, pipeline_schedule
-from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, host_cost, prepare
 from .param_specs import specs_of
 from .weighing import check_loss, step_weights, with_aux
 from .whole_batch import WholeBatchTrace
@@ -217,6 +217,16 @@ class _StepFunction:
         if self.settings.length_buckets is None:
             raise MpmdError(f"{self.name}: bucket_summary describes a step with length_buckets=.")
         return bucket_summary(self, args)
+
+    def prepare(self, *args) -> dict:
+        """Everything the first call with these arguments' signature does before it runs, now:
+        trace and split, compile every rank's programs (distinct ones concurrently, identical
+        ones once), in a multi-process job check that every process built the same step
+        (refused naming the first field that differs) and open the transfer channels in one
+        order. `args` are arrays or `jax.ShapeDtypeStruct`s, as a call takes them; the call
+        itself then only runs. Returns the build report (`timings`). Like
+        `jax.jit(f).lower(*args).compile()`, but the compiled step stays in this step's cache."""
+        return prepare(self, args)
 
     def plan_for(self, *args) -> Plan:
         """The compiled plan (stage graph cells, dispatch order) for these arguments' signature."""

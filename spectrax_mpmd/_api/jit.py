@@ -27,7 +27,7 @@ from .._trace.split import split, trace
 from .agree import InputsCheck
 from .bucketed import BucketSignature, InnerStep, refine_around
 from .checks import microbatches, pipeline_schedule
-from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost
+from .entry import Entry, Placer, build_plan, build_timings, cached_entry, fresh_inputs, host_cost, prepare
 from .train_step import build_train_step
 from .whole_batch import WholeBatchTrace
 
@@ -123,6 +123,11 @@ class _JitFunction:
         entry, leaves = cached_entry(self, args)
         entry.plan.check_single_process(f"{self.name}.measure_peak_bytes_by_kind")
         return measure_peak_bytes_by_kind(entry.plan, fresh_inputs(entry, self.placer, leaves)())
+
+    def prepare(self, *args) -> dict:
+        """Everything the first call with these arguments' signature does before it runs, now
+        (see `sxvalue_and_grad(...).prepare`); returns the build report."""
+        return prepare(self, args)
 
     def timings(self, *args) -> dict:
         """Where the first call's time went (see `sxvalue_and_grad(...).timings`)."""

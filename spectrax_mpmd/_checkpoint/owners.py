@@ -1,13 +1,13 @@
-"""Parameters and optimizer state made on the ranks that keep them, never whole on one device.
+"""Parameters and optimizer state made on the ranks that keep them, not placed whole on one device.
 
 `owner_layout(step, init, key, *batch)` builds the step's plan on abstract arguments
 (`jax.eval_shape` of `init` and of `tx.init`) and reads there where the step keeps each
 leaf (`kept_shardings`: the sharding the step returns the leaf with, else that of its
-first reader). `init_on_owners` then makes the leaves (`make_leaves`): per device set,
-the equations of `init`'s jaxpr (and of `tx.init` of its result) that the set's leaves
-need, evaluated one by one on the set's first device as JAX evaluates `init(key)`
-outside `jax.jit`, so the values are those of `init(key)` bit for bit and a rank
-computes its own leaves and nothing else. In a multi-process run a process makes only
+first reader). `init_on_owners` then makes the leaves (`owner_programs.make_leaves`): per
+device set, one compiled program of the equations of `init`'s jaxpr (and of `tx.init` of its
+result) that the set's leaves need, its outputs sharded as the step keeps them, so the values
+are those of `jax.jit(init)(key)` and a rank computes and holds its own leaves and nothing
+else. In a multi-process run a process makes only
 the leaves of its own ranks; the others are global arrays without local shards here,
 as the step returns them. Both entry points trace `init` (and `tx.init`), so they must be
 traceable; both run with the caller's context mesh cleared, as every step does.
@@ -15,7 +15,7 @@ traceable; both run with the caller's context mesh cleared, as every step does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -23,12 +23,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spectrax_core import sharding as core_sharding
 
 from .._api.entry import cached_entry
-from .._optim import remote_array
 from .._runtime import Output
 from .._trace.context import outside_context_mesh
-from .._trace.jax_private import Var
-from .._trace.jaxpr import eval_eqns, needed_eqns, read
 from ..errors import MpmdError
+from .owner_programs import make_leaves
 
 NAME = "init_on_owners"
 UNTRACEABLE = (  # Python reading a value being traced
@@ -119,14 +117,6 @@ def _is_spec(x) -> bool:
     return isinstance(x, PartitionSpec)
 
 
-def _groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
-    """Leaf indices by the device set they are kept on (ids sorted), in leaf order."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for k, sh in enumerate(shardings):
-        groups.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
-    return groups
-
-
 def traced(fn: Callable, key, name: str) -> tuple:
     """`(jaxpr, tree of ShapeDtypeStructs)` of `fn(key)`; an init that reads a traced value in
     Python is an error naming `name`, the rule and the fix, chained from JAX's."""
@@ -141,48 +131,6 @@ def traced(fn: Callable, key, name: str) -> tuple:
             "Write such a choice with jnp.where or jax.lax.cond (a loop with jax.lax.while_loop), or "
             "compute the value outside init and pass it with functools.partial."
         ) from e
-
-
-def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
-    """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]`: per
-    device set, the equations that set's leaves need, evaluated one by one on its first device (as
-    `make(key)` runs outside `jax.jit`, so the values are the same bits), then placed on their
-    shardings. Leaves of another process's devices are global arrays without local shards here."""
-    out: list = [None] * len(shardings)
-    for idx in _groups(shardings).values():
-        if not shardings[idx[0]].is_fully_addressable:
-            for k in idx:
-                spec = abstract[k]
-                out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
-            continue
-        device = min(shardings[idx[0]].device_set, key=lambda d: d.id)
-        with jax.default_device(device):
-            made = evaluate(closed, jax.device_put(jax.tree.leaves(key), device), idx)
-        for k, x in zip(idx, made):
-            out[k] = x if getattr(x, "sharding", None) == shardings[k] else jax.device_put(x, shardings[k])
-    return out
-
-
-def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
-    """Outputs `outputs` of `closed` at `args`: only the equations they need, each bound as JAX
-    binds it outside a trace, each value released after its last reader."""
-    jaxpr = closed.jaxpr
-    targets = [jaxpr.outvars[k] for k in outputs]
-    order = sorted(needed_eqns(jaxpr.eqns, targets))
-    last: dict = {}
-    for i in order:
-        for v in jaxpr.eqns[i].invars:
-            if isinstance(v, Var):
-                last[v] = i
-    kept = {v for v in targets if isinstance(v, Var)}
-    env = dict(zip(jaxpr.constvars, closed.consts))
-    env.update(zip(jaxpr.invars, args))
-    for i in order:
-        eval_eqns([jaxpr.eqns[i]], env)
-        for v in jaxpr.eqns[i].invars:
-            if isinstance(v, Var) and last.get(v) == i and v not in kept:
-                env.pop(v, None)
-    return [read(env, v) for v in targets]
 
 
 def _layout(step, init: Callable, key, batch: tuple, tx, name: str) -> tuple:
@@ -214,7 +162,7 @@ def owner_layout(step, init: Callable, key, *batch, tx=None):
 @outside_context_mesh
 def init_on_owners(step, init: Callable, key, *batch, tx=None):
     """`init(key)` made leaf by leaf on the ranks where `step` keeps each leaf: never whole on one
-    device, with the values of `init(key)`.
+    device, with the values of `jax.jit(init)(key)`.
 
     `step` is an `mp.runner(...)` step (its `tx` gives the optimizer), an
     `mp.sxvalue_and_grad_and_apply` step (pass its `tx=`), or an `mp.sxvalue_and_grad`
@@ -229,9 +177,10 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     This builds (and compiles) the step's plan for these arguments; the first real call
     reuses it. `init` (and `tx.init`) is traced once, so it must be traceable: a choice on a
     value it computes is written with `jnp.where` or `jax.lax.cond`, not a Python `if`. Each
-    device set then evaluates, one by one on its first device, only the equations its own
-    leaves need, as `init(key)` runs outside `jax.jit` (so the values are those of
-    `init(key)` bit for bit); no device holds more than its own share. In a multi-process run
+    device set then runs one compiled program of only the equations its own leaves need, with
+    their shardings as its `out_shardings` (so the values are those of `jax.jit(init)(key)` on one
+    device, see docs/large-models.md); no device keeps more than its own share (a program's
+    temporaries can hold more, see there). In a multi-process run
     each process makes only its ranks' leaves.
     """
     closed, layout = _layout(step, init, key, batch, tx, NAME)

@@ -32,7 +32,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
-from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout
+from .._env import CHECK_INPUTS_ENV, TIMEOUT_ENV, TRANSPORT_ENV, configured_timeout, configured_watchdog
 from ..errors import DistributedError, PeerLostError, TransferTimeoutError
 from .deadline import Waiter, Watchdog, ending_by_error, exit_without_shutdown_barrier, leave
 from .exchange import Exchange, announce, heard
@@ -68,6 +68,10 @@ class Transport(Protocol):
 
     def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
         """A step receiving transfer group `group` from process `peer`."""
+
+    def open_channels(self) -> None:
+        """Connect to every process this one receives from, in ascending order (before a plan
+        first runs, so that no channel is opened while transfers are in flight)."""
 
     def begin(self) -> None:
         """Start a call of the plan (before its first step)."""
@@ -156,6 +160,8 @@ class CrossProcess:
         self._watchdog: Watchdog | None = None
         self._fresh = False  # a plan was built since the last call: its first run waits longer
         self.limit = self.timeout  # the current call's limit on a wait for another process
+        self.watchdog = configured_watchdog()  # off: a wait for another process is not bounded
+        self.senders: set[int] = set()  # the processes this one receives transfer groups from
         atexit.register(self._drain_at_exit)  # runs before JAX's own exit handlers (registered earlier)
 
     def _drain_at_exit(self) -> None:
@@ -192,6 +198,7 @@ class CrossProcess:
 
     def recv_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> Callable:
         """Receive the group's arrays that hold elements; make its zero-size ones here."""
+        self.senders.add(int(peer))
         keep = _holding(specs)
         if len(keep) == len(specs):
             return self._wired_recv(group, peer, sources, specs)
@@ -221,6 +228,9 @@ class CrossProcess:
         """The transport's receive of arrays that all hold elements."""
         raise NotImplementedError
 
+    def open_channels(self) -> None:
+        """Nothing to open by default (a `ppermute` pair is a compiled program of its own)."""
+
     def begin(self) -> None:
         """Start a call: its transfers get uuids of their own."""
         self.call += 1
@@ -232,13 +242,16 @@ class CrossProcess:
     def watch(self, group: int, peer: int) -> None:
         """Called before issuing a step of `group` that blocks until process `peer` issues its
         side; past the call's limit the process reports the transfer and ends (`Watchdog`)."""
+        if not self.watchdog:
+            return
         if self._watchdog is None:
             self._watchdog = Watchdog()
         self._watchdog.start(self.limit, lambda: self._blocked(group, peer))
 
     def unwatch(self) -> None:
         """Called after the step `watch` announced has been issued."""
-        self._watchdog.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def _blocked(self, group: int, peer: int) -> str:
         return (
@@ -274,7 +287,7 @@ class CrossProcess:
         if self._waiter is None:
             self._waiter = Waiter()
         try:
-            failed = self._waiter.wait(pending, self.limit)
+            failed = self._waiter.wait(pending, self.limit if self.watchdog else None)
         except queue.Empty:
             group = self._waiter.current
             exit_without_shutdown_barrier()

@@ -64,9 +64,9 @@ class Waiter:
             self.current = None
             done.put(error)
 
-    def wait(self, pending: list, timeout: float):
+    def wait(self, pending: list, timeout: float | None):
         """None when every group arrived; `(group, error)` when one failed; raises `queue.Empty`
-        (with `self.current` the group still awaited) when `timeout` passes first."""
+        (with `self.current` the group still awaited) when `timeout` passes first (None: never)."""
         done: queue.Queue = queue.Queue()
         self.jobs.put((pending, done))
         return done.get(timeout=timeout)

@@ -102,6 +102,10 @@ class TransferServerTransport(CrossProcess):
             conn = self.connections[peer] = self.server.connect(self.addresses[peer])
         return conn
 
+    def open_channels(self) -> None:
+        for peer in sorted(self.senders):
+            self.connection(peer)
+
     def _send_step(self, group: int, peer: int, sources: Sequence, specs: Sequence) -> _Send:
         return _Send(self, group, peer)
 

@@ -102,6 +102,17 @@ class _Shapes:
         return self.of(ins_of[slot], ins_of)  # a move: the shape of what it moved
 
 
+def _first_readers(draft: Draft) -> dict:
+    """`{slot: (rank, cell)}`: the first scheduled cell (in issue order) whose programs read the slot."""
+    readers: dict = {}
+    for rank, action, first, end in sorted(draft.action_steps, key=lambda a: a[2]):
+        for step in draft.steps[first:end]:
+            if isinstance(step.fn, CellSpec):
+                for slot in step.ins:
+                    readers.setdefault(slot, (rank, action))
+    return readers
+
+
 class _Localizer:
     def __init__(self, draft: Draft, layout: Layout):
         self.draft, self.layout = draft, layout
@@ -114,11 +125,19 @@ class _Localizer:
         self.names = {slot: key for key, slot in draft.named.items()}
         self.shapes = _Shapes()
         self.moved_from: dict = {}  # dst slot -> src slot, for every move
+        self.readers = _first_readers(draft)
 
     def rank(self, sharding) -> int:
         return self.rank_of_device[next(iter(sharding.device_set))]
 
     def describe(self, src_slot: int, dst_slot: int, r_src: int, r_dst: int) -> str:
+        """What a transfer carries and, where a scheduled cell reads it, that cell (`1F0`: stage 1's
+        forward of microbatch 0), as a process waiting for it names it."""
+        reader = self.readers.get(dst_slot)
+        cell = f", for cell {reader[1]!r} of rank {reader[0]}" if reader else ""
+        return self._carried(src_slot, dst_slot, r_src, r_dst) + cell
+
+    def _carried(self, src_slot: int, dst_slot: int, r_src: int, r_dst: int) -> str:
         key = self.names.get(dst_slot)
         g = self.layout.graph
         if isinstance(key, Activation):

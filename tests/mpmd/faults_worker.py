@@ -12,7 +12,8 @@ write their file before.
 MODE:
 
 * `built`: the processes build different steps: stage markers in other places,
-  another schedule, another microbatch count; then the same step (runs).
+  another schedule, another microbatch count; another schedule again, found by
+  `step.prepare` before any call; then the same step, prepared (on shapes only), then run.
 * `inputs` (numpy batches, the default check): the same batch for two calls,
   then other values on process 1; both run batches of 8 and 16 rows, then
   process 1 passes 16 where process 0 passes 8; then the same batch again.
@@ -87,7 +88,17 @@ def built() -> dict:
     results = {}
     for case, (cuts, schedule) in cases.items():
         step = mp.sxvalue_and_grad(make_loss(cuts), mesh=_mesh(), schedule=schedule)
+        if case == "same":
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x, y))
+            results["prepared"] = step.prepare(*shapes)["compiled"]
         results[case] = _attempt(step, params, x, y)
+        if case == "same":
+            results["builds"] = len(step.cache)
+    step = mp.sxvalue_and_grad(make_loss((0,)), mesh=_mesh(), schedule=cases["schedule"][1])
+    try:
+        step.prepare(params, x, y)
+    except mp.MpmdError as err:
+        results["prepare schedule"] = f"{type(err).__name__}: {err}"
     return results
 
 

@@ -62,8 +62,9 @@ def _results(jobs, mode: str) -> tuple[list[dict], str, int]:
 def test_processes_that_built_different_steps_are_refused_naming_what_differs(jobs):
     """Stage markers in other places (the edge shapes agree: the job used to train a model made
     of parts of both splits), another schedule, another microbatch count: refused on both
-    processes at the first call, naming the field and each process's value; the same step
-    afterwards runs and equals the unsplit loss."""
+    processes at the first call (or at `prepare`, before any call), naming the field and each
+    process's value; the same step, prepared on shapes, afterwards runs without another build
+    and equals the unsplit loss."""
     results, text, code = _results(jobs, "built")
     assert code == 0, text[-3000:]
     built = "DistributedError: sxvalue_and_grad: the processes of the job built different steps: "
@@ -77,8 +78,10 @@ def test_processes_that_built_different_steps_are_refused_naming_what_differs(jo
         assert mine["micro"].startswith(
             built + "the microbatch count differs (process 0: 2; process 1: 4)"
         ), mine
+        assert mine["prepare schedule"].startswith(built + "the schedule differs (process 0: Std1F1B"), mine
         loss, reference = mine["same"]
         assert loss == pytest.approx(reference, rel=1e-5)
+        assert mine["prepared"] > 0 and mine["builds"] == 1, mine  # prepared once, then only run
 
 
 def test_different_batches_are_refused_at_the_call_they_start(jobs):
@@ -105,13 +108,19 @@ def test_different_batches_are_refused_at_the_call_they_start(jobs):
 
 def test_a_live_peer_waiting_on_another_transfer_is_named_as_such(jobs):
     """Unchecked, the processes run different plans (8 rows on one, 16 on the other): each times
-    out and says the other is alive and waiting, for which transfer, instead of calling it dead."""
+    out and names, for both ranks, the cell it waits in and the transfer that cell expects (rank 0
+    its first backward, for the cotangent; rank 1 its first forward, for the activation), and says
+    the other is alive and waiting instead of calling it dead."""
     results, text, code = _results(jobs, "waiting")
     assert code == 1, text[-3000:]
+    waits = [
+        "the cotangent of edge 0 (stage 1 on rank 1 -> stage 0 on rank 0), microbatch 0, for cell 0B0 of rank 0",
+        "the activation of edge 0 (stage 0 on rank 0 -> stage 1 on rank 1), microbatch 0, for cell 1F0 of rank 1",
+    ]
     for me, mine in enumerate(results):
         other = 1 - me
-        assert mine["switched"].startswith(f"TransferTimeoutError: process {me}: the "), mine
-        assert f"process {other} is alive but waits as well, in its call 3 for the " in mine["switched"], mine
+        assert mine["switched"].startswith(f"TransferTimeoutError: process {me}: {waits[me]} did not arrive"), mine
+        assert f"process {other} is alive but waits as well, in its call 3 for {waits[other]} (" in mine["switched"]
         assert "the processes are not running the same step" in mine["switched"]
         assert "may have died" not in mine["switched"]
 

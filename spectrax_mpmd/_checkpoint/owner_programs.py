@@ -1,0 +1,106 @@
+"""Each rank's leaves of `init(key)` made by one compiled program on that rank's devices.
+
+Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) one
+program: the equations of `init`'s jaxpr that the set's leaves need, compiled with
+`jax.jit` with those leaves' shardings as `out_shardings`, so each device keeps only its
+own share (XLA's temporaries inside a program can hold more: a random draw `init` makes
+stacked over blocks is drawn whole before the rank's slice is taken). The programs
+go through the stage programs' `Compiler`: distinct ones compile concurrently, and one
+that is the same program on other devices is compiled once and loaded there.
+
+The values are those of `jax.jit(init)(key)` on one device: the same equations compiled
+by XLA. JAX's PRNG gives the same bits however its output is sharded
+(`jax_threefry_partitionable`, on by default), and elementwise arithmetic is exact per
+element; only an init that reduces across a sharded axis could round differently.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .._compile.compiler import CellSpec, Compiler
+from .._optim import remote_array
+from .._trace.jax_private import Var
+from .._trace.jaxpr import eval_eqns, needed_eqns, read
+
+
+def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
+    """Leaf indices by the device set they are kept on (ids sorted), in leaf order."""
+    found: dict[tuple[int, ...], list[int]] = {}
+    for k, sh in enumerate(shardings):
+        found.setdefault(tuple(sorted(d.id for d in sh.device_set)), []).append(k)
+    return found
+
+
+def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
+    """Outputs `outputs` of `closed` at `args`: only the equations they need, each bound in
+    order (traced, inside the rank's program), each value released after its last reader."""
+    jaxpr = closed.jaxpr
+    targets = [jaxpr.outvars[k] for k in outputs]
+    order = sorted(needed_eqns(jaxpr.eqns, targets))
+    last: dict = {}
+    for i in order:
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var):
+                last[v] = i
+    kept = {v for v in targets if isinstance(v, Var)}
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+    for i in order:
+        eval_eqns([jaxpr.eqns[i]], env)
+        for v in jaxpr.eqns[i].invars:
+            if isinstance(v, Var) and last.get(v) == i and v not in kept:
+                env.pop(v, None)
+    return [read(env, v) for v in targets]
+
+
+def _outputs(closed, outputs: tuple, *flat) -> tuple:
+    return tuple(evaluate(closed, flat, outputs))
+
+
+def replicated(sharding) -> NamedSharding:
+    """A sharding replicating a value over `sharding`'s devices (on its mesh where it has one)."""
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec())
+    devices = sorted(sharding.device_set, key=lambda d: d.id)
+    return NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
+
+
+def rank_program(closed, key_leaves: Sequence, shardings: Sequence, outputs: Sequence[int]) -> CellSpec:
+    """The program making `closed`'s outputs `outputs` on their `shardings`, from the key's
+    leaves replicated over those devices."""
+    on = replicated(shardings[outputs[0]])
+    in_specs = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=on) for x in key_leaves)
+    return CellSpec(
+        functools.partial(_outputs, closed, tuple(outputs)),
+        in_specs,
+        tuple(shardings[k] for k in outputs),
+    )
+
+
+def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
+    """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]` by its
+    device set's compiled program; leaves of another process's devices are global arrays
+    without local shards here."""
+    out: list = [None] * len(shardings)
+    key_leaves = jax.tree.leaves(key)
+    programs = []
+    for idx in groups(shardings).values():
+        if shardings[idx[0]].is_fully_addressable:
+            programs.append((idx, rank_program(closed, key_leaves, shardings, idx)))
+            continue
+        for k in idx:
+            spec = abstract[k]
+            out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
+    compiler = Compiler()
+    compiler.prefetch([spec for _, spec in programs])
+    for idx, spec in programs:
+        args = [jax.device_put(x, s.sharding) for x, s in zip(key_leaves, spec.in_specs)]
+        for k, x in zip(idx, compiler.compile_spec(spec)(*args)):
+            out[k] = x
+    return out
