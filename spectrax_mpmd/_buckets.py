@@ -153,6 +153,13 @@ class MicrobatchRows:
 def split_rows(buckets: LengthBuckets, lengths, padded: int, microbatches: int, name: str) -> MicrobatchRows:
     """The rows of each of `microbatches` microbatches, sorted by `lengths` longest first, each
     microbatch at its bucket; `padded` is the padded length."""
+    if not hasattr(lengths, "__array__"):  # a jax.ShapeDtypeStruct (e.g. given to `prepare`)
+        raise MpmdError(
+            f"{name}: with length_buckets the plan depends on each row's length, so the lengths "
+            f"(LengthBuckets(lengths={buckets.lengths})) must be an array of values, got "
+            f"{type(lengths).__name__}; pass the batch's real lengths (the other arguments may stay "
+            "jax.ShapeDtypeStruct)."
+        )
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
         raise MpmdError(

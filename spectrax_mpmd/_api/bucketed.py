@@ -86,22 +86,33 @@ def _lengths_leaf(step, sig: Signature, kinds: ArgumentKinds) -> int:
     return a
 
 
+def _cut(leaf, rows, axis: int, length: int | None):
+    """`leaf`'s `rows`, cut to `length` along `axis` where given; a `jax.ShapeDtypeStruct` (a
+    `prepare` without values) gives the one of that shape."""
+    if not hasattr(leaf, "__array__"):
+        shape = list(leaf.shape)
+        shape[0] = len(rows)
+        if length is not None:
+            shape[axis] = length
+        return jax.ShapeDtypeStruct(tuple(shape), leaf.dtype, sharding=getattr(leaf, "sharding", None))
+    x = np.take(np.asarray(leaf), rows, axis=0)
+    return x if length is None else x[(slice(None),) * axis + (slice(0, length),)]
+
+
 def refine(step, sig: Signature) -> BucketSignature:
     """`sig` with this call's microbatches: which rows each holds and its bucket length."""
     settings = step.settings
     m = settings.schedule.microbatches
     kinds = classify(step.name, step.fn, sig, settings.positions, settings.batch_argnums, m)
     sequence, padded = _sequence_leaves(step, sig, kinds)
-    lengths = np.asarray(sig.leaves[_lengths_leaf(step, sig, kinds)])
+    lengths = sig.leaves[_lengths_leaf(step, sig, kinds)]
     rows = split_rows(settings.length_buckets, lengths, padded, m, step.name)
     rows = in_order(settings.length_buckets, rows, settings.schedule, step.mesh.mpmd_dim)
     axis = settings.length_buckets.axis
     extra, types = [], []
     for r, length in zip(rows.rows, rows.lengths):
         for a in kinds.batch:
-            x = np.take(np.asarray(sig.leaves[a]), r, axis=0)
-            if a in sequence:
-                x = x[(slice(None),) * axis + (slice(0, length),)]
+            x = _cut(sig.leaves[a], r, axis, length if a in sequence else None)
             extra.append(x)
             types.append((x.shape, *sig.types[a][1:]))
     return BucketSignature(

@@ -96,6 +96,19 @@ def test_exact_on_each_schedule(name):
     assert len(step.cache) == 1
 
 
+def test_prepare_builds_the_buckets_of_the_given_lengths_from_shapes():
+    """`prepare` with the batch as shapes and the real lengths builds the plan the call then runs."""
+    step = bucketed(SCHEDULES["Std1F1B"])
+    args = inputs()
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args[1:3]]
+    step.prepare(args[0], *shapes, args[3])
+    assert len(step.cache) == 1
+    check_exact(step, args, 2)
+    assert len(step.cache) == 1, "the call ran the prepared plan"
+    with pytest.raises(mp.MpmdError, match="must be an array of values"):
+        step.prepare(*args[:3], jax.ShapeDtypeStruct(args[3].shape, args[3].dtype))
+
+
 def test_user_buckets_and_a_new_composition():
     """Buckets of 4 and 16 (the padded length is always one); a batch of other lengths builds
     a plan of its own, reusing the programs of the buckets it shares."""
