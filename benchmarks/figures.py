@@ -163,7 +163,7 @@ SOURCES = {
         "eager spx.jit against raw jax.jit, on one TPU v5e chip",
     ),
     "tpu_fused_cells": Source(
-        f"{PY} benchmarks/fused_cells.py --rounds 5 --json benchmarks/results/tpu_fused_cells.json",
+        f"{PY} benchmarks/fused_cells.py --rounds 3 --json benchmarks/results/tpu_fused_cells.json",
         "benchmarks/results/tpu_fused_cells.json",
         "one-rank steps, cells fused or not, against lax.scan, on one TPU v5e chip",
     ),
