@@ -34,7 +34,6 @@ import json
 import os
 import tempfile
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -87,22 +86,21 @@ class PeakLive:
         gc.collect()
         self.before = {id(x) for x in jax.live_arrays()}
         self.peak: dict = {}
-        self.running = True
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
         return self
 
     def _sample(self) -> None:
-        while self.running:
+        while not self.stop.wait(1e-3):
             self._take()
-            time.sleep(1e-3)
 
     def _take(self) -> None:
         for device, mib in live_mib(self.before).items():
             self.peak[device] = max(self.peak.get(device, 0.0), mib)
 
     def __exit__(self, *exc):
-        self.running = False
+        self.stop.set()
         self.thread.join()
         self._take()
 
