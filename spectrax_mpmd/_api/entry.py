@@ -241,7 +241,7 @@ def prepare(function: PipelinedFunction, args) -> Timings:
             f"{function.name}.prepare: pass the arguments of the calls to prepare for (arrays, or "
             "jax.ShapeDtypeStruct with their shapes and dtypes), as to a call."
         )
-    return Timings(cached_entry(function, args)[0].build)
+    return build_timings(function, args)
 
 
 def build_timings(function: PipelinedFunction, args) -> Timings:
