@@ -126,6 +126,12 @@ def check_length_buckets(settings) -> None:
             "point takes it) and a function without aux outputs (has_aux=False): a microbatch's "
             "outputs other than the loss change shape with its length."
         )
+    if settings.mesh is not None and not settings.pipelined:
+        raise MpmdError(
+            f"{name}: length_buckets runs a pipelined step's microbatches at their own lengths, and "
+            "this mesh has no pipeline axis (one SPMD program of one shape); drop length_buckets, or "
+            "use a mesh with mpmd_axis='pp'."
+        )
     if settings.stage_sizes == "auto":
         raise MpmdError(
             f"{name}: stage_sizes='auto' balances the stages on one profiled shape; with length_buckets "

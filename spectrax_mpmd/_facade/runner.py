@@ -182,12 +182,6 @@ class Runner:
         self.forward, self.loss_fn = forward, loss_fn
         self.mpmd = settings.pipelined
         if not self.mpmd:
-            if settings.length_buckets is not None:
-                raise MpmdError(
-                    f"{settings.name}: length_buckets runs a pipelined step's microbatches at their own "
-                    "lengths, and this mesh has no pipeline axis (one SPMD program of one shape); drop "
-                    "length_buckets, or use a mesh with mpmd_axis='pp'."
-                )
             mesh = settings.mesh
             self.settings, self.mesh = settings, mesh.jax_mesh if isinstance(mesh, MpmdMesh) else mesh
             self.step = jax.jit(self._spmd_train if settings.mode == "train" else self._spmd_forward)
