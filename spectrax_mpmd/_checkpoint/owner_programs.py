@@ -25,8 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._compile.compiler import CellSpec, Compiler
 from .._optim import remote_array
-from .._trace.jax_private import Var
-from .._trace.jaxpr import eval_eqns, needed_eqns, read
+from .._trace.pruned import evaluate
 
 
 def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
@@ -37,30 +36,11 @@ def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
     return found
 
 
-def evaluate(closed, args: Sequence, outputs: Sequence[int]) -> list:
-    """Outputs `outputs` of `closed` at `args`: only the equations they need, each bound in
-    order (traced, inside the rank's program), each value released after its last reader."""
+def _outputs(closed, outputs: tuple, *flat) -> tuple:
+    """`closed`'s outputs `outputs` at `flat`, from only the equations they need."""
     jaxpr = closed.jaxpr
     targets = [jaxpr.outvars[k] for k in outputs]
-    order = sorted(needed_eqns(jaxpr.eqns, targets))
-    last: dict = {}
-    for i in order:
-        for v in jaxpr.eqns[i].invars:
-            if isinstance(v, Var):
-                last[v] = i
-    kept = {v for v in targets if isinstance(v, Var)}
-    env = dict(zip(jaxpr.constvars, closed.consts))
-    env.update(zip(jaxpr.invars, args))
-    for i in order:
-        eval_eqns([jaxpr.eqns[i]], env)
-        for v in jaxpr.eqns[i].invars:
-            if isinstance(v, Var) and last.get(v) == i and v not in kept:
-                env.pop(v, None)
-    return [read(env, v) for v in targets]
-
-
-def _outputs(closed, outputs: tuple, *flat) -> tuple:
-    return tuple(evaluate(closed, flat, outputs))
+    return tuple(evaluate(jaxpr, closed.consts, dict(zip(jaxpr.invars, flat)), targets))
 
 
 def replicated(sharding) -> NamedSharding:
