@@ -87,7 +87,8 @@ class LengthBuckets:
             if argument not in names:
                 raise MpmdError(
                     f"{name}: LengthBuckets(lengths={self.lengths!r}) names the argument {argument!r}, but "
-                    f"the function's positional parameters are {names}; name one of them (or give its position)."
+                    f"the function's positional parameters are {names}; name one of them "
+                    "(or give its position)."
                 )
             argument = names.index(argument)
         return (argument, *keys)

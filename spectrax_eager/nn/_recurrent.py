@@ -33,7 +33,8 @@ class RNNCellBase(CoreLayer):
             return  # a cell written by subclassing: its own __init__ makes its variables
         if input_size is None or hidden_size is None:
             raise TypeError(
-                f"{type(self).__name__}: give both input_size and hidden_size, got {input_size}, {hidden_size}."
+                f"{type(self).__name__}: give both input_size and hidden_size, "
+                f"got {input_size}, {hidden_size}."
             )
         self._build(input_size, hidden_size, use_bias=use_bias, options=options, **extra)
 
@@ -89,7 +90,8 @@ class RNN(Module):
     ):
         if not isinstance(cell, RNNCellBase):
             raise TypeError(
-                f"RNN: cell must be an spx.nn.SimpleRNNCell, LSTMCell or GRUCell, received {type(cell).__name__}."
+                "RNN: cell must be an spx.nn.SimpleRNNCell, LSTMCell or GRUCell, "
+                f"received {type(cell).__name__}."
             )
         self.cell = cell
         self.time_major = bool(time_major)

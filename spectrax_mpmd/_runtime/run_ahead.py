@@ -50,8 +50,9 @@ def gates(plan) -> Gates:
 
 
 def run_bounded(steps: list, buf: list, limit: int, gated: Gates, most: list) -> None:
-    """Run `steps` (a plan's issued steps) over `buf` as `Plan.run` does, at most `limit` cells outstanding per rank;
-    `most[r]` becomes the most cells rank `r` had outstanding at once (the check of the limit)."""
+    """Run `steps` (a plan's issued steps) over `buf` as `Plan.run` does, at most `limit` cells
+    outstanding per rank; `most[r]` becomes the most cells rank `r` had outstanding at once (the
+    check of the limit)."""
     pending = [deque() for _ in range(gated.ranks)]
     most[:] = [0] * gated.ranks
     for k, (fn, ins, outs, frees) in enumerate(steps):
