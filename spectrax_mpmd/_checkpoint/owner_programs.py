@@ -3,10 +3,12 @@
 Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) one
 program: the equations of `init`'s jaxpr that the set's leaves need, compiled with
 `jax.jit` with those leaves' shardings as `out_shardings`, so each device keeps only its
-own share (XLA's temporaries inside a program can hold more: a random draw `init` makes
-stacked over blocks is drawn whole before the rank's slice is taken). The programs
-go through the stage programs' `Compiler`: distinct ones compile concurrently, and one
-that is the same program on other devices is compiled once and loaded there.
+own share. A parameter `init` stacks over blocks is computed on the rank's rows alone
+(`_trace.rows`): a rank draws its own blocks, not every rank's, and ranks that keep the
+same shapes at different rows run one program with their rows' starts as an argument.
+The programs go through the stage programs' `Compiler`: distinct ones compile
+concurrently, and one that is the same program on other devices is compiled once and
+loaded there.
 
 The values are those of `jax.jit(init)(key)` on one device: the same equations compiled
 by XLA. JAX's PRNG gives the same bits however its output is sharded
@@ -16,7 +18,6 @@ element; only an init that reduces across a sharded axis could round differently
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -25,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._compile.compiler import CellSpec, Compiler
 from .._optim import remote_array
-from .._trace.pruned import evaluate
+from .._trace.rows import rows_program
 
 
 def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
@@ -36,13 +37,6 @@ def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
     return found
 
 
-def _outputs(closed, outputs: tuple, *flat) -> tuple:
-    """`closed`'s outputs `outputs` at `flat`, from only the equations they need."""
-    jaxpr = closed.jaxpr
-    targets = [jaxpr.outvars[k] for k in outputs]
-    return tuple(evaluate(jaxpr, closed.consts, dict(zip(jaxpr.invars, flat)), targets))
-
-
 def replicated(sharding) -> NamedSharding:
     """A sharding replicating a value over `sharding`'s devices (on its mesh where it has one)."""
     if isinstance(sharding, NamedSharding):
@@ -51,16 +45,14 @@ def replicated(sharding) -> NamedSharding:
     return NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec())
 
 
-def rank_program(closed, key_leaves: Sequence, shardings: Sequence, outputs: Sequence[int]) -> CellSpec:
-    """The program making `closed`'s outputs `outputs` on their `shardings`, from the key's
-    leaves replicated over those devices."""
+def rank_program(closed, key_leaves: Sequence, shardings: Sequence, outputs: Sequence[int]) -> tuple:
+    """`(the program making closed's outputs `outputs` on their `shardings` from the row offsets and
+    the key's leaves, replicated over those devices; the offsets to call it with)`."""
     on = replicated(shardings[outputs[0]])
-    in_specs = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=on) for x in key_leaves)
-    return CellSpec(
-        functools.partial(_outputs, closed, tuple(outputs)),
-        in_specs,
-        tuple(shardings[k] for k in outputs),
-    )
+    fn, offsets = rows_program(closed, outputs)
+    starts = np.asarray(offsets, np.int32)
+    in_specs = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=on) for x in (starts, *key_leaves))
+    return CellSpec(fn, in_specs, tuple(shardings[k] for k in outputs)), starts
 
 
 def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
@@ -72,15 +64,15 @@ def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
     programs = []
     for idx in groups(shardings).values():
         if shardings[idx[0]].is_fully_addressable:
-            programs.append((idx, rank_program(closed, key_leaves, shardings, idx)))
+            programs.append((idx, *rank_program(closed, key_leaves, shardings, idx)))
             continue
         for k in idx:
             spec = abstract[k]
             out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
     compiler = Compiler()
-    compiler.prefetch([spec for _, spec in programs])
-    for idx, spec in programs:
-        args = [jax.device_put(x, s.sharding) for x, s in zip(key_leaves, spec.in_specs)]
+    compiler.prefetch([spec for _, spec, _ in programs])
+    for idx, spec, starts in programs:
+        args = [jax.device_put(x, s.sharding) for x, s in zip((starts, *key_leaves), spec.in_specs)]
         for k, x in zip(idx, compiler.compile_spec(spec)(*args)):
             out[k] = x
     return out

@@ -9,7 +9,7 @@ program with JAX's public control flow (`lax.switch`, `lax.scan`, `lax.while_loo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax import lax
 
@@ -107,7 +107,7 @@ def evaluate(jaxpr: Jaxpr, consts: Sequence, inputs: dict, targets: Sequence) ->
     needed) and `consts`, evaluating only the equations and loop carries they depend on."""
     env = dict(zip(jaxpr.constvars, consts)) | dict(inputs)
     for eqn, outs in _plan(jaxpr, targets)[0]:
-        _run(eqn, outs, env)
+        run_wanted(eqn, outs, env)
     return [read(env, v) for v in targets]
 
 
@@ -120,13 +120,14 @@ def _sub(body, wanted: Sequence[bool]):
     return (lambda *xs: evaluate(jaxpr, consts, dict(zip(ins, xs)), outs)), need
 
 
-def _run(eqn: JaxprEqn, wanted: list[bool], env: dict) -> None:
+def run_wanted(eqn: JaxprEqn, wanted: list[bool], env: dict) -> None:
+    """Evaluate `eqn`'s `wanted` outputs into `env`, running only what they need."""
     name = eqn.primitive.name
     vals = [
         read(env, v) if (not isinstance(v, Var) or isinstance(v, Literal) or v in env) else None
         for v in eqn.invars
     ]
-    pick = lambda mask, xs: [x for x, n in zip(xs, mask) if n]  # noqa: E731
+    pick = lambda mask, xs: [x for x, n in zip(xs, mask) if n]
     if name in CALLS:
         fn, need = _sub(eqn.params["call_jaxpr" if name.startswith("custom") else "jaxpr"], wanted)
         got = fn(*pick(need, vals))
