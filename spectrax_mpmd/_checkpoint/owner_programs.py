@@ -55,24 +55,34 @@ def rank_program(closed, key_leaves: Sequence, shardings: Sequence, outputs: Seq
     return CellSpec(fn, in_specs, tuple(shardings[k] for k in outputs)), starts
 
 
-def make_leaves(closed, key, shardings: Sequence, abstract: Sequence) -> list:
-    """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]` by its
-    device set's compiled program; leaves of another process's devices are global arrays
-    without local shards here."""
-    out: list = [None] * len(shardings)
+def rank_programs(closed, key, shardings: Sequence) -> list[tuple]:
+    """Per device set of this process holding leaves: `(its leaf indices, its program, the row
+    offsets to call it with)`."""
     key_leaves = jax.tree.leaves(key)
-    programs = []
-    for idx in groups(shardings).values():
-        if shardings[idx[0]].is_fully_addressable:
-            programs.append((idx, *rank_program(closed, key_leaves, shardings, idx)))
-            continue
-        for k in idx:
+    return [
+        (idx, *rank_program(closed, key_leaves, shardings, idx))
+        for idx in groups(shardings).values()
+        if shardings[idx[0]].is_fully_addressable
+    ]
+
+
+def make_leaves(
+    closed, key, shardings: Sequence, abstract: Sequence, compiler: Compiler | None = None
+) -> list:
+    """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]` by its
+    device set's compiled program (taken from `compiler` where it compiled them already); leaves
+    of another process's devices are global arrays without local shards here."""
+    out: list = [None] * len(shardings)
+    for k, sh in enumerate(shardings):
+        if not sh.is_fully_addressable:
             spec = abstract[k]
-            out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=shardings[k]))
-    compiler = Compiler()
+            out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=sh))
+    programs = rank_programs(closed, key, shardings)
+    compiler = Compiler() if compiler is None else compiler
     compiler.prefetch([spec for _, spec, _ in programs])
     for idx, spec, starts in programs:
-        args = [jax.device_put(x, s.sharding) for x, s in zip((starts, *key_leaves), spec.in_specs)]
-        for k, x in zip(idx, compiler.compile_spec(spec)(*args)):
+        args = (starts, *jax.tree.leaves(key))
+        placed = [jax.device_put(x, s.sharding) for x, s in zip(args, spec.in_specs)]
+        for k, x in zip(idx, compiler.compile_spec(spec)(*placed)):
             out[k] = x
     return out

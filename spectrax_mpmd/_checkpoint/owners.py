@@ -15,6 +15,7 @@ traceable; both run with the caller's context mesh cleared, as every step does.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import jax
@@ -26,7 +27,7 @@ from .._api.entry import cached_entry
 from .._runtime import Output
 from .._trace.context import outside_context_mesh
 from ..errors import MpmdError
-from .owner_programs import make_leaves
+from .owner_programs import make_leaves, rank_programs
 
 NAME = "init_on_owners"
 UNTRACEABLE = (  # Python reading a value being traced
@@ -78,24 +79,42 @@ def _step_of(step, tx, name: str):
     return None, tx
 
 
-def _shardings(step, inner, abstract, batch, tx) -> list:
-    """Per leaf of `abstract` (the parameters, or `(params, opt_state)`), where `step` keeps it
-    (`inner`: the `Runner` behind a runner step, else None)."""
+def _shardings(step, inner, abstract, batch, tx, companion=None) -> tuple[list, object]:
+    """`(per leaf of abstract (the parameters, or (params, opt_state)), where step keeps it; the
+    compiler of the step's programs, None without a pipeline axis)` (`inner`: the `Runner` behind a
+    runner step, else None). `companion(plan_specs)` gives more specs to compile with the step's."""
     leaves = jax.tree.leaves(abstract)
     if inner is not None and not inner.mpmd:
-        return _spmd_shardings(inner, abstract, tx)
+        return _spmd_shardings(inner, abstract, tx), None
     if inner is not None:
         step = inner.update_step if tx is not None else inner.step
         batch = (None, *batch)
-    if tx is None:  # a gradient step: where each parameter's gradient is made
-        call = (abstract, *batch)
-        plan = step.plan_for(*call)
-        found = plan.grad_shardings(len(leaves))
-        return [found.get(a) for a in range(len(leaves))]
-    call = (*abstract, *batch)
-    entry, _ = cached_entry(step, call)
-    n_results = len(entry.plan.output_slots.get(Output.RESULTS, ()))
-    return kept_shardings(entry.plan, 0, len(leaves), n_results - len(leaves))
+    call = (abstract, *batch) if tx is None else (*abstract, *batch)
+    with _alongside(step.compiler, companion):
+        plan = step.plan_for(*call) if tx is None else cached_entry(step, call)[0].plan
+    return kept_by(plan, len(leaves), tx), step.compiler
+
+
+def kept_by(plan, n_leaves: int, tx) -> list:
+    """Where `plan` keeps each of `n_leaves` leaves: a gradient plan where it makes the leaf's
+    gradient, a whole step's where it returns it (`tx`: the step's optimizer)."""
+    if tx is None:
+        found = plan.grad_shardings(n_leaves)
+        return [found.get(a) for a in range(n_leaves)]
+    n_results = len(plan.output_slots.get(Output.RESULTS, ()))
+    return kept_shardings(plan, 0, n_leaves, n_results - n_leaves)
+
+
+@contextlib.contextmanager
+def _alongside(compiler, companion):
+    """`companion` among `compiler`'s companions while the block runs (nothing when None)."""
+    if companion is not None:
+        compiler.companions.append(companion)
+    try:
+        yield
+    finally:
+        if companion is not None:
+            compiler.companions.remove(companion)
 
 
 def _spmd_shardings(inner, abstract, tx) -> list:
@@ -133,17 +152,24 @@ def traced(fn: Callable, key, name: str) -> tuple:
         ) from e
 
 
-def _layout(step, init: Callable, key, batch: tuple, tx, name: str) -> tuple:
-    """`(jaxpr of the leaves to make, their tree of ShapeDtypeStructs with the owners' shardings)`."""
+def _layout(step, init: Callable, key, batch: tuple, tx, name: str, make: bool = False) -> tuple:
+    """`(jaxpr of the leaves to make, their tree of ShapeDtypeStructs with the owners' shardings,
+    the compiler holding their programs or None)`. With `make`, the programs that make them on
+    their ranks compile together with the step's (see `owner_programs`)."""
     inner, tx = _step_of(step, tx, name)
     closed, abstract = traced(_maker(init, tx), key, name)
     leaves, treedef = jax.tree.flatten(abstract)
-    shardings = _shardings(step, inner, abstract, batch, tx)
+
+    def companion(plan) -> list:
+        shardings = kept_by(plan, len(leaves), tx)
+        return [] if None in shardings else [spec for _, spec, _ in rank_programs(closed, key, shardings)]
+
+    shardings, compiler = _shardings(step, inner, abstract, batch, tx, companion if make else None)
     if None in shardings:
         fallback = _fallback(step)
         shardings = [fallback if sh is None else sh for sh in shardings]
     placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
-    return closed, treedef.unflatten(placed)
+    return closed, treedef.unflatten(placed), compiler
 
 
 @outside_context_mesh
@@ -183,9 +209,9 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     temporaries can hold more, see there). In a multi-process run
     each process makes only its ranks' leaves.
     """
-    closed, layout = _layout(step, init, key, batch, tx, NAME)
+    closed, layout, compiler = _layout(step, init, key, batch, tx, NAME, make=True)
     leaves, treedef = jax.tree.flatten(layout)
-    return treedef.unflatten(make_leaves(closed, key, [x.sharding for x in leaves], leaves))
+    return treedef.unflatten(make_leaves(closed, key, [x.sharding for x in leaves], leaves, compiler))
 
 
 def _maker(init: Callable, tx) -> Callable:

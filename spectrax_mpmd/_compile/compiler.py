@@ -67,6 +67,11 @@ class CellSpec:
     out_shardings: tuple
     donate: tuple = ()
 
+    @property
+    def output_shardings(self) -> tuple | None:
+        """The outputs' shardings where every one is known before compiling, else None."""
+        return None if any(s is None for s in self.out_shardings) else tuple(self.out_shardings)
+
     def fuse(self, other: "CellSpec") -> "CellSpec":
         """One cell running `self` then `other` on disjoint inputs (a fused F&B action)."""
         n = len(self.in_specs)
@@ -168,6 +173,9 @@ class Compiler:
         self.known: dict = {}  # a traced program's key -> the program its lowering is
         self._early: bool | None = None  # whether traced keys are used (known after one lowering)
         self.transport = None  # the cross-process transport, made by the first multi-process build
+        # callables given a plan about to be compiled (its cells still specs) that return more
+        # specs to compile with its programs, in the same threads (an owner-rank init's programs)
+        self.companions: list = []
 
     def program_key(self, spec: CellSpec) -> tuple:
         """The identity of `spec`'s program and the devices it runs on (see the module docstring)."""

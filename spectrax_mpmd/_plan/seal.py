@@ -57,29 +57,13 @@ def seal(
     ]
     input_keys = [(slot, _numbered(key, function_leaves)) for slot, key in placed]
     issued, issued_of, only_fused = fuse(draft.steps, keep, configured_fuse_cells())
-    compiler.prefetch([st.fn for st in issued if isinstance(st.fn, CellSpec)])
     const_slots = {}
     if draft.constants:
         values, shardings = zip(*draft.constants.values())
         const_slots = dict(zip(draft.constants, jax.device_put(list(values), list(shardings))))
-
-    deferred = {fn: Deferred(compiler.compile_spec, fn) for fn in only_fused}
-
-    def compiled(fn):
-        if fn in deferred:
-            return deferred[fn]
-        return compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn
-
     fused = len(issued) < len(draft.steps)
-    hot = issued if fused else draft.steps
-    issued_specs = tuple(fn if isinstance(fn, CellSpec) else None for fn, *_ in hot)
-    steps = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in draft.steps]
-    issued = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in issued] if fused else []
-    return Plan(
-        steps=_free_after_last_use(steps, keep),
-        issued=_free_after_last_use(issued, keep),
+    fields = dict(
         issued_of=issued_of if fused else (),
-        issued_specs=issued_specs,
         log=draft.log,
         n_slots=draft.count,
         const_slots=const_slots,
@@ -96,6 +80,43 @@ def seal(
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
+    compiler.prefetch(
+        [
+            *(st.fn for st in issued if isinstance(st.fn, CellSpec)),
+            *_companions(compiler, draft.steps, issued if fused else [], fields),
+        ]
+    )
+
+    deferred = {fn: Deferred(compiler.compile_spec, fn) for fn in only_fused}
+
+    def compiled(fn):
+        if fn in deferred:
+            return deferred[fn]
+        return compiler.compile_spec(fn) if isinstance(fn, CellSpec) else fn
+
+    hot = issued if fused else draft.steps
+    issued_specs = tuple(fn if isinstance(fn, CellSpec) else None for fn, *_ in hot)
+    steps = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in draft.steps]
+    issued = [Step(compiled(fn), ins, outs) for fn, ins, outs, _ in issued] if fused else []
+    return Plan(
+        steps=_free_after_last_use(steps, keep),
+        issued=_free_after_last_use(issued, keep),
+        issued_specs=issued_specs,
+        **fields,
+    )
+
+
+def _companions(compiler: Compiler, steps: list, issued: list, fields: dict) -> list[CellSpec]:
+    """The specs `compiler.companions` ask to compile with the plan's programs, each given the plan
+    with its cells not compiled yet (its shardings are those the sealed plan will have)."""
+    if not compiler.companions:
+        return []
+    blueprint = Plan(
+        steps=[Step(fn, ins, outs) for fn, ins, outs, _ in steps],
+        issued=[Step(fn, ins, outs) for fn, ins, outs, _ in issued],
+        **fields,
+    )
+    return [spec for companion in compiler.companions for spec in companion(blueprint)]
 
 
 def _numbered(key: Input, function_leaves: tuple | None) -> Input:
