@@ -173,6 +173,12 @@ SOURCES = {
         "the main job's first call against its plan and compile, this version (tree) and the one before "
         "(base: a checkout of it at runs/base) alternating",
     ),
+    "settings_cost": Source(
+        f"{PY} benchmarks/settings_cost.py --rounds 9 --base runs/base",
+        "benchmarks/results/settings_cost.json",
+        "a 4-rank Std1F1B MLP step's first call and host cost per cell, this version (tree) and the one "
+        "before the step's settings record (base: a checkout of 20f476a^ at runs/base) alternating",
+    ),
     "owner_init_programs": Source(
         f"{PY} benchmarks/owner_init.py --sections init --json benchmarks/results/owner_init_programs.json",
         "benchmarks/results/owner_init_programs.json",

@@ -16,13 +16,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
+from ..nn._composite import Composite
 from .._apply import apply, register_apply
 from ..losses import softmax_cross_entropy
 from ..nn import BlockStack, Embed, KVCache, Linear, RMSNorm, attend
 from ..nn._validate import check_integer, check_ndim
 
 
-class TransformerLM(eqx.Module):
+class TransformerLM(Composite):
     """Parameters of a decoder-only LM: `embed`, stacked `blocks`, final `norm`, `head`.
 
     `head` is None when the output projection is tied to the embedding table.
@@ -83,10 +84,6 @@ class TransformerLM(eqx.Module):
     def n_layers(self) -> int:
         """Number of transformer blocks."""
         return self.blocks.n_layers
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; its layers declare theirs."""
-        return {}
 
 
 def _check_tokens(name: str, tokens: Array) -> None:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from ._composite import Composite
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ._linear import Linear, _linear
@@ -77,7 +78,7 @@ class KVCacheSlot(eqx.Module):
         return self.k.shape[-3]
 
 
-class Attention(eqx.Module):
+class Attention(Composite):
     """Parameters of multi-head attention: projections `q`, `k`, `v` and output `o`.
 
     `q: d_model → n_heads·head_dim`, `k`/`v: d_model → n_kv_heads·head_dim`,
@@ -96,7 +97,6 @@ class Attention(eqx.Module):
     rope: bool = eqx.field(static=True, default=False)
     rope_theta: float = eqx.field(static=True, default=10000.0)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -145,10 +145,6 @@ class Attention(eqx.Module):
             rope=bool(rope),
             rope_theta=float(rope_theta),
         )
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; the projections declare theirs."""
-        return {}
 
     def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
         """An empty `KVCache` for this layer (dtype defaults to the projection weights')."""

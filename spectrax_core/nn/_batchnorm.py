@@ -61,7 +61,6 @@ class BatchNorm(eqx.Module):
     momentum: float = eqx.field(static=True, default=0.1)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -138,7 +137,6 @@ class GroupNorm(eqx.Module):
     eps: float = eqx.field(static=True, default=1e-5)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -174,7 +172,6 @@ class InstanceNorm(eqx.Module):
     eps: float = eqx.field(static=True, default=1e-5)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, PRNGKeyArray
 
+from ._composite import Composite
 from .._apply import apply, register_apply
 from .._checks import check_last_dim
 from ._attention import Attention, KVCache
@@ -19,7 +20,7 @@ from ._validate import check_ndim
 _NORMS = {"layer": LayerNorm, "rms": RMSNorm}
 
 
-class Block(eqx.Module):
+class Block(Composite):
     """Parameters of one pre-norm transformer block.
 
     The defaults are the classic block (LayerNorm, GELU MLP, no RoPE);
@@ -32,7 +33,6 @@ class Block(eqx.Module):
     mlp: MLP | GatedMLP
     d_model: int = eqx.field(static=True)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -80,10 +80,6 @@ class Block(eqx.Module):
             mlp=mlp_cls.init(k_mlp, d_model, d_ff, **mlp_kw),
             d_model=d_model,
         )
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; its layers declare theirs."""
-        return {}
 
     def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
         """An empty `KVCache` for this block's attention."""

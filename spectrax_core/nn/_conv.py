@@ -184,7 +184,6 @@ class _Conv(eqx.Module):
     groups: int = eqx.field(static=True, default=1)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -248,7 +247,6 @@ class _ConvTranspose(eqx.Module):
     axes: tuple[str | None, str | None] = eqx.field(static=True, default=(None, None))
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,

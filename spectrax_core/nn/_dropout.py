@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray, Shaped
 
+from ._composite import Composite
 from .._apply import register_apply
 from .._checks import typechecked
 
 
-class Dropout(eqx.Module):
+class Dropout(Composite):
     """Dropout with a static `rate`; holds no arrays. Randomness comes from an explicit `key=`."""
 
     rate: float = eqx.field(static=True)
@@ -25,10 +26,6 @@ class Dropout(eqx.Module):
         """Dropout with probability `rate`; `key` is accepted for the uniform `init` signature and unused."""
         del key
         return cls(rate=float(rate))
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields."""
-        return {}
 
 
 @typechecked

@@ -45,7 +45,6 @@ class Einsum(eqx.Module):
     axes: tuple[str | None, ...] = eqx.field(static=True, default=())
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -105,7 +104,6 @@ class DenseGeneral(eqx.Module):
     axes: tuple[str | None, ...] = eqx.field(static=True, default=())
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -178,7 +176,6 @@ class Bilinear(eqx.Module):
     out_features: int = eqx.field(static=True)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,

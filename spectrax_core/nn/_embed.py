@@ -26,7 +26,6 @@ class Embed(eqx.Module):
     compute_dtype: Any = eqx.field(static=True, default=None)
     axes: tuple[str | None, str | None] = eqx.field(static=True, default=("VOCAB", "EMBED"))
 
-    @classmethod
     @with_options
     def init(
         cls,

@@ -30,7 +30,6 @@ class Linear(eqx.Module):
     axes: tuple[str | None, str | None] = eqx.field(static=True, default=("EMBED", "MLP"))
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls,

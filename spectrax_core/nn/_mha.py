@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
+from ._composite import Composite
 from .._apply import register_apply
 from .._checks import check_last_dim
 from ._linear import Linear, _linear
@@ -19,7 +20,7 @@ from ._sdpa import scaled_dot_product_attention
 from ._validate import check_ndim
 
 
-class MultiHeadAttention(eqx.Module):
+class MultiHeadAttention(Composite):
     """Parameters of multi-head attention: `q: embed_dim → embed_dim`, `k: kdim → embed_dim`,
     `v: vdim → embed_dim`, `o: embed_dim → embed_dim`, split into `num_heads` heads."""
 
@@ -30,7 +31,6 @@ class MultiHeadAttention(eqx.Module):
     embed_dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -64,10 +64,6 @@ class MultiHeadAttention(eqx.Module):
     def head_dim(self) -> int:
         """Features per head."""
         return self.embed_dim // self.num_heads
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; the projections declare theirs."""
-        return {}
 
 
 @register_apply(MultiHeadAttention)

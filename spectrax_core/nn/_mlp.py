@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from ._composite import Composite
 from .._apply import register_apply
 from .._checks import check_last_dim, typechecked
 from ._linear import Linear, _linear
@@ -33,7 +34,7 @@ def _check_activation(name: str) -> str:
     return name
 
 
-class MLP(eqx.Module):
+class MLP(Composite):
     """Parameters of `down(activation(up(x)))`, `d_model → d_ff → d_model`.
 
     `activation` is a name from `ACTIVATIONS` (a string keeps the params
@@ -47,7 +48,6 @@ class MLP(eqx.Module):
     d_ff: int = eqx.field(static=True)
     activation: str = eqx.field(static=True, default="gelu")
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -71,12 +71,8 @@ class MLP(eqx.Module):
             activation=_check_activation(activation),
         )
 
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; `up` and `down` declare theirs."""
-        return {}
 
-
-class GatedMLP(eqx.Module):
+class GatedMLP(Composite):
     """Parameters of `down(activation(gate(x)) * up(x))` (SwiGLU with the default "silu")."""
 
     gate: Linear
@@ -86,7 +82,6 @@ class GatedMLP(eqx.Module):
     d_ff: int = eqx.field(static=True)
     activation: str = eqx.field(static=True, default="silu")
 
-    @classmethod
     @with_options
     def init(
         cls,
@@ -110,10 +105,6 @@ class GatedMLP(eqx.Module):
             d_ff=d_ff,
             activation=_check_activation(activation),
         )
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; `gate`, `up` and `down` declare theirs."""
-        return {}
 
 
 @typechecked

@@ -43,7 +43,6 @@ class LayerNorm(eqx.Module):
     eps: float = eqx.field(static=True, default=1e-5)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls, key: PRNGKeyArray | None, d: int, *, eps: float = 1e-5, **options: Unpack[ParamOptions]
@@ -71,7 +70,6 @@ class RMSNorm(eqx.Module):
     eps: float = eqx.field(static=True, default=1e-6)
     compute_dtype: Any = eqx.field(static=True, default=None)
 
-    @classmethod
     @with_options
     def init(
         cls, key: PRNGKeyArray | None, d: int, *, eps: float = 1e-6, **options: Unpack[WeightOptions]

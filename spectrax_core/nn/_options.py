@@ -1,7 +1,8 @@
 """The keywords with which every layer's `init` makes its parameters, declared once.
 
 A layer's `init` ends in `**options: Unpack[ParamOptions]` (or `WeightOptions` for a layer
-without a bias) and is decorated with `with_options`: its signature then names each keyword
+without a bias) and is decorated with `with_options`, which makes it the layer's classmethod
+constructor: its signature then names each keyword
 with its default, as if written out, a keyword it does not take is refused as Python refuses
 one, and the body receives every option filled in.
 """
@@ -41,8 +42,9 @@ def option_values(options: Mapping) -> tuple:
     return tuple(options.get(name, default) for name, default in DEFAULTS.items())
 
 
-def with_options(init: Callable) -> Callable:
-    """Decorate a layer's `init` whose last parameter is `**options: Unpack[...]` (see the module)."""
+def with_options(init: Callable) -> classmethod:
+    """A layer's `init(cls, key, ...)` whose last parameter is `**options: Unpack[...]`, as the
+    layer's classmethod constructor (see the module)."""
     sig = inspect.signature(init)
     var = list(sig.parameters.values())[-1]
     declared = init.__globals__[var.annotation.removeprefix("Unpack[").removesuffix("]")]
@@ -60,4 +62,4 @@ def with_options(init: Callable) -> Callable:
         return init(*args, **{k: v for k, v in kwargs.items() if k not in options}, **options)
 
     checked.__signature__ = signature
-    return checked
+    return classmethod(checked)

@@ -52,7 +52,6 @@ class _Cell(eqx.Module):
         """No array fields of its own; `ih` and `hh` declare theirs."""
         return {}
 
-    @classmethod
     @with_options
     def init(
         cls,

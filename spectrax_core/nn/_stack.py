@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, PRNGKeyArray
 
+from ._composite import Composite
 from .._apply import apply, register_apply
 from .._checks import check_last_dim
 from ._attention import KVCache, KVCacheSlot
@@ -22,7 +23,7 @@ from ._block import Block
 from ._validate import check_ndim
 
 
-class BlockStack(eqx.Module):
+class BlockStack(Composite):
     """`n_layers` Blocks whose parameters are stacked along a leading axis of `layers`."""
 
     stacked_fields: ClassVar[tuple[str, ...]] = ("layers",)
@@ -46,10 +47,6 @@ class BlockStack(eqx.Module):
             raise ValueError("BlockStack.from_blocks: received no blocks; pass at least one Block.")
         layers = jax.tree.map(lambda *leaves: jnp.stack(leaves), *blocks)
         return cls(layers=layers, n_layers=len(blocks))
-
-    def logical_axes(self) -> dict[str, tuple]:
-        """No array fields of its own; `layers` is stacked (see `stacked_fields`)."""
-        return {}
 
     @property
     def d_model(self) -> int:
