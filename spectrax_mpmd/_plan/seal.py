@@ -80,10 +80,10 @@ def seal(
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
-    compiler.prefetch(
+    compiler.prefetch(  # the companions' first: they compile while the plan's programs lower
         [
-            *(st.fn for st in issued if isinstance(st.fn, CellSpec)),
             *_companions(compiler, draft.steps, issued if fused else [], fields),
+            *(st.fn for st in issued if isinstance(st.fn, CellSpec)),
         ]
     )
 
