@@ -184,6 +184,12 @@ SOURCES = {
         "benchmarks/results/owner_init_programs.json",
         "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries",
     ),
+    "tpu_owner_init_programs": Source(
+        f"{PY} benchmarks/owner_init.py --sections init --json benchmarks/results/tpu_owner_init_programs.json",
+        "benchmarks/results/tpu_owner_init_programs.json",
+        "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries, on a "
+        "TPU v5e machine's 13 cores (CPU devices)",
+    ),
     "tpu_startup": Source(
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
         "benchmarks/results/tpu_startup.json",

@@ -49,7 +49,6 @@ import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM  # noqa: E402
-from spectrax_mpmd._checkpoint import owner_programs  # noqa: E402  (its programs' temporaries)
 from spectrax_mpmd._env import RUN_AHEAD_ENV  # noqa: E402
 
 MIB = 2**20
@@ -107,32 +106,25 @@ class PeakLive:
 
 class ProgramTemps:
     """Per device id, the most MiB of temporaries (XLA's `memory_analysis`: what a program needs
-    beyond its arguments and outputs, which `jax.live_arrays()` does not see) of the owner-rank
-    programs that `init_on_owners` compiles inside the block."""
+    beyond its arguments and outputs, which `jax.live_arrays()` does not see) of the programs that
+    `compiler` (the step's, which compiles the owner-rank programs) compiles inside the block."""
+
+    def __init__(self, compiler):
+        self.compiler = compiler
 
     def __enter__(self):
-        self.compilers: list = []
-        self.original = owner_programs.Compiler
-        compilers = self.compilers
-
-        class Recording(self.original):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                compilers.append(self)
-
-        owner_programs.Compiler = Recording
+        self.before = set(self.compiler.cache)
         return self
 
     def __exit__(self, *exc):
-        owner_programs.Compiler = self.original
+        self.made = {k: v for k, v in self.compiler.cache.items() if k not in self.before}
 
     def mib(self) -> dict:
         out: dict = {}
-        for compiler in self.compilers:
-            for (_, devices), executable in compiler.cache.items():
-                temp = executable.memory_analysis().temp_size_in_bytes / MIB
-                for device in devices:
-                    out[device.id] = max(out.get(device.id, 0.0), temp)
+        for (_, devices), executable in self.made.items():
+            temp = executable.memory_analysis().temp_size_in_bytes / MIB
+            for device in devices:
+                out[device.id] = max(out.get(device.id, 0.0), temp)
         return dict(sorted(out.items()))
 
 
@@ -187,7 +179,7 @@ def init_section() -> list[dict]:
         # builds (and compiles) the step's plan
         plan_s, _ = once(lambda: mp.owner_layout(step, init, key, *batch), wait=None)
         whole = measured(lambda: (lambda p: (p, TX.init(p)))(init(key)))
-        with ProgramTemps() as temps:
+        with ProgramTemps(step.runner.update_step.compiler) as temps:
             owner = measured(lambda: mp.init_on_owners(step, init, key, *batch))
         owner = with_temps(owner, temps.mib())
         rows.append({"model": name, "plan_s": plan_s, "whole_tree": whole, "owner_ranks": owner})
