@@ -100,16 +100,22 @@ print(json.dumps({{n: t.ulps(got[n], want[n]) for n in want}}))
 """
 
 
-def test_at_default_optimisation_the_values_are_those_of_the_jitted_init_bit_for_bit():
+def at_default_optimisation(code: str, timeout: int = 240) -> dict:
+    """The JSON `code` (formatted with `here`, this folder) prints last, run in a process of its
+    own at XLA's default optimisation (the suite's `-O0` flag dropped)."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    code = VALUES.format(here=os.path.dirname(os.path.abspath(__file__)))
+    code = code.format(here=os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
-        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    distances = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_at_default_optimisation_the_values_are_those_of_the_jitted_init_bit_for_bit():
+    distances = at_default_optimisation(VALUES)
     assert set(distances.values()) == {0.0}, distances
 
 

@@ -10,17 +10,12 @@ optimisation), draws no whole stack, and ranks that keep the same shapes run one
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from test_mpmd_owner_programs import ULPS, ulps
+from test_mpmd_owner_programs import ULPS, at_default_optimisation, ulps
 
 import spectrax_mpmd as mp
 from spectrax_core.models import TransformerLM
@@ -144,13 +139,5 @@ print(json.dumps(out))
 
 
 def test_at_default_optimisation_each_rank_gets_the_jitted_values_bit_for_bit():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    code = VALUES.format(here=os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=240
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    distances = json.loads(out.stdout.strip().splitlines()[-1])
+    distances = at_default_optimisation(VALUES)
     assert set(distances.values()) == {0.0}, distances
