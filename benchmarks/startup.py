@@ -97,6 +97,9 @@ def main(argv=None) -> dict:
                   f"(CPU {row['cpu_s']:.1f} s)", flush=True)  # fmt: skip
     result = {"cpus": os.cpu_count(), "steps": args.steps, "train_lm_args": extra}
     result |= {name: summarized(rows) for name, rows in runs.items()}
+    if "base" in result:  # the first call against compiling the step alone, as the base builds it
+        first, plan = result["tree"]["first_call_s"]["median"], result["base"]["plan_compile_s"]["median"]
+        result["first_vs_base_plan"] = first / plan
     print(
         f"{'tree':9} {'first s':>8} {'plan s':>7} {'ratio':>6} {'run s':>7} {'cpu s':>7} (medians; spread of first)"
     )
@@ -105,10 +108,7 @@ def main(argv=None) -> dict:
         print(f"{name:9} {s['first_call_s']['median']:8.2f} {s['plan_compile_s']['median']:7.2f} "
               f"{s['ratio']['median']:6.2f} {s['wall_s']['median']:7.1f} {s['cpu_s']['median']:7.1f} "
               f"({s['first_call_s']['spread']:.2f})")  # fmt: skip
-    if "base" in result:  # the first call against compiling the step alone, as the base builds it
-        result["first_vs_base_plan"] = (
-            result["tree"]["first_call_s"]["median"] / result["base"]["plan_compile_s"]["median"]
-        )
+    if "base" in result:
         print(f"first call (tree) / plan and compile (base): {result['first_vs_base_plan']:.2f} (medians)")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
