@@ -2,8 +2,9 @@
 
 An init that stacks blocks draws each parameter for every block at once (`vmap` of a
 block's init over split keys), and a pipeline rank keeps a slice of the stack. Computing
-the whole stack to slice it repeats every rank's draw on every rank: compile time and
-temporaries grow with the number of ranks. `rows_program` pushes each output's slice
+the whole stack to slice it repeats every rank's draw on every rank: each rank's
+temporaries hold the whole stack, and ranks keeping the same shapes at different rows run
+programs that differ only in a constant. `rows_program` pushes each output's slice
 back through the equations that act row by row (elementwise arithmetic, broadcasts,
 slices, reshapes that keep the leading axes, iota, and JAX's PRNG primitives, which draw
 each key's bits from that key alone), so a rank computes its own rows only. Values are
