@@ -8,8 +8,10 @@ Each process warms JAX up first (its backend and a one-addition program, which e
 pays once whatever it runs) and puts the arguments on their devices, then times the first call
 to its result: wall and process CPU seconds (every thread: tracing, lowering, the compiler's
 threads). The pipelined result is checked against the unsplit one (rtol 1e-5) after the timing.
+With `--base PATH` (another checkout of the project) each round also runs the pipelined step with
+that checkout's packages, in the same alternation: before and after under the same load.
 
-    python benchmarks/mlp_first_call.py [--rounds 5] [--json FILE]
+    python benchmarks/mlp_first_call.py [--rounds 5] [--base PATH] [--json FILE]
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ def first_call(contender: str) -> dict:
     return {"first_s": wall, "first_cpu_s": cpu, **{k: built[k] for k in ("lowered", "compiled", "relocated")}}
 
 
-def fresh(contender: str) -> dict:
-    """`first_call(contender)` in a child process."""
+def fresh(contender: str, base: Path | None) -> dict:
+    """`first_call(contender)` in a child process; `"base"` runs the pipeline on `base`'s packages."""
+    env = dict(os.environ)
+    if contender == "base":
+        contender = "pipeline"
+        env["PYTHONPATH"] = os.pathsep.join([str(base), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, __file__, "--one", contender], capture_output=True, text=True, check=False
+        [sys.executable, __file__, "--one", contender], capture_output=True, text=True, check=False, env=env
     )
     if done.returncode != 0:
         raise SystemExit(f"{contender}: failed:\n{done.stderr[-3000:]}")
@@ -71,30 +77,37 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)  # a child's contender
+    parser.add_argument("--base", type=Path, default=None, help="another checkout, run in alternation")
     parser.add_argument("--json", default=HERE / "results" / "mlp_first_call.json")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(first_call(args.one)))
         return {}
-    runs: dict = {name: [] for name in CONTENDERS}
+    names = (*CONTENDERS, "base") if args.base else CONTENDERS
+    runs: dict = {name: [] for name in names}
     for r in range(args.rounds):
-        for name in CONTENDERS if r % 2 == 0 else reversed(CONTENDERS):
-            runs[name].append(fresh(name))
+        for name in names if r % 2 == 0 else reversed(names):
+            runs[name].append(fresh(name, args.base))
         ratio = runs["pipeline"][-1]["first_s"] / runs["unsplit"][-1]["first_s"]
-        print(f"round {r}: " + ", ".join(f"{n} {runs[n][-1]['first_s']:.2f} s" for n in CONTENDERS)
+        print(f"round {r}: " + ", ".join(f"{n} {runs[n][-1]['first_s']:.2f} s" for n in names)
               + f" ({ratio:.2f}x)", flush=True)  # fmt: skip
-    ratios = [p["first_s"] / u["first_s"] for p, u in zip(runs["pipeline"], runs["unsplit"])]
-    result = {"cpus": os.cpu_count(), "rounds": runs, "ratio": summarized(ratios)}
-    for name in CONTENDERS:
+    result = {"cpus": os.cpu_count(), "rounds": runs}
+    for name in names[1:]:
+        key = "ratio" if name == "pipeline" else f"{name}_ratio"
+        result[key] = summarized([p["first_s"] / u["first_s"] for p, u in zip(runs[name], runs["unsplit"])])
+    for name in names:
         result[name] = {k: summarized([run[k] for run in runs[name]]) for k in ("first_s", "first_cpu_s")}
     result["programs"] = {k: runs["pipeline"][-1][k] for k in ("lowered", "compiled", "relocated")}
     print(f"{'contender':9} {'min s':>7} {'median s':>9} {'spread':>7} {'cpu median s':>13}")
-    for name in CONTENDERS:
+    for name in names:
         wall, cpu = result[name]["first_s"], result[name]["first_cpu_s"]
         print(f"{name:9} {wall['min']:7.2f} {wall['median']:9.2f} {wall['spread']:7.2f} {cpu['median']:13.2f}")
-    r = result["ratio"]
-    print(f"pipeline / unsplit, per round: min {r['min']:.2f}x, median {r['median']:.2f}x, spread {r['spread']:.2f}")
+    for name in names[1:]:
+        r = result["ratio" if name == "pipeline" else f"{name}_ratio"]
+        print(f"{name} / unsplit, per round: min {r['min']:.2f}x, median {r['median']:.2f}x, spread {r['spread']:.2f}")
     print("pipeline programs: " + ", ".join(f"{k} {v}" for k, v in result["programs"].items()))
+    if args.base:
+        print("base programs: " + ", ".join(f"{k} {runs['base'][-1][k]}" for k in ("lowered", "compiled", "relocated")))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
     return result

@@ -4,6 +4,7 @@ share a parameter leaf after the last, cast back to each leaf's dtype."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._comm import transfer
 from .._compile.compiler import CellSpec, shape_spec
@@ -16,11 +17,14 @@ from .programs import StageProgram
 def accumulator_cells(
     draft: Draft, layout: Layout, programs: list[StageProgram], args: PlanArgs
 ) -> list[tuple[CellSpec, list[int]]]:
-    """One program per rank creating the zero gradient (and loss) accumulators of its stages,
-    with the slots it fills.
+    """One program per rank creating the zero gradient accumulators of its stages, with the
+    slots it fills.
 
     A parameter leaf that no stage reads gets its zero gradient here too, on the
-    first stage's rank: a fresh array every call, so donating it is safe.
+    first stage's rank: a fresh array every call, so donating it is safe. A loss
+    stage's loss accumulator starts from a zero scalar placed once, with the
+    plan's constants (its cells do not donate it): ranks whose parameters have
+    the same shapes then share one program, whichever computes the loss.
     """
     per_rank: dict[int, tuple[list, list, list]] = {}
     read = {a for p in programs for a in p.io.params}
@@ -37,9 +41,9 @@ def accumulator_cells(
         avals += [layout.accumulator_aval(a) for a in p.io.params]
         outs += [draft.slot(GradAccumulator(s, a)) for a in p.io.params]
         if layout.is_loss(s):
-            shardings.append(layout.named(s, None))
-            avals.append(layout.accumulator_aval("loss"))
-            outs.append(draft.slot(LossAccumulator(s)))
+            aval = layout.accumulator_aval("loss")
+            zero = (np.zeros(aval.shape, aval.dtype), layout.named(s, None))
+            draft.constants[draft.slot(LossAccumulator(s))] = zero
     return [
         (CellSpec(_zeros(tuple(avals)), (), tuple(shardings)), outs)
         for _, (shardings, avals, outs) in sorted(per_rank.items())

@@ -137,7 +137,7 @@ def _loss_spec(layout: Layout, p: StageProgram, s: int) -> CellSpec:
         p.cells.loss_step,
         tuple(p.in_specs + acc_specs + [loss]),
         (*acc_sh, *ct_in_sh, layout.named(s, None), *results_sh),
-        tuple(range(n_in, n_in + len(acc_specs) + 1)),
+        tuple(range(n_in, n_in + len(acc_specs))),  # not the loss: it starts from a constant
     )
 
 

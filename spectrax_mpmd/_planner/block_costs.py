@@ -167,14 +167,10 @@ def block_bytes(plan, args: Sequence, n_blocks: int) -> dict[str, tuple[int, ...
             out[name][stage] += _device_bytes(sharding, np.shape(leaf), leaf.dtype)
         elif isinstance(key, MicrobatchIndex):
             out["other"][stage] += np.dtype(np.int32).itemsize
-    first = min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps))
-    for fn, ins, outs, _ in plan.steps[:first]:
-        if ins or not hasattr(fn, "out_info"):
-            continue  # only a rank's accumulator setup programs
-        for slot, info in zip(outs, fn.out_info):
-            key = plan.slot_names.get(slot)
-            if isinstance(key, (GradAccumulator, LossAccumulator)):
-                out["accumulators"][key.stage] += _device_bytes(info.sharding, info.shape, info.dtype)
+    for slot, value in plan.accumulator_starts():
+        key = plan.slot_names.get(slot)
+        if isinstance(key, (GradAccumulator, LossAccumulator)):
+            out["accumulators"][key.stage] += _device_bytes(value.sharding, value.shape, value.dtype)
     return {name: tuple(v) for name, v in out.items()}
 
 

@@ -19,7 +19,7 @@ from .._comm import is_transfer
 from .._env import configured_run_ahead
 from ..errors import MpmdError
 from .run_ahead import Gates, gates, run_bounded
-from .slots import InputKind, Output
+from .slots import InputKind, LossAccumulator, Output
 
 
 class Step(NamedTuple):
@@ -115,6 +115,20 @@ class Plan:
             for slot, value in self.remote_outputs:
                 buf[slot] = value
         return buf
+
+    def accumulator_starts(self) -> list:
+        """`(slot, value)` of what the step's accumulators start from: each output of the rank
+        setup programs issued before the first action (its `out_info`), and each loss
+        accumulator's zero, a constant."""
+        first = min((a for _, _, a, _ in self.action_steps), default=len(self.steps))
+        made = [
+            (slot, info)
+            for fn, ins, outs, _ in self.steps[:first]
+            if not ins and hasattr(fn, "out_info")
+            for slot, info in zip(outs, fn.out_info)
+        ]
+        loss = [(s, v) for s, v in self.const_slots.items() if isinstance(self.slot_names.get(s), LossAccumulator)]
+        return made + loss
 
     @property
     def hot_steps(self) -> list:

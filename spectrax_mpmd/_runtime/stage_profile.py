@@ -233,12 +233,9 @@ def stage_profile(
         if key.kind == "param":
             params[key.rank] += _nbytes(param_leaves[key.leaf])
     accumulators = [0] * ranks
-    first = min((a for _, _, a, _ in plan.action_steps), default=len(plan.steps))
-    for fn, ins, outs, _ in plan.steps[:first]:
-        if not ins and hasattr(fn, "out_info"):  # a rank's accumulator setup program
-            infos = list(fn.out_info)
-            device = min(infos[0].sharding.device_set, key=lambda d: d.id)
-            accumulators[plan.device_rank[device]] += sum(_nbytes(o) for o in infos)
+    for _, value in plan.accumulator_starts():
+        device = min(value.sharding.device_set, key=lambda d: d.id)
+        accumulators[plan.device_rank[device]] += _nbytes(value)
     edges = tuple((e.src, e.dst, _nbytes(e.aval)) for e in plan.graph.edges)
     sizes = buffer_sizes(plan, placed_inputs)
     memory = stage_memory(plan, sizes=sizes)

@@ -13,6 +13,7 @@ import spectrax_mpmd as mp
 from spectrax_mpmd._comm.local import _Copy, fast_path_available, is_transfer, same_layout
 from spectrax_mpmd._compile.compiler import Compiler
 from spectrax_mpmd._compile.relocate import relocation_available
+from spectrax_mpmd._runtime.slots import LossAccumulator
 
 D, B, LAYERS = 16, 16, 4
 
@@ -243,3 +244,21 @@ def test_arrays_already_where_the_plan_reads_them_are_used_as_they_are():
     for got in out:
         assert got.sharding == target and got.committed
         np.testing.assert_array_equal(np.asarray(got), np.arange(4.0))
+
+
+def test_ranks_with_equal_parameters_share_one_accumulator_program():
+    """A loss rank's gradient accumulators start as every other rank's do, its loss accumulator
+    from a constant zero that no cell donates: ranks whose parameters match run one setup program
+    (compiled once), and the constant serves call after call."""
+    make, args = mlp_steps("Std1F1B")
+    step = make()
+    first = step(*args)
+    plan = step.plan_for(*args)
+    setup = [spec for (_, ins, _, _), spec in zip(plan.hot_steps, plan.issued_specs) if spec is not None and not ins]
+    assert len(setup) == 4
+    assert len({step.compiler.program_key(spec)[0] for spec in setup}) == 1
+    losses = [s for s, _ in plan.accumulator_starts() if isinstance(plan.slot_names[s], LossAccumulator)]
+    assert len(losses) == 1 and losses[0] in plan.const_slots
+    second = step(*args)
+    assert float(first[0]) == float(second[0])
+    _bitwise_equal(first[1], second[1])
