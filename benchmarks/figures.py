@@ -167,6 +167,12 @@ SOURCES = {
         "benchmarks/results/tpu_fused_cells.json",
         "one-rank steps, cells fused or not, against lax.scan, on one TPU v5e chip",
     ),
+    "tpu_run_ahead": Source(
+        f"{PY} benchmarks/run_ahead.py --rounds 5 --json benchmarks/results/tpu_run_ahead.json",
+        "benchmarks/results/tpu_run_ahead.json",
+        "a one-rank step of 57 cells under each run-ahead bound, and a small program's latency, on one "
+        "TPU v5e chip",
+    ),
     "startup": Source(
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base",
         "benchmarks/results/startup.json",

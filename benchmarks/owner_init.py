@@ -19,7 +19,7 @@ Sections (`--sections`, all by default):
             minus what is still held after: on CPU a restored array may keep the host buffer it
             was read into, which is that device's memory).
   run_ahead a 4-rank tanh-MLP training step (D=256, B=64, m=8, Std1F1B and GPipe) with the
-            run-ahead bound off (the default on CPU), 1, 2 (an accelerator's default) and 4 cells
+            run-ahead bound off (the default on CPU), 1, 2 and 4 cells (an accelerator's default)
             per rank: wall and issuing-thread CPU per step over interleaved rounds.
 
     python benchmarks/owner_init.py [--rounds 7] [--sections init,restore,run_ahead]

@@ -102,14 +102,16 @@ def configured_watchdog() -> bool:
     return raw == "on"
 
 
-DEFAULT_RUN_AHEAD = 2
+DEFAULT_RUN_AHEAD = 4
 
 
 def configured_run_ahead() -> int | None:
     """How many cells a rank may have issued ahead of its oldest unfinished one:
-    `$SPECTRAX_MPMD_RUN_AHEAD`, a positive number or `none` (no bound); by default 2 on an
-    accelerator, none on CPU devices (their buffers are the host's memory, and waiting there
-    costs the host time it would spend issuing)."""
+    `$SPECTRAX_MPMD_RUN_AHEAD`, a positive number or `none` (no bound); by default 4 on an
+    accelerator (a cell's result is ready some time after its issue however small the cell,
+    about three cells' issue on a TPU; a smaller bound makes the host wait on every cell), none
+    on CPU devices (their buffers are the host's memory, and waiting there costs the host time
+    it would spend issuing)."""
     raw = os.environ.get(RUN_AHEAD_ENV)
     if raw is None:
         import jax  # here: a leaf module, read before JAX picks its devices
