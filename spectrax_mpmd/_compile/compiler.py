@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from .._env import configured_compile_threads
 from .._trace.context import config_key, own_mesh
-from .identity import Held, jaxpr_key
+from .identity import Held, jaxpr_key, jaxpr_size
 from .relocate import persistent_cache_active, relocate, relocation_available, serialized
 from .stats import BuildStats
 
@@ -195,7 +195,8 @@ class Compiler:
     def prefetch(self, specs) -> None:
         """Compile every spec not cached yet: each distinct program once, in worker threads that
         start while the next specs are still being lowered; then load those programs onto the
-        other devices that run them.
+        other devices that run them. Every spec is traced first, and the largest (by equations)
+        lower and start compiling first: the longest compile does not start last.
 
         XLA's compiler releases the GIL, so stage programs compile concurrently
         with each other and with lowering (`$SPECTRAX_MPMD_COMPILE_THREADS` at a
@@ -204,9 +205,13 @@ class Compiler:
         todo: dict = {}
         started: dict = {}
         relocating = self.relocating
+        specs = list(dict.fromkeys(specs))
+        with self.stats.timed("lower"):  # traced first: the largest programs lower and compile first
+            traced = {spec: _Traced(spec) for spec in specs if spec not in self._lowered}
+        specs.sort(key=lambda spec: -traced[spec].size if spec in traced else 0)
         with ThreadPoolExecutor(max_workers=configured_compile_threads()) as pool:
             for spec in specs:
-                key, lowered = self._lower(spec)
+                key, lowered = self._lower(spec, traced.get(spec))
                 if key in self.cache or key in todo:
                     continue
                 todo[key] = lowered
@@ -259,18 +264,18 @@ class Compiler:
         if self.relocating:
             self.sources.setdefault(key[0], (compiled, key[1]))
 
-    def _lower(self, spec: CellSpec) -> tuple[tuple, Any]:
-        """`spec`'s key and its lowering (a `_Traced` not lowered yet when its program is known)."""
+    def _lower(self, spec: CellSpec, traced: _Traced | None = None) -> tuple[tuple, Any]:
+        """`spec`'s key and its lowering (a `_Traced` not lowered yet when its program is known);
+        `traced`: its trace, where taken already."""
         hit = self._lowered.get(spec)
         if hit is None:
             with self.stats.timed("lower"):
-                hit = self._lowered[spec] = self._identify(spec)
+                hit = self._lowered[spec] = self._identify(traced or _Traced(spec))
         return hit
 
-    def _identify(self, spec: CellSpec) -> tuple[tuple, Any]:
-        """Trace `spec`; a program already lowered (on any devices) is known by its traced key and
-        not lowered again, any other is lowered and keyed by its lowering."""
-        traced = _Traced(spec)
+    def _identify(self, traced: _Traced) -> tuple[tuple, Any]:
+        """A traced spec's key and lowering: a program already lowered (on any devices) is known by
+        its traced key and not lowered again, any other is lowered and keyed by its lowering."""
         early = traced.key() if self._early is not False else None
         program = self.known.get(early) if early is not None else None
         if program is not None:
@@ -310,6 +315,11 @@ class _Traced:
         self.mesh = _mesh_of(self.in_shardings + self.out_shardings)
         with own_mesh(self.mesh):
             self.traced = jitted.trace(*spec.in_specs)
+
+    @property
+    def size(self) -> int:
+        """How many equations the trace holds, nested ones included: what its compile time grows with."""
+        return jaxpr_size(self.traced.jaxpr)
 
     def key(self) -> tuple | None:
         """The program's identity from its trace (None: only its lowering can tell, see identity)."""

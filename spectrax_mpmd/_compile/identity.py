@@ -154,3 +154,17 @@ def jaxpr_key(closed_jaxpr, position: dict, layout_key) -> tuple | None:
         return _jaxpr(closed_jaxpr.jaxpr, closed_jaxpr.consts, position, layout_key)
     except _Unkeyable:
         return None
+
+
+def jaxpr_size(jaxpr) -> int:
+    """The equations of `jaxpr` (a `Jaxpr` or `ClosedJaxpr`) and of the jaxprs in their parameters."""
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    return sum(1 + sum(jaxpr_size(j) for j in _jaxprs(e.params.values())) for e in inner.eqns)
+
+
+def _jaxprs(values):
+    for value in values:
+        if isinstance(value, (jex_core.ClosedJaxpr, jex_core.Jaxpr)):
+            yield value
+        elif isinstance(value, (tuple, list)):
+            yield from _jaxprs(value)

@@ -170,3 +170,26 @@ def test_compile_threads_bound_how_many_programs_compile_at_once(monkeypatch):
     monkeypatch.setenv("SPECTRAX_MPMD_COMPILE_THREADS", "0")
     with pytest.raises(ValueError, match="SPECTRAX_MPMD_COMPILE_THREADS='0': expected a positive"):
         Compiler().prefetch([CellSpec(_add(9.0), (_spec((4,)),), (ONE,))])
+
+
+def test_the_largest_programs_lower_and_compile_first():
+    """`prefetch` traces every spec, then lowers (and starts compiling) the largest first, nested
+    equations counted; each still computes what `jax.jit` of its own function computes."""
+    inner = jax.jit(lambda a: jnp.sin(jnp.cos(jnp.tanh(a))) * 2.0 + 1.0)
+
+    def small(a):
+        return (a + 1.0,)
+
+    def nested(a):  # one equation at the top, five inside it
+        return (inner(a),)
+
+    def flat(a):
+        return (jnp.exp(a) * 3.0 - 1.0,)
+
+    specs = [CellSpec(fn, (_spec((4,)),), (ONE,)) for fn in (small, nested, flat)]
+    compiler = Compiler(relocate=False)
+    compiler.prefetch(specs)
+    assert list(compiler._lowered) == [specs[1], specs[2], specs[0]]
+    x = jnp.arange(4.0)
+    for spec in specs:
+        np.testing.assert_array_equal(compiler.compile_spec(spec)(x)[0], jax.jit(spec.fn)(x)[0])
