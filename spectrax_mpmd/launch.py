@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import signal
 import socket
@@ -30,10 +31,34 @@ from ._env import TIMEOUT_ENV, TRANSPORT_ENV, TRANSPORTS
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 
 
+_PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 10000
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port for a job's coordinator. Where the system says which ports it hands
+    out on its own (to outgoing connections, to servers bound to port 0), one below them: between
+    this check and the coordinator binding it, no other process of the job (or of another job
+    started at the same time) can be given it. Elsewhere, one the system hands out."""
+    first = _first_ephemeral_port()
+    candidates = random.Random().sample(range(_LOWEST_PORT, first), 64) if first > _LOWEST_PORT + 64 else []
+    for port in [*candidates, 0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free loopback port")
+
+
+def _first_ephemeral_port() -> int:
+    """The lowest port the system hands out on its own (0 where it does not say: not Linux)."""
+    try:
+        with open(_PORT_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _child_env(args, rank: int, port: int) -> dict:

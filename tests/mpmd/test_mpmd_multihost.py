@@ -24,6 +24,7 @@ from launching import Job, job_env, launch, skip_without_sockets
 from mpmd_cases import RTOL, hetero_loss
 
 import spectrax_mpmd as mp
+from spectrax_mpmd.launch import _free_port as free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multihost_worker.py")
@@ -167,9 +168,22 @@ def test_lost_processes_end_the_job(tmp_path, monkeypatch):
 
 def _free_port() -> int:
     skip_without_sockets()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
+
+
+def test_a_coordinator_port_is_never_one_the_system_hands_out():
+    """The launcher's port for a coordinator lies below the ports the system gives sockets on its
+    own, so no process started meanwhile (another job's, say) can be given it first."""
+    from spectrax_mpmd.launch import _first_ephemeral_port
+
+    first = _first_ephemeral_port()
+    if first <= 10064:
+        pytest.skip("this system does not say which ports it hands out on its own")
+    ports = {_free_port() for _ in range(20)}
+    assert all(port < first for port in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 def _claimed(path: str) -> bool:
