@@ -140,7 +140,11 @@ SOURCES = {
                 "the first call of a 4-stage homogeneous MLP against the unsplit jitted step's, fresh processes",
             ),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
-            ("owner_init", "--rounds 5", "initialisation on the owner ranks, restores, the run-ahead bound"),
+            (
+                "run_ahead",
+                "--rounds 5 --sizes 256/64",
+                "the run-ahead bound: a one-rank step and a 4-rank step under each bound, a program's latency",
+            ),
             ("ranks", "--rounds 3", "ranks of different sizes: an even split against a heavier last rank"),
             ("planner_devices", "--rounds 5", "devices per stage chosen for an LM with a heavy last stage"),
             ("length_buckets", "--rounds 3", "a long-tailed batch: length buckets against padding to the longest"),

@@ -1,4 +1,4 @@
-"""Owner-rank initialisation, restores in host batches, and the run-ahead bound: what they cost.
+"""Owner-rank initialisation and restores in host batches: what they cost.
 
 Sections (`--sections`, all by default):
 
@@ -18,11 +18,8 @@ Sections (`--sections`, all by default):
             the tracemalloc peak, and the host bytes staged beyond the restored arrays (that peak
             minus what is still held after: on CPU a restored array may keep the host buffer it
             was read into, which is that device's memory).
-  run_ahead a 4-rank tanh-MLP training step (D=256, B=64, m=8, Std1F1B and GPipe) with the
-            run-ahead bound off (the default on CPU), 1, 2 and 4 cells (an accelerator's default)
-            per rank: wall and issuing-thread CPU per step over interleaved rounds.
 
-    python benchmarks/owner_init.py [--rounds 7] [--sections init,restore,run_ahead]
+    python benchmarks/owner_init.py [--sections init,restore]
         [--json benchmarks/results/owner_init.json]
 """
 
@@ -43,13 +40,12 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-from _timing import interleaved, once, summary  # noqa: E402
+from _timing import once  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
 from spectrax_core import schedules as S  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM  # noqa: E402
-from spectrax_mpmd._env import RUN_AHEAD_ENV  # noqa: E402
 
 MIB = 2**20
 MODELS = {  # name -> TransformerLM.init's sizes
@@ -239,42 +235,9 @@ def restore_section() -> list[dict]:
     return rows
 
 
-def mlp_loss(params, x, y):
-    for k, w in enumerate(params):
-        x = jnp.tanh(x @ w)
-        if k < len(params) - 1:
-            x = mp.sxstage_iter(x)
-    return jnp.mean((x - y) ** 2)
-
-
-def run_ahead_section(rounds: int) -> list[dict]:
-    mesh = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
-    keys = jax.random.split(jax.random.key(0), 6)
-    params = [jax.random.normal(k, (256, 256)) / 16 for k in keys[:4]]
-    x, y = jax.random.normal(keys[4], (64, 256)), jax.random.normal(keys[5], (64, 256))
-    rows = []
-    for schedule in (S.Std1F1B(microbatches=8), S.GPipe(microbatches=8)):
-        steps = {}
-        for limit in ("none", "1", "2", "4"):
-            os.environ[RUN_AHEAD_ENV] = limit
-            steps[limit] = mp.sxvalue_and_grad(mlp_loss, mesh=mesh, schedule=schedule)
-            jax.block_until_ready(steps[limit](params, x, y))  # builds the plan under this bound
-        os.environ.pop(RUN_AHEAD_ENV)
-        contenders = {f"run_ahead={k}": (lambda s=s: s(params, x, y)) for k, s in steps.items()}
-        wall, cpu = interleaved(contenders, rounds, calls=5, warmup=1)
-        for name in contenders:
-            times = summary(wall[name], cpu[name])
-            rows.append({"schedule": type(schedule).__name__, "bound": name, **times})
-            r = rows[-1]
-            print(f"{r['schedule']:8} {name:13} median {r['median_ms']:.2f} ms  min {r['min_ms']:.2f} ms  "
-                  f"spread {r['spread']:.2f}  cpu {r['cpu_median_ms']:.2f} ms")  # fmt: skip
-    return rows
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--sections", default="init,restore,run_ahead")
+    parser.add_argument("--sections", default="init,restore")
     parser.add_argument("--json", default="benchmarks/results/owner_init.json")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -283,8 +246,6 @@ def main(argv=None) -> dict:
         out["init"] = init_section()
     if "restore" in sections:
         out["restore"] = restore_section()
-    if "run_ahead" in sections:
-        out["run_ahead"] = run_ahead_section(args.rounds)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     return out
