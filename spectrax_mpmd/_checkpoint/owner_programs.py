@@ -1,14 +1,16 @@
 """Each rank's leaves of `init(key)` made by one compiled program on that rank's devices.
 
-Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) one
-program: the equations of `init`'s jaxpr that the set's leaves need, compiled with
-`jax.jit` with those leaves' shardings as `out_shardings`, so each device keeps only its
-own share. A parameter `init` stacks over blocks is computed on the rank's rows alone
-(`_trace.rows`): a rank draws its own blocks, not every rank's, and ranks that keep the
-same shapes at different rows run one program with their rows' starts as an argument.
-The programs go through the stage programs' `Compiler`: distinct ones compile
-concurrently, and one that is the same program on other devices is compiled once and
-loaded there.
+Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) the
+equations of `init`'s jaxpr that the set's leaves need, compiled with `jax.jit` with those
+leaves' shardings as `out_shardings`, so each device keeps only its own share. A parameter
+`init` stacks over blocks is computed on the rank's rows alone (`_trace.rows`): a rank
+draws its own blocks, not every rank's, and its program takes its rows' starts as an
+argument. A device set's leaves sliced from such stacks and its other leaves (an
+embedding, a head) are made by two programs, so that ranks keeping the same rows'
+shapes run one program for their blocks whatever else they keep: the first rank's
+embedding does not make its blocks' program another compile. The programs go through
+the stage programs' `Compiler`: distinct ones compile concurrently, and one that is the
+same program on other devices is compiled once and loaded there.
 
 The values are those of `jax.jit(init)(key)` on one device: the same equations compiled
 by XLA. JAX's PRNG gives the same bits however its output is sharded
@@ -26,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._compile.compiler import CellSpec, Compiler
 from .._optim import remote_array
-from .._trace.rows import rows_program
+from .._trace.rows import plan, rows_program
 
 
 def groups(shardings: Sequence) -> dict[tuple[int, ...], list[int]]:
@@ -55,14 +57,23 @@ def rank_program(closed, key_leaves: Sequence, shardings: Sequence, outputs: Seq
     return CellSpec(fn, in_specs, tuple(shardings[k] for k in outputs)), starts
 
 
+def by_offsets(closed, outputs: Sequence[int]) -> list[list[int]]:
+    """`outputs` parted into those sliced from stacked values at an offset (rows a program
+    takes the start of as an argument) and the rest, leaving out an empty part."""
+    sliced = plan(closed, outputs).sliced
+    parts = [[k for k, s in zip(outputs, sliced) if s], [k for k, s in zip(outputs, sliced) if not s]]
+    return [part for part in parts if part]
+
+
 def rank_programs(closed, key, shardings: Sequence) -> list[tuple]:
-    """Per device set of this process holding leaves: `(its leaf indices, its program, the row
-    offsets to call it with)`."""
+    """Per device set of this process holding leaves, per part of them (`by_offsets`): `(the
+    leaf indices, their program, the row offsets to call it with)`."""
     key_leaves = jax.tree.leaves(key)
     return [
-        (idx, *rank_program(closed, key_leaves, shardings, idx))
+        (part, *rank_program(closed, key_leaves, shardings, part))
         for idx in groups(shardings).values()
         if shardings[idx[0]].is_fully_addressable
+        for part in by_offsets(closed, idx)
     ]
 
 

@@ -4,8 +4,8 @@
 (`jax.eval_shape` of `init` and of `tx.init`) and reads there where the step keeps each
 leaf (`kept_shardings`: the sharding the step returns the leaf with, else that of its
 first reader). `init_on_owners` then makes the leaves (`owner_programs.make_leaves`): per
-device set, one compiled program of the equations of `init`'s jaxpr (and of `tx.init` of its
-result) that the set's leaves need, its outputs sharded as the step keeps them, so the values
+device set, compiled programs of the equations of `init`'s jaxpr (and of `tx.init` of its
+result) that the set's leaves need, their outputs sharded as the step keeps them, so the values
 are those of `jax.jit(init)(key)` and a rank computes and holds its own leaves and nothing
 else. In a multi-process run a process makes only
 the leaves of its own ranks; the others are global arrays without local shards here,
@@ -203,8 +203,8 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     This builds (and compiles) the step's plan for these arguments; the first real call
     reuses it. `init` (and `tx.init`) is traced once, so it must be traceable: a choice on a
     value it computes is written with `jnp.where` or `jax.lax.cond`, not a Python `if`. Each
-    device set then runs one compiled program of only the equations its own leaves need, with
-    their shardings as its `out_shardings` (so the values are those of `jax.jit(init)(key)` on one
+    device set then runs compiled programs of only the equations its own leaves need, with
+    their shardings as `out_shardings` (so the values are those of `jax.jit(init)(key)` on one
     device, see docs/large-models.md); no device keeps more than its own share (a program's
     temporaries can hold more, see there). In a multi-process run
     each process makes only its ranks' leaves.

@@ -130,7 +130,8 @@ def _trailing(eqn: JaxprEqn) -> int:
 class Narrowing(NamedTuple):
     """What `rows_program` decided: the flat equations, the rows each variable is computed on
     (absent: whole), each narrowed equation's operand rows, the outputs each equation computed
-    whole must give, and the offsets' values."""
+    whole must give, the offsets' values, and per output whether it is a slice starting at an
+    offset (its program is then the same for every other start)."""
 
     eqns: list
     consts: dict
@@ -140,6 +141,7 @@ class Narrowing(NamedTuple):
     reads: dict
     whole: dict
     offsets: tuple
+    sliced: tuple
 
 
 def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
@@ -159,6 +161,7 @@ def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
     rows_of: dict = {}
     reads: dict = {}
     whole: dict = {}
+    sliced: set = set()
     for i in reversed(range(len(eqns))):
         eqn = eqns[i]
         wanted = [v in demands for v in eqn.outvars]
@@ -170,6 +173,7 @@ def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
             cut = _one_axis_slice(eqn)
             if cut is not None:  # an output's own slice: its start becomes an offset
                 reads[i] = [cut._replace(slot=slots.setdefault(cut.start, len(slots)), start=0)]
+                sliced.add(eqn.outvars[0])
                 demand(eqn.invars[0], reads[i][0])
                 continue
         per_operand = operand_rows(eqn, rows) if rows is not None else None
@@ -184,7 +188,8 @@ def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
         for v, r in zip(eqn.invars, per_operand):
             demand(v, r)
     offsets = tuple(sorted(slots, key=slots.get))
-    return Narrowing(eqns, consts, list(closed.jaxpr.invars), targets, rows_of, reads, whole, offsets)
+    at_offsets = tuple(isinstance(t, Var) and not isinstance(t, Literal) and t in sliced for t in targets)
+    return Narrowing(eqns, consts, list(closed.jaxpr.invars), targets, rows_of, reads, whole, offsets, at_offsets)
 
 
 def _start(rows: Rows, offsets):
