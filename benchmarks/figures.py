@@ -181,7 +181,8 @@ SOURCES = {
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base",
         "benchmarks/results/startup.json",
         "the main job's first call against its plan and compile, this version (tree) and the one before "
-        "(base: a checkout of it at runs/base) alternating",
+        "(base: a checkout of it at runs/base) alternating, and plain JAX on the same model (jax: "
+        "jax.jit(init), then the unsplit step's first update)",
     ),
     "settings_cost": Source(
         f"{PY} benchmarks/settings_cost.py --rounds 9 --base runs/base",
@@ -204,7 +205,8 @@ SOURCES = {
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
         "benchmarks/results/tpu_startup.json",
         "the main job's first call against its plan and compile, this version (tree) and the one before "
-        "(base: a checkout of it at runs/base) alternating, on a TPU v5e machine's 13 cores",
+        "(base: a checkout of it at runs/base) alternating, and plain JAX on the same model (jax: "
+        "jax.jit(init), then the unsplit step's first update), on a TPU v5e machine's 13 cores",
     ),
     **{
         name: Source(

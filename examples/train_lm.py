@@ -131,6 +131,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def lm_init(args, n_stages: int):
+    """The model's init, `key -> TransformerLM`: one block per stage, at least 4 (or `--layers`)."""
+
+    def init(key):
+        n_layers = args.layers or max(4, n_stages)
+        return TransformerLM.init(key, vocab_size=256, d_model=args.d_model, n_layers=n_layers, n_heads=4,
+                                  d_ff=4 * args.d_model)  # fmt: skip
+
+    return init
+
+
 def memory_settings(args) -> dict:
     """`remat=` and `offload=` for the step from --remat and --offload (one value, or one per stage)."""
 
@@ -311,10 +322,7 @@ def main(argv=None) -> dict:
     # the update runs inside the step's plan, each leaf's on its rank; the global norm crosses as a scalar
     lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
-    def init_lm(key):
-        n_layers = args.layers or max(4, n_stages)
-        return TransformerLM.init(key, vocab_size=256, d_model=args.d_model, n_layers=n_layers, n_heads=4,
-                                  d_ff=4 * args.d_model)  # fmt: skip
+    init_lm = lm_init(args, n_stages)
 
     def init_staged(key):  # the pipeline's layout: each rank's blocks, made on that rank (init_on_owners)
         return mp.stage_blocks(init_lm(key), n_stages)
