@@ -311,6 +311,7 @@ def record(name: str, run: bool = True) -> dict:
     stamp = datetime.datetime.fromtimestamp(result.stat().st_mtime, datetime.UTC)
     data = junit(result) if result.suffix == ".xml" else json.loads(result.read_text())
     figures = flatten(data)
+    device = data.get("device") if isinstance(data, dict) else None  # a list of rows names none
     if took is not None:
         figures["load_average_1m"] = load
         figures["command_wall_s"] = took
@@ -319,7 +320,7 @@ def record(name: str, run: bool = True) -> dict:
         "what": source.what,
         "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
-        **({"device": data["device"]} if isinstance(data.get("device"), str) else {}),
+        **({"device": device} if isinstance(device, str) else {}),
         "command": source.command,
         "figures": dict(sorted(figures.items())),
     }

@@ -33,7 +33,7 @@ side effects are identified from their lowering only.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,7 +159,7 @@ class Compiler:
 
     A program is compiled once; a spec that is the same program on other devices
     (another rank's copy of a stage) gets the compiled program loaded onto its
-    devices instead (`_relocate`), or a fresh compile where that is unavailable.
+    devices instead (`relocate`), or a fresh compile where that is unavailable.
     `stats` counts both and times each phase of the last build.
     """
 
@@ -194,16 +194,18 @@ class Compiler:
 
     def prefetch(self, specs) -> None:
         """Compile every spec not cached yet: each distinct program once, in worker threads that
-        start while the next specs are still being lowered; then load those programs onto the
-        other devices that run them. Every spec is traced first, and the largest (by equations)
-        lower and start compiling first: the longest compile does not start last.
+        start while the next specs are still being lowered; a program that other devices run too
+        is loaded onto them (`relocate`) in the same threads as soon as its compile ends. Every
+        spec is traced first, and the largest (by equations) lower and start compiling first:
+        the longest compile does not start last.
 
         XLA's compiler releases the GIL, so stage programs compile concurrently
         with each other and with lowering (`$SPECTRAX_MPMD_COMPILE_THREADS` at a
         time); this is build-time only (the step itself uses no threads).
         """
         todo: dict = {}
-        started: dict = {}
+        started: dict = {}  # future -> the key it compiles
+        pending: dict = {}  # program -> the keys that will load it once compiled
         relocating = self.relocating
         specs = list(dict.fromkeys(specs))
         with self.stats.timed("lower"):  # traced first: the largest programs lower and compile first
@@ -216,16 +218,44 @@ class Compiler:
                     continue
                 todo[key] = lowered
                 program = key[0] if relocating else key
-                if program not in self.sources and program not in started:
-                    started[program] = (key, pool.submit(self._lowering(lowered).compile))
+                if program in self.sources or program in pending:
+                    pending.setdefault(program, []).append(key)
+                else:
+                    pending[program] = []
+                    started[pool.submit(self._lowering(lowered).compile)] = key
+            loads: dict = {}
+            for program in [p for p in pending if p in self.sources]:  # compiled by an earlier build
+                loads.update(self._load(pool, pending.pop(program)))
             with self.stats.timed("compile"):
-                done = [(key, future.result()) for key, future in started.values()]
-        self.stats.compiled += len(done)
-        for key, compiled in done:
-            self._store(key, compiled)
-        for key, lowered in todo.items():
+                for future in as_completed(started):
+                    key = started[future]
+                    self._store(key, future.result())
+                    self.stats.compiled += 1
+                    loads.update(self._load(pool, pending.pop(key[0] if relocating else key, [])))
+            with self.stats.timed("relocate"):
+                loaded = [(key, future.result()) for key, future in loads.items()]
+        for key, compiled in loaded:
+            if compiled is not None:
+                self.stats.relocated += 1
+                self._store(key, compiled)
+        for key, lowered in todo.items():  # one that could not be loaded compiles here
             if key not in self.cache:
-                self._store(key, self._relocated(key) or self._compile(key, lowered))
+                self._store(key, self._compile(key, lowered))
+
+    def _load(self, pool, keys: list) -> list:
+        """`(key, future of its compiled program loaded onto its devices or None)` per key, in
+        `pool`'s threads, from the program's compiled source (serialized here, once)."""
+        if not keys:
+            return []
+        with self.stats.timed("relocate"):
+            source = self._source(keys[0][0])
+        return [(key, pool.submit(relocate, source, key[1])) for key in keys] if source is not None else []
+
+    def _source(self, program):
+        """`program`'s compiled instance serialized for loading elsewhere (None: it cannot be)."""
+        if program not in self._serialized:  # serialized on the first relocation only
+            self._serialized[program] = serialized(*self.sources[program])
+        return self._serialized[program]
 
     def forget_lowerings(self) -> None:
         """Drop the lowered modules kept for the build that just finished (compiled programs stay)."""
@@ -251,9 +281,7 @@ class Compiler:
         if not self.relocating or program not in self.sources:
             return None
         with self.stats.timed("relocate"):
-            if program not in self._serialized:  # serialized on the first relocation only
-                self._serialized[program] = serialized(*self.sources[program])
-            source = self._serialized[program]
+            source = self._source(program)
             compiled = None if source is None else relocate(source, key[1])
         if compiled is not None:
             self.stats.relocated += 1

@@ -10,6 +10,7 @@ and computes what `jax.jit` of its own function computes.
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +145,7 @@ def _compile_spans(threads, monkeypatch) -> list:
     """(start, end) of each XLA compile of four distinct programs prefetched with `threads` threads."""
     monkeypatch.setenv("SPECTRAX_MPMD_COMPILE_THREADS", str(threads))
     spans = []
+    ones = jax.block_until_ready(jnp.ones(4))  # made before listening: its own compile is not a cell's
 
     def listen(event, start, end, **_):
         if event == "/jax/core/compile/backend_compile_duration":
@@ -155,7 +157,7 @@ def _compile_spans(threads, monkeypatch) -> list:
         cells = [CellSpec(_closure([1.0, 2.0, 3.0, float(k)]), (_spec((4,)),), (ONE,)) for k in range(4)]
         compiler.prefetch(cells)
         for k, cell in enumerate(cells):
-            np.testing.assert_array_equal(np.asarray(compiler.compile_spec(cell)(jnp.ones(4))[0]), [1, 2, 3, k])
+            np.testing.assert_array_equal(np.asarray(compiler.compile_spec(cell)(ones)[0]), [1, 2, 3, k])
     finally:
         jax.monitoring.unregister_event_time_span_listener(listen)
     assert compiler.stats.compiled == 4
@@ -193,3 +195,36 @@ def test_the_largest_programs_lower_and_compile_first():
     x = jnp.arange(4.0)
     for spec in specs:
         np.testing.assert_array_equal(compiler.compile_spec(spec)(x)[0], jax.jit(spec.fn)(x)[0])
+
+
+def test_a_program_other_devices_run_is_loaded_onto_them_in_the_compile_threads(monkeypatch):
+    """A program four devices run compiles once and is loaded onto the other three in the
+    compiler's worker threads (not one after another on the caller's); each copy computes what
+    `jax.jit` of the function computes on its own device."""
+    from spectrax_mpmd._compile import compiler as compiler_module
+
+    if not compiler_module.relocation_available():
+        pytest.skip("this JAX cannot load a compiled program onto other devices")
+    threads = []
+    original = compiler_module.relocate
+
+    def recording(source, devices):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return original(source, devices)
+
+    monkeypatch.setattr(compiler_module, "relocate", recording)
+
+    def fn(a):
+        return (jnp.tanh(a) * 2.0,)
+
+    on = [jax.sharding.SingleDeviceSharding(d) for d in DEVICES[:4]]
+    specs = [CellSpec(fn, (_spec((4,), sh),), (sh,)) for sh in on]
+    compiler = Compiler()
+    compiler.prefetch(specs)
+    assert (compiler.stats.compiled, compiler.stats.relocated) == (1, 3)
+    assert threads == [False, False, False], threads
+    x = jnp.arange(4.0)
+    for spec, sh in zip(specs, on):
+        got = compiler.compile_spec(spec)(jax.device_put(x, sh))[0]
+        assert got.sharding == sh
+        np.testing.assert_array_equal(got, jax.jit(fn)(x)[0])
