@@ -1,4 +1,4 @@
-"""Each rank's leaves of `init(key)` made by one compiled program on that rank's devices.
+"""Each rank's leaves of `init(key)` made by compiled programs on that rank's devices.
 
 Per device set (a rank's submesh, where `owners.kept_shardings` keeps its leaves) the
 equations of `init`'s jaxpr that the set's leaves need, compiled with `jax.jit` with those
