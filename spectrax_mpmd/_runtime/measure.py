@@ -294,10 +294,13 @@ def stage_memory(plan, placed_inputs: Sequence = (), sizes: dict | None = None) 
         for key in plan.slot_names.values()
         if isinstance(key, Offloaded)
     }
+    written = {slot for step in plan.steps for slot in step.outs}
     for slot, key in plan.slot_names.items():
         if key in moved:  # on the device only within its cell's action: counted in host memory
             continue
         nbytes = sizes.get(slot, (0, 0))[0]
+        if slot in plan.const_slots and slot in written:  # an accumulator's start: the plan keeps it
+            nbytes *= 2
         if isinstance(key, Activation):
             kind = (
                 "microbatch",

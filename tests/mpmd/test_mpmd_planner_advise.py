@@ -152,3 +152,12 @@ def test_without_tx_adam_is_assumed_and_said():
         mp.advise(loss, *args, mesh=MESH, tx=optax.adam(1e-3), optimizer_states=2)
     with pytest.raises(mp.MpmdError, match="Advice.step: pass the optax"):
         plain.step()
+
+
+def test_the_loss_start_value_is_in_the_loss_ranks_predicted_peak(advice):
+    """A loss accumulator starts from a zero the plan keeps as a constant for the whole step, next
+    to the running sum; DualPipeV's loss stage is on rank 0, whose peak binds, so a prediction
+    without it is exceeded by the measured step."""
+    dualpipe = next(c for c in advice.candidates if c.name == "DualPipeV")
+    measured = measured_with_update(dualpipe.schedule, "clip+adamw")
+    assert measured[0] == max(measured) and measured[0] <= dualpipe.peak_bytes[0], (dualpipe, measured)
