@@ -4,11 +4,11 @@ bound cost. Sections (`--sections`, all by default):
   latency  one small program: a call issued alone against a call and the wait for its result. A
            bound of k makes the host wait before a rank's next cell whenever its k youngest
            cells were issued within that latency, however little the device has to do.
-  steps    one rank on JAX's default device (the accelerator where there is one) trains the 4-layer tanh MLP
-of `fused_cells.py` as 4 virtual stages (InterleavedH1, m=8: 57 cells), one call per cell
-(`$SPECTRAX_MPMD_FUSE_CELLS=1`, as a rank of a multi-rank step issues its cells), the
-           step built under each bound of `$SPECTRAX_MPMD_RUN_AHEAD` (`--bounds`; `none`: no
-           bound), at each of `--sizes`.
+  steps    one rank on JAX's default device (the accelerator where there is one) trains the
+           4-layer tanh MLP of `fused_cells.py` as 4 virtual stages (InterleavedH1, m=8: 57
+           cells), one call per cell (`$SPECTRAX_MPMD_FUSE_CELLS=1`, as a rank of a multi-rank
+           step issues its cells), the step built under each bound of `$SPECTRAX_MPMD_RUN_AHEAD`
+           (`--bounds`; `none`: no bound), at each of `--sizes`.
   ranks    4 ranks, one device each (skipped with fewer devices: on one accelerator chip), the
            same MLP at D=256, B=64, m=8, Std1F1B and GPipe, one layer a rank, under each bound.
 
