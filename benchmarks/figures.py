@@ -195,6 +195,12 @@ SOURCES = {
         "benchmarks/results/owner_init_programs.json",
         "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries",
     ),
+    "init_draws": Source(
+        f"{PY} benchmarks/init_draws.py --rounds 5 --json benchmarks/results/init_draws.json",
+        "benchmarks/results/init_draws.json",
+        "compile seconds of owner-rank init programs with their random draws hashed together or each "
+        "alone, and of jax.jit(init)",
+    ),
     "tpu_owner_init_programs": Source(
         f"{PY} benchmarks/owner_init.py --sections init --json benchmarks/results/tpu_owner_init_programs.json",
         "benchmarks/results/tpu_owner_init_programs.json",

@@ -13,7 +13,8 @@ the stage programs' `Compiler`: distinct ones compile concurrently, and one that
 same program on other devices is compiled once and loaded there.
 
 The values are those of `jax.jit(init)(key)` on one device: the same equations compiled
-by XLA. JAX's PRNG gives the same bits however its output is sharded
+by XLA, a program's random draws hashed together with the same bits (`_trace.draws`: fewer
+loops to compile). JAX's PRNG gives the same bits however its output is sharded
 (`jax_threefry_partitionable`, on by default), and elementwise arithmetic is exact per
 element; only an init that reduces across a sharded axis could round differently.
 """
@@ -78,17 +79,18 @@ def rank_programs(closed, key, shardings: Sequence) -> list[tuple]:
 
 
 def make_leaves(
-    closed, key, shardings: Sequence, abstract: Sequence, compiler: Compiler | None = None
+    closed, key, shardings: Sequence, abstract: Sequence, compiler: Compiler | None = None, programs=None
 ) -> list:
     """The flat outputs of `closed` (the jaxpr of `make(key)`), each made on `shardings[k]` by its
-    device set's compiled program (taken from `compiler` where it compiled them already); leaves
-    of another process's devices are global arrays without local shards here."""
+    device set's compiled program (taken from `compiler` where it compiled them already;
+    `programs`: their `rank_programs` for these shardings, where built already); leaves of
+    another process's devices are global arrays without local shards here."""
     out: list = [None] * len(shardings)
     for k, sh in enumerate(shardings):
         if not sh.is_fully_addressable:
             spec = abstract[k]
             out[k] = remote_array(jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=sh))
-    programs = rank_programs(closed, key, shardings)
+    programs = rank_programs(closed, key, shardings) if programs is None else programs
     compiler = Compiler() if compiler is None else compiler
     compiler.prefetch([spec for _, spec, _ in programs])
     for idx, spec, starts in programs:

@@ -154,22 +154,27 @@ def traced(fn: Callable, key, name: str) -> tuple:
 
 def _layout(step, init: Callable, key, batch: tuple, tx, name: str, make: bool = False) -> tuple:
     """`(jaxpr of the leaves to make, their tree of ShapeDtypeStructs with the owners' shardings,
-    the compiler holding their programs or None)`. With `make`, the programs that make them on
+    the compiler holding their programs or None, the programs (`rank_programs`) where they were
+    made while building the step, else None)`. With `make`, the programs that make the leaves on
     their ranks compile together with the step's (see `owner_programs`)."""
     inner, tx = _step_of(step, tx, name)
     closed, abstract = traced(_maker(init, tx), key, name)
     leaves, treedef = jax.tree.flatten(abstract)
+    made: list = []
 
     def companion(plan) -> list:
         shardings = kept_by(plan, len(leaves), tx)
-        return [] if None in shardings else [spec for _, spec, _ in rank_programs(closed, key, shardings)]
+        if None in shardings:
+            return []
+        made.append(rank_programs(closed, key, shardings))
+        return [spec for _, spec, _ in made[-1]]
 
     shardings, compiler = _shardings(step, inner, abstract, batch, tx, companion if make else None)
     if None in shardings:
         fallback = _fallback(step)
         shardings = [fallback if sh is None else sh for sh in shardings]
     placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x, sh in zip(leaves, shardings)]
-    return closed, treedef.unflatten(placed), compiler
+    return closed, treedef.unflatten(placed), compiler, made[-1] if made else None
 
 
 @outside_context_mesh
@@ -209,9 +214,10 @@ def init_on_owners(step, init: Callable, key, *batch, tx=None):
     temporaries can hold more, see there). In a multi-process run
     each process makes only its ranks' leaves.
     """
-    closed, layout, compiler = _layout(step, init, key, batch, tx, NAME, make=True)
+    closed, layout, compiler, programs = _layout(step, init, key, batch, tx, NAME, make=True)
     leaves, treedef = jax.tree.flatten(layout)
-    return treedef.unflatten(make_leaves(closed, key, [x.sharding for x in leaves], leaves, compiler))
+    shardings = [x.sharding for x in leaves]
+    return treedef.unflatten(make_leaves(closed, key, shardings, leaves, compiler, programs))
 
 
 def _maker(init: Callable, tx) -> Callable:
