@@ -1,15 +1,17 @@
-"""Compile time of owner-rank init programs with their random draws hashed together or each alone.
+"""Compile and run time of owner-rank init programs, their random draws hashed with or without a loop.
 
 The main job's LM (`examples/train_lm.py`: d128, 4 blocks staged over 4 ranks), traced as
 `mp.init_on_owners` traces it. Two programs of `init_on_owners`: the first rank's blocks (its
 rows of the stacked blocks, the program every rank runs) and the leaves that are not blocks
-(embedding, final norm, head, made whole). Each is built as `draws` together (the library's
-way: a wave of draws by one threefry hash) and `alone` (every draw lowered by JAX on its own),
-fresh each round (a new trace, lowering and XLA compile), the contenders interleaved. The
-table gives the loops each lowered program holds, the compile seconds (min, median, spread;
-the process's CPU seconds next to them: XLA compiles in threads of its own) and whether both
-give the same values, bit for bit. `jax.jit(init)` of the whole model is timed the same way,
-for reference.
+(embedding, final norm, head, made whole). Each is built `written out` (the library's way:
+each draw's threefry hash as its 20 rounds of arithmetic, `spectrax_mpmd._trace.draws`) and
+with `JAX's loop` (every draw left to JAX, which writes the hash as a loop on CPU), fresh each
+round (a new trace, lowering and XLA compile), the contenders interleaved. The table gives
+the loops each lowered program holds, the compile seconds (min, median, spread; the
+process's CPU seconds next to them: XLA compiles in threads of its own), one run's
+milliseconds (median over the rounds), XLA's temporaries and whether both give the same
+values, bit for bit. `jax.jit(init)` of the whole model is compiled the same way, for
+reference.
 
     python benchmarks/init_draws.py [--rounds 5] [--json FILE]
 """
@@ -23,6 +25,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,12 +35,13 @@ import numpy as np
 from _timing import interleaved, summary
 
 import spectrax_mpmd as mp
-from spectrax_mpmd._trace import draws, rows
+from spectrax_mpmd._trace import rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_lm import TransformerLM
 
 RANKS = 4
+HOWS = ("written out", "JAX's loop")
 
 
 def init_staged(key):
@@ -57,16 +61,17 @@ def programs() -> dict:
     }
 
 
-def build(closed, outputs, together: bool):
+def build(closed, outputs, written_out: bool):
     """A freshly traced, lowered and compiled program and its arguments."""
-    cap = draws.MAX_ELEMENTS
-    draws.MAX_ELEMENTS = cap if together else 0  # 0: every draw bound on its own, as JAX writes it
+    fn, offsets = rows.rows_program(closed, outputs)
+    args = (np.asarray(offsets, np.int32), jax.random.key(0))
+    hashable = rows.hashable
+    if not written_out:  # every draw left to JAX, as an init program made them before
+        rows.hashable = lambda *a: False
     try:
-        fn, offsets = rows.rows_program(closed, outputs)
-        args = (np.asarray(offsets, np.int32), jax.random.key(0))
         lowered = jax.jit(fn).lower(*args)
     finally:
-        draws.MAX_ELEMENTS = cap
+        rows.hashable = hashable
     return lowered, lowered.compile(), args
 
 
@@ -85,30 +90,44 @@ def main(argv=None) -> list:
     parser.add_argument("--json", default="benchmarks/results/init_draws.json")
     args = parser.parse_args(argv)
     found = programs()
-    contenders = {}
+    builds = {}
     for name, (closed, outputs) in found.items():
-        for how in ("draws", "alone"):
-            contenders[name, how] = lambda c=closed, o=outputs, t=how == "draws": build(c, o, t)[1]
-    contenders["whole model", "jax.jit(init)"] = lambda: fresh_jit().lower(jax.random.key(0)).compile()
-    wall, cpu = interleaved(contenders, args.rounds, wait=None, clock=time.process_time)
+        for how in HOWS:
+            builds[name, how] = lambda c=closed, o=outputs, w=how == HOWS[0]: build(c, o, w)
+    builds["whole model", "jax.jit(init)"] = lambda: (
+        (lowered := fresh_jit().lower(jax.random.key(0))),
+        lowered.compile(),
+        (jax.random.key(0),),
+    )
+    compile_wall, compile_cpu = interleaved(
+        {k: lambda b=b: b()[1] for k, b in builds.items()}, args.rounds, wait=None, clock=time.process_time
+    )
+    built = {k: b() for k, b in builds.items()}
+    run_wall, _ = interleaved(
+        {k: lambda c=c, a=a: c(*a) for k, (_, c, a) in built.items()}, args.rounds, calls=3
+    )
     out = []
     print(
-        f"{'program':24} {'how':14} {'loops':>5} {'min s':>7} {'median s':>9} {'spread':>7} {'cpu s':>7}  same"
+        f"{'program':24} {'how':14} {'loops':>5} {'compile s':>9} {'spread':>6} {'cpu s':>6} {'run ms':>7} {'temp MiB':>8}  same"
     )
-    for (name, how), seconds in wall.items():
-        row = summary(seconds, cpu[name, how], "s")
-        if how == "jax.jit(init)":
-            lowered, same = fresh_jit().lower(jax.random.key(0)), None
-        else:
-            closed, outputs = found[name]
-            lowered, compiled, call = build(closed, outputs, how == "draws")
-            _, other, _ = build(closed, outputs, how != "draws")
-            same = all(np.array_equal(a, b) for a, b in zip(compiled(*call), other(*call)))
-        row |= {"program": name, "how": how, "loops": loops(lowered), "same_values": same}
+    for (name, how), seconds in compile_wall.items():
+        lowered, compiled, call = built[name, how]
+        row = summary(seconds, compile_cpu[name, how], "s") | {
+            "program": name,
+            "how": how,
+            "loops": loops(lowered),
+            "run_ms": statistics.median(run_wall[name, how]) * 1e3,
+            "temp_mib": compiled.memory_analysis().temp_size_in_bytes / 2**20,
+            "same_values": None,
+        }
+        if name in found:  # the other way of the same program gives the same values
+            other = built[name, HOWS[how == HOWS[0]]][1]
+            row["same_values"] = all(np.array_equal(a, b) for a, b in zip(compiled(*call), other(*call)))
         out.append(row)
         print(
-            f"{name:24} {how:14} {row['loops']:5d} {row['min_s']:7.3f} {row['median_s']:9.3f} "
-            f"{row['spread']:7.2f} {row['cpu_median_s']:7.3f}  {'' if same is None else same}"
+            f"{name:24} {how:14} {row['loops']:5d} {row['median_s']:9.3f} {row['spread']:6.2f} "
+            f"{row['cpu_median_s']:6.2f} {row['run_ms']:7.2f} {row['temp_mib']:8.2f}  "
+            f"{'' if row['same_values'] is None else row['same_values']}"
         )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

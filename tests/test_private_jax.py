@@ -22,7 +22,7 @@ from spectrax_core.schedules import GPipe
 from spectrax_mpmd._comm import distributed, exchange, local, transfer_server
 from spectrax_mpmd._compile import compiler
 from spectrax_mpmd._compile import relocate as relocation
-from spectrax_mpmd._trace import context, jax_private, rows
+from spectrax_mpmd._trace import context, jax_private
 
 PACKAGES = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
 LIST = ROOT / "spectrax_mpmd" / "_trace" / "jax_private.py"
@@ -273,25 +273,6 @@ def test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradie
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_draws_hashed_together_equal_each_draw_hashed_alone(monkeypatch):
-    from spectrax_mpmd._trace import draws
-
-    def made(key):
-        k = jax.random.split(key, 3)
-        return [jax.random.normal(k[0], (4, 3)), jax.random.uniform(k[1], (5,)), jax.random.split(k[2], 2)]
-
-    closed = jax.make_jaxpr(made)(jax.random.key(2))
-    fn, offsets = rows.rows_program(closed, range(len(closed.jaxpr.outvars)))
-    run = lambda: [np.asarray(jax.random.key_data(x) if x.dtype == jax.random.key(0).dtype else x)
-                   for x in jax.jit(fn)(np.asarray(offsets, np.int32), jax.random.key(2))]  # fmt: skip
-    assert draws.THREEFRY is not None, "this JAX has no threefry2x32 primitive"
-    assert "threefry2x32" in str(jax.make_jaxpr(fn)(np.asarray(offsets, np.int32), jax.random.key(2)))
-    together = run()
-    monkeypatch.setattr(draws, "THREEFRY", None)
-    for a, b in zip(together, run(), strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
 # each test of both paths -> the listed names it checks
 CHECKED = {
     test_trace_context_and_every_config_value_change_alike: ("jax._src.config.trace_context",),
@@ -312,7 +293,6 @@ CHECKED = {
     test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradients: (
         "jax.stages.Lowered._lowering.compile_args",
     ),
-    test_draws_hashed_together_equal_each_draw_hashed_alone: ("jax.extend.random.threefry2x32_p",),
 }
 
 

@@ -84,11 +84,6 @@ PRIVATE = (
         "spectrax_mpmd._comm.distributed",
         "assume a cluster and let `jax.distributed.initialize` decide",
     ),
-    Private(
-        "jax.extend.random.threefry2x32_p",
-        "spectrax_mpmd._trace.draws",
-        "every random draw hashed on its own, as JAX writes it",
-    ),
 )
 _LISTED = {entry.path for entry in PRIVATE}
 

@@ -13,7 +13,7 @@ inputs. Where a rule does not apply the value is computed whole and sliced there
 
 The slices of the outputs start at positions passed in as an argument (`offsets`), so
 ranks whose programs differ only in which rows they keep run the same program: it
-compiles once. The program's random draws are hashed a wave at a time (`draws`).
+compiles once. The program's random draws are hashed without JAX's CPU loop (`draws`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from .draws import HASHED, Draw, hash_together, waves
+from .draws import HASHED, draw, hashable
 from .jax_private import ClosedJaxpr, JaxprEqn, Literal, Var
-from .jaxpr import inline_calls, producers, read, resolve
+from .jaxpr import inline_calls, read, resolve
 from .pruned import needed_inputs, run_wanted
 
 ROW_WISE = frozenset({
@@ -131,9 +131,8 @@ def _trailing(eqn: JaxprEqn) -> int:
 class Narrowing(NamedTuple):
     """What `rows_program` decided: the flat equations, the rows each variable is computed on
     (absent: whole), each narrowed equation's operand rows, the outputs each equation computed
-    whole must give, the offsets' values, per output whether it is a slice starting at an
-    offset (its program is then the same for every other start), and the order the equations
-    run in: per wave, the equations and then the draws hashed together (`draws.waves`)."""
+    whole must give, the offsets' values, and per output whether it is a slice starting at an
+    offset (its program is then the same for every other start)."""
 
     eqns: list
     consts: dict
@@ -144,7 +143,6 @@ class Narrowing(NamedTuple):
     whole: dict
     offsets: tuple
     sliced: tuple
-    waves: list
 
 
 def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
@@ -192,19 +190,7 @@ def plan(closed: ClosedJaxpr, outputs: Sequence[int]) -> Narrowing:
             demand(v, r)
     offsets = tuple(sorted(slots, key=slots.get))
     at_offsets = tuple(isinstance(t, Var) and not isinstance(t, Literal) and t in sliced for t in targets)
-    run = [i for i in range(len(eqns)) if i in whole or i in reads]
-    order = _waves([eqns[i] for i in run])
-    in_waves = [([run[k] for k in plain], [run[k] for k in drawn]) for plain, drawn in order]
-    return Narrowing(
-        eqns, consts, list(closed.jaxpr.invars), targets, rows_of, reads, whole, offsets, at_offsets, in_waves
-    )
-
-
-def _waves(eqns: list) -> list:
-    """`draws.waves` of `eqns`: each draw (one output) hashed with the others of its wave."""
-    made = producers(eqns)
-    inputs = [sorted({made[v] for v in e.invars if isinstance(v, Var) and v in made}) for e in eqns]
-    return waves(inputs, [e.primitive.name in HASHED and len(e.outvars) == 1 for e in eqns])
+    return Narrowing(eqns, consts, list(closed.jaxpr.invars), targets, rows_of, reads, whole, offsets, at_offsets)
 
 
 def _start(rows: Rows, offsets):
@@ -255,37 +241,18 @@ def evaluate(n: Narrowing, offsets, inputs: Sequence) -> tuple:
         x = read(env, v)
         return x if rows is None or n.rows.get(v) == rows else _cut(x, rows, offsets)
 
-    def operands(i: int) -> list:
-        return (
-            [read(env, v) for v in n.eqns[i].invars]
-            if i in n.whole
-            else [get(v, r) for v, r in zip(n.eqns[i].invars, n.reads[i])]
-        )
-
-    def bind(i: int, vals: list):
-        eqn = n.eqns[i]
-        rows = n.rows.get(eqn.outvars[0])
-        return vals[0] if rows is None else _bind(eqn, rows, vals, offsets)
-
-    for plain, drawn in n.waves:
-        for i in plain:
-            if i in n.whole:
-                run_wanted(n.eqns[i], n.whole[i], env)
-            else:
-                env[n.eqns[i].outvars[0]] = bind(i, operands(i))
-        draws = []
-        for i in drawn:  # whole or on rows, a draw's params are the same: the rows cut its keys
-            vals = operands(i)
-            eqn = n.eqns[i]
-            fallback = (
-                (lambda i=i, vals=vals: bind(i, vals)) if i in n.reads else (lambda i=i: _whole(n, i, env))
-            )
-            draws.append(Draw(eqn.primitive.name, vals[0], eqn.params, fallback))
-        for i, value in zip(drawn, hash_together(draws)):
-            env[n.eqns[i].outvars[0]] = value
+    for i, eqn in enumerate(n.eqns):
+        if i not in n.whole and i not in n.reads:
+            continue
+        if eqn.primitive.name in HASHED:  # a draw on its rows or whole: its params are the same
+            keys = get(eqn.invars[0], n.reads[i][0]) if i in n.reads else read(env, eqn.invars[0])
+            if hashable(eqn.primitive.name, keys, eqn.params):
+                env[eqn.outvars[0]] = draw(eqn.primitive.name, keys, eqn.params)
+                continue
+        if i in n.whole:
+            run_wanted(eqn, n.whole[i], env)
+        else:
+            rows = n.rows.get(eqn.outvars[0])
+            vals = [get(v, r) for v, r in zip(eqn.invars, n.reads[i])]
+            env[eqn.outvars[0]] = vals[0] if rows is None else _bind(eqn, rows, vals, offsets)
     return tuple(read(env, t) for t in n.targets)
-
-
-def _whole(n: Narrowing, i: int, env: dict):
-    run_wanted(n.eqns[i], n.whole[i], env)
-    return env[n.eqns[i].outvars[0]]

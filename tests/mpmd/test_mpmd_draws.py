@@ -1,17 +1,14 @@
-"""A program's random draws hashed together: JAX's bits, element for element, in fewer hashes.
+"""Random draws hashed without a loop: JAX's bits, element for element.
 
-`draws.hash_together` hashes the draws of one wave by one threefry call. Each draw's value is
-checked against JAX's public `jax.random.bits` / `jax.random.split` (vmapped over batched
-keys) for a class of draws: 8, 16 and 32 bits, keys batched over 0 to 2 axes, scalar, odd,
-empty and 3-d shapes, splits. The merged path must be the one taken (one threefry hash, no
-`random_bits` left); draws JAX counts differently (another key implementation, the
-partitionable flag off) and draws above the size cap take the fallback, with the same values.
-An owner-rank init program holds one hash per wave, and its values are `jax.jit(init)`'s.
+`draws.draw` computes a draw's threefry hash written out. Its value is checked against JAX's
+public `jax.random.bits` / `jax.random.split` (vmapped over batched keys) for a class of
+draws: 8, 16 and 32 bits, keys batched over 0 to 2 axes, scalar, odd, empty and 3-d shapes,
+splits. Draws JAX counts otherwise (another key implementation, the partitionable flag off)
+are not `hashable`. An owner-rank init program holds no JAX draw and no loop, and its values
+are `jax.jit(init)`'s.
 """
 
 from __future__ import annotations
-
-import random
 
 import jax
 import jax.numpy as jnp
@@ -19,130 +16,65 @@ import numpy as np
 import pytest
 
 from spectrax_mpmd._trace import draws
+from spectrax_mpmd._trace.jaxpr import contains_primitive
 from spectrax_mpmd._trace.rows import rows_program
 
 BITS = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}
-CASES = [  # (kind, key batch, draw shape, bit width)
-    ("bits", (), (7,), 32),
-    ("bits", (4,), (3, 5), 32),
-    ("bits", (2, 3), (2, 2), 8),
-    ("bits", (), (), 16),
-    ("bits", (3,), (2, 3, 4), 16),
-    ("bits", (), (0,), 32),
-    ("split", (), (3,), None),
-    ("split", (2,), (2, 2), None),
+CASES = [  # (draw, key batch, draw shape, bit width)
+    ("random_bits", (), (7,), 32),
+    ("random_bits", (4,), (3, 5), 32),
+    ("random_bits", (2, 3), (2, 2), 8),
+    ("random_bits", (), (), 16),
+    ("random_bits", (3,), (2, 3, 4), 16),
+    ("random_bits", (), (0,), 32),
+    ("random_split", (), (3,), None),
+    ("random_split", (2,), (2, 2), None),
 ]
 
 
-def batched(fn, batch: tuple):
-    """`fn` of one key, vmapped over `batch`'s axes of a key array."""
-    for _ in batch:
-        fn = jax.vmap(fn)
-    return fn
-
-
-def public(kind: str, keys, shape: tuple, width):
+def public(name: str, keys, shape: tuple, width):
     """The draw by JAX's public API, one key at a time."""
-    if kind == "bits":
-        return batched(lambda k: jax.random.bits(k, shape, BITS[width]), keys.shape)(keys)
-    return batched(lambda k: jax.random.split(k, shape), keys.shape)(keys)
+    if name == "random_bits":
+        fn = lambda k: jax.random.bits(k, shape, BITS[width])
+    else:
+        fn = lambda k: jax.random.split(k, shape)
+    for _ in keys.shape:
+        fn = jax.vmap(fn)
+    return fn(keys)
 
 
-def case_draws(key, cases=CASES) -> list:
-    keys = jax.random.split(key, len(cases))
-    out = []
-    for k, (kind, batch, shape, width) in zip(keys, cases):
-        ks = jax.random.split(k, batch) if batch else k
-        name = "random_bits" if kind == "bits" else "random_split"
-        params = {"shape": shape} | ({"bit_width": width} if kind == "bits" else {})
-        out.append(
-            draws.Draw(
-                name, ks, params, lambda kind=kind, ks=ks, shape=shape, w=width: public(kind, ks, shape, w)
-            )
-        )
-    return out
+def params(name: str, shape: tuple, width) -> dict:
+    return {"shape": shape} | ({"bit_width": width} if name == "random_bits" else {})
 
 
 def data(x):
     return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 
 
-def both(key, cases=CASES):
-    found = case_draws(key, cases)
-    return [data(d.bind()) for d in found], [data(x) for x in draws.hash_together(found)]
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_a_draw_hashed_without_a_loop_is_jaxs_bits_element_for_element(case):
+    name, batch, shape, width = case
+
+    def both(key):
+        keys = jax.random.split(key, batch) if batch else key
+        assert draws.hashable(name, keys, params(name, shape, width))
+        return data(public(name, keys, shape, width)), data(draws.draw(name, keys, params(name, shape, width)))
+
+    want, got = jax.jit(both)(jax.random.key(3))
+    assert want.shape == got.shape and want.dtype == got.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    lowered = jax.jit(lambda k: draws.draw(name, k, params(name, shape, width))).lower(jax.random.key(3))
+    assert "while" not in lowered.as_text()
 
 
-def assert_same(pairs) -> None:
-    want, got = pairs
-    for w, g in zip(want, got):
-        assert w.shape == g.shape and w.dtype == g.dtype
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-
-
-def count(fn, name: str, *args) -> int:
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-
-    def walk(j) -> int:
-        return sum(
-            (e.primitive.name == name) + sum(walk(p.jaxpr) for p in e.params.values() if hasattr(p, "jaxpr"))
-            for e in j.eqns
-        )
-
-    return walk(jaxpr)
-
-
-def test_draws_hashed_together_are_jaxs_bits_element_for_element():
-    key = jax.random.key(3)
-    assert_same(jax.jit(both)(key))
-    merged = lambda k: draws.hash_together(case_draws(k))
-    assert count(merged, "threefry2x32", key) == 1
-    assert count(merged, "random_bits", key) == 1  # the empty draw, bound as JAX writes it
-
-
-def test_a_hash_call_takes_at_most_the_cap_and_a_larger_draw_is_bound_alone(monkeypatch):
-    cases = [
-        ("bits", (), (40,), 32),
-        ("bits", (), (30,), 32),
-        ("bits", (), (100,), 32),
-        ("bits", (2,), (10,), 8),
-    ]
-    monkeypatch.setattr(draws, "MAX_ELEMENTS", 64)
-    key = jax.random.key(5)
-    assert_same(jax.jit(lambda k: both(k, cases))(key))
-    merged = lambda k: draws.hash_together(case_draws(k, cases))
-    # 40 alone (40 + 30 > 64), 100 above the cap alone, 30 + 20 together: one hash of two
-    assert count(merged, "threefry2x32", key) == 1
-    assert count(merged, "random_bits", key) == 2
-
-
-@pytest.mark.parametrize("counted_otherwise", ["rbg keys", "partitionable off"])
-def test_draws_jax_counts_otherwise_are_bound_as_jax_writes_them(counted_otherwise):
+@pytest.mark.parametrize("counted_otherwise", ["rbg keys", "partitionable off", "64 bits"])
+def test_draws_jax_counts_otherwise_are_left_to_jax(counted_otherwise):
     key = jax.random.key(7, impl="rbg") if counted_otherwise == "rbg keys" else jax.random.key(7)
-    cases = CASES[:5] if counted_otherwise == "rbg keys" else CASES
-    with jax.threefry_partitionable(counted_otherwise == "rbg keys"):
-        assert_same(jax.jit(lambda k: both(k, cases))(key))
-        merged = lambda k: draws.hash_together(case_draws(k, cases))
-        assert count(merged, "threefry2x32", key) == 0
-
-
-def test_every_equation_runs_after_what_it_reads_and_each_wave_hashes_its_draws_together():
-    rng = random.Random(0)
-    for _ in range(50):
-        n = rng.randint(1, 30)
-        reads = [sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))) for i in range(n)]
-        is_draw = [rng.random() < 0.4 for _ in range(n)]
-        order = draws.waves(reads, is_draw)
-        done: set = set()
-        for plain, drawn in order:
-            for i in plain:
-                assert not is_draw[i] and set(reads[i]) <= done
-                done.add(i)
-            assert all(is_draw[i] and set(reads[i]) <= done for i in drawn)
-            done.update(drawn)
-        assert done == set(range(n))
-    # split -> split -> two draws of the second keys, one draw of the first: three waves
-    chain = draws.waves([[], [0], [1], [1], [0]], [True, True, True, True, True])
-    assert [drawn for _, drawn in chain] == [[0], [1, 4], [2, 3]]
+    width = 64 if counted_otherwise == "64 bits" else 32
+    with jax.threefry_partitionable(counted_otherwise != "partitionable off"):
+        assert not draws.hashable("random_bits", key, {"shape": (3,), "bit_width": width})
+        if counted_otherwise != "64 bits":
+            assert not draws.hashable("random_split", key, {"shape": (2,)})
 
 
 def many_draws(key):
@@ -157,17 +89,19 @@ def many_draws(key):
     }
 
 
-def test_an_owner_init_program_hashes_each_wave_once_with_the_jitted_values():
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_an_owner_init_program_draws_the_jitted_values_without_a_loop_where_jax_counts_so(partitionable):
     key = jax.random.key(11)
-    closed = jax.make_jaxpr(many_draws)(key)
-    fn, offsets = rows_program(closed, range(len(closed.jaxpr.outvars)))
-    starts = np.asarray(offsets, np.int32)
-    assert count(fn, "random_bits", starts, key) == 0
-    # the key's split bound alone; then its keys' five draws (two of them splits) hashed
-    # together, and the three draws of those splits' keys together
-    assert count(fn, "threefry2x32", starts, key) == 2
-    assert count(many_draws, "random_bits", key) >= 5  # the unmerged init: one hash per draw
-    want = jax.tree.leaves(jax.jit(many_draws)(key))
-    got = jax.jit(fn)(starts, key)
-    for g, w in zip(got, want):
+    with jax.threefry_partitionable(partitionable):
+        closed = jax.make_jaxpr(many_draws)(key)
+        fn, offsets = rows_program(closed, range(len(closed.jaxpr.outvars)))
+        starts = np.asarray(offsets, np.int32)
+        program = jax.make_jaxpr(fn)(starts, key).jaxpr
+        assert contains_primitive(closed.jaxpr, "random_bits")  # the init as written: JAX's draws
+        left_to_jax = [contains_primitive(program, name) for name in draws.HASHED]
+        assert left_to_jax == [not partitionable] * 2
+        assert ("while" in jax.jit(fn).lower(starts, key).as_text()) == (not partitionable)
+        want = jax.tree.leaves(jax.jit(many_draws)(key))
+        got = jax.jit(fn)(starts, key)
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
