@@ -195,9 +195,11 @@ class Compiler:
     def prefetch(self, specs) -> None:
         """Compile every spec not cached yet: each distinct program once, in worker threads that
         start while the next specs are still being lowered; a program that other devices run too
-        is loaded onto them (`relocate`) in the same threads as soon as its compile ends. Every
-        spec is traced first, and the largest (by equations) lower and start compiling first:
-        the longest compile does not start last.
+        is loaded onto them (`relocate`) in the same threads as soon as its compile ends. The
+        specs are traced in turn, and whenever a worker is idle the largest traced so far (by
+        equations) is lowered and starts compiling: no worker waits for the rest to be traced,
+        and those traced while every worker is busy start largest first, so the longest compile
+        does not start last.
 
         XLA's compiler releases the GIL, so stage programs compile concurrently
         with each other and with lowering (`$SPECTRAX_MPMD_COMPILE_THREADS` at a
@@ -207,22 +209,36 @@ class Compiler:
         started: dict = {}  # future -> the key it compiles
         pending: dict = {}  # program -> the keys that will load it once compiled
         relocating = self.relocating
-        specs = list(dict.fromkeys(specs))
-        with self.stats.timed("lower"):  # traced first: the largest programs lower and compile first
-            traced = {spec: _Traced(spec) for spec in specs if spec not in self._lowered}
-        specs.sort(key=lambda spec: -traced[spec].size if spec in traced else 0)
-        with ThreadPoolExecutor(max_workers=configured_compile_threads()) as pool:
-            for spec in specs:
-                key, lowered = self._lower(spec, traced.get(spec))
-                if key in self.cache or key in todo:
-                    continue
-                todo[key] = lowered
-                program = key[0] if relocating else key
-                if program in self.sources or program in pending:
-                    pending.setdefault(program, []).append(key)
-                else:
-                    pending[program] = []
-                    started[pool.submit(self._lowering(lowered).compile)] = key
+        workers = configured_compile_threads()
+        traced: dict = {}
+        waiting: list = []  # traced, not started yet
+
+        def size(spec) -> int:
+            return traced[spec].size if spec in traced else 0
+
+        def start(spec) -> None:
+            key, lowered = self._lower(spec, traced.get(spec))
+            if key in self.cache or key in todo:
+                return
+            todo[key] = lowered
+            program = key[0] if relocating else key
+            if program in self.sources or program in pending:
+                pending.setdefault(program, []).append(key)
+            else:
+                pending[program] = []
+                started[pool.submit(self._lowering(lowered).compile)] = key
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for spec in dict.fromkeys(specs):
+                if spec not in self._lowered:
+                    with self.stats.timed("lower"):
+                        traced[spec] = _Traced(spec)
+                waiting.append(spec)
+                while waiting and sum(not f.done() for f in started) < workers:
+                    waiting.sort(key=size)  # an idle worker takes the largest traced so far
+                    start(waiting.pop())
+            for spec in sorted(waiting, key=size, reverse=True):
+                start(spec)
             loads: dict = {}
             for program in [p for p in pending if p in self.sources]:  # compiled by an earlier build
                 loads.update(self._load(pool, pending.pop(program)))

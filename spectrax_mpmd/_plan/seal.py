@@ -80,7 +80,7 @@ def seal(
         remote_outputs=draft.remote_outputs,
         **metadata,
     )
-    compiler.prefetch(  # with the companions' programs: the largest of all start compiling first
+    compiler.prefetch(  # with the companions' programs, all started by one scheduler
         [
             *_companions(compiler, draft.steps, issued if fused else [], fields),
             *(st.fn for st in issued if isinstance(st.fn, CellSpec)),

@@ -174,9 +174,13 @@ def test_compile_threads_bound_how_many_programs_compile_at_once(monkeypatch):
         Compiler().prefetch([CellSpec(_add(9.0), (_spec((4,)),), (ONE,))])
 
 
-def test_the_largest_programs_lower_and_compile_first():
-    """`prefetch` traces every spec, then lowers (and starts compiling) the largest first, nested
-    equations counted; each still computes what `jax.jit` of its own function computes."""
+def test_an_idle_worker_starts_at_once_and_queued_programs_start_largest_first(monkeypatch):
+    """With one compile thread: the first spec starts compiling before the next is traced (no
+    worker waits for the tracing); those traced while it compiles then start largest first,
+    nested equations counted; each still computes what `jax.jit` of its own function computes."""
+    from spectrax_mpmd._compile import compiler as compiler_module
+
+    monkeypatch.setenv("SPECTRAX_MPMD_COMPILE_THREADS", "1")
     inner = jax.jit(lambda a: jnp.sin(jnp.cos(jnp.tanh(a))) * 2.0 + 1.0)
 
     def small(a):
@@ -188,10 +192,32 @@ def test_the_largest_programs_lower_and_compile_first():
     def flat(a):
         return (jnp.exp(a) * 3.0 - 1.0,)
 
-    specs = [CellSpec(fn, (_spec((4,)),), (ONE,)) for fn in (small, nested, flat)]
+    specs = [CellSpec(fn, (_spec((4,)),), (ONE,)) for fn in (small, flat, nested)]
     compiler = Compiler(relocate=False)
+    traced_all = threading.Event()  # the first compile ends only once every spec is traced
+    lowered_by_then = []
+    tracing, lowering = compiler_module._Traced, Compiler._lowering
+
+    class Traced(tracing):
+        def __init__(self, spec):
+            lowered_by_then.append(list(compiler._lowered))
+            super().__init__(spec)
+            if spec is specs[-1]:
+                traced_all.set()
+
+    class Gated:
+        def __init__(self, lowered):
+            self.lowered = lowered
+
+        def compile(self):
+            assert traced_all.wait(60)
+            return self.lowered.compile()
+
+    monkeypatch.setattr(compiler_module, "_Traced", Traced)
+    monkeypatch.setattr(Compiler, "_lowering", lambda self, lowered: Gated(lowering(self, lowered)))
     compiler.prefetch(specs)
-    assert list(compiler._lowered) == [specs[1], specs[2], specs[0]]
+    assert lowered_by_then == [[], [specs[0]], [specs[0]]]
+    assert list(compiler._lowered) == [specs[0], specs[2], specs[1]]
     x = jnp.arange(4.0)
     for spec in specs:
         np.testing.assert_array_equal(compiler.compile_spec(spec)(x)[0], jax.jit(spec.fn)(x)[0])
