@@ -13,8 +13,8 @@ the stage programs' `Compiler`: distinct ones compile concurrently, and one that
 same program on other devices is compiled once and loaded there.
 
 The values are those of `jax.jit(init)(key)` on one device: the same equations compiled
-by XLA, a program's random draws hashed together with the same bits (`_trace.draws`: fewer
-loops to compile). JAX's PRNG gives the same bits however its output is sharded
+by XLA, each random draw's hash written out with the same bits (`_trace.draws`: no loop to
+compile per draw). JAX's PRNG gives the same bits however its output is sharded
 (`jax_threefry_partitionable`, on by default), and elementwise arithmetic is exact per
 element; only an init that reduces across a sharded axis could round differently.
 """

@@ -64,11 +64,9 @@ def draw(name: str, keys, params: dict):
     batch, shape = tuple(keys.shape), tuple(params["shape"])
     full = (*batch, *shape)
     words = jax.random.key_data(keys)
-    per_key = tuple(range(len(batch)))
-    k1, k2 = (lax.broadcast_in_dim(words[..., w], full, per_key) for w in (0, 1))
-    counter = lax.broadcast_in_dim(lax.iota(np.uint32, math.prod(shape)).reshape(shape), full, tuple(
-        range(len(batch), len(full))
-    ))  # fmt: skip
+    key_axes, draw_axes = tuple(range(len(batch))), tuple(range(len(batch), len(full)))
+    k1, k2 = (lax.broadcast_in_dim(words[..., w], full, key_axes) for w in (0, 1))
+    counter = lax.broadcast_in_dim(lax.iota(np.uint32, math.prod(shape)).reshape(shape), full, draw_axes)
     high, low = threefry2x32(k1, k2, jnp.zeros_like(counter), counter)
     if name == "random_split":
         return jax.random.wrap_key_data(jnp.stack([high, low], axis=-1), impl=jax.random.key_impl(keys))
