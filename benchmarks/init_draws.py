@@ -27,12 +27,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
-from _timing import interleaved, summary
+from _timing import interleaved, process_cpu, summary
 
 import spectrax_mpmd as mp
 from spectrax_mpmd._trace import rows
@@ -100,7 +99,7 @@ def main(argv=None) -> list:
         (jax.random.key(0),),
     )
     compile_wall, compile_cpu = interleaved(
-        {k: lambda b=b: b()[1] for k, b in builds.items()}, args.rounds, wait=None, clock=time.process_time
+        {k: lambda b=b: b()[1] for k, b in builds.items()}, args.rounds, wait=None, clock=process_cpu
     )
     built = {k: b() for k, b in builds.items()}
     run_wall, _ = interleaved(
