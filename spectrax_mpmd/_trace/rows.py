@@ -244,15 +244,15 @@ def evaluate(n: Narrowing, offsets, inputs: Sequence) -> tuple:
     for i, eqn in enumerate(n.eqns):
         if i not in n.whole and i not in n.reads:
             continue
+        vals = [get(v, r) for v, r in zip(eqn.invars, n.reads[i])] if i in n.reads else None
         if eqn.primitive.name in HASHED:  # a draw on its rows or whole: its params are the same
-            keys = get(eqn.invars[0], n.reads[i][0]) if i in n.reads else read(env, eqn.invars[0])
+            keys = read(env, eqn.invars[0]) if vals is None else vals[0]
             if hashable(eqn.primitive.name, keys, eqn.params):
                 env[eqn.outvars[0]] = draw(eqn.primitive.name, keys, eqn.params)
                 continue
-        if i in n.whole:
+        if vals is None:
             run_wanted(eqn, n.whole[i], env)
         else:
             rows = n.rows.get(eqn.outvars[0])
-            vals = [get(v, r) for v, r in zip(eqn.invars, n.reads[i])]
             env[eqn.outvars[0]] = vals[0] if rows is None else _bind(eqn, rows, vals, offsets)
     return tuple(read(env, t) for t in n.targets)
