@@ -139,6 +139,11 @@ SOURCES = {
                 "--rounds 9",
                 "the first call of a 4-stage homogeneous MLP against the unsplit jitted step's, fresh processes",
             ),
+            (
+                "cpu_codegen",
+                "--rounds 3 --steps 40",
+                "XLA:CPU's fusion emitters against its loop emitters: the main job's and the MLP's first calls and steps",
+            ),
             ("train_step", "--rounds 3", "the one-plan update step against two calls"),
             (
                 "run_ahead",
