@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from contextlib import contextmanager
 from pathlib import Path
 
-from _timing import spread
 from mlp_first_call import fresh
-from startup import HERE, one_run
+from startup import HERE, one_run, summarized
 
 SETTINGS = {"fusion": "", "loop": "--xla_cpu_use_fusion_emitters=false"}
 
@@ -78,14 +76,9 @@ def main(argv=None) -> dict:
             print(f"round {r} {name:6}: main first call {row['main_first_call_s']:.2f} s, step "
                   f"{row['main_step_ms']:.1f} ms; mlp {row['mlp_first_s']:.3f} s "
                   f"({row['mlp_ratio']:.2f}x)", flush=True)  # fmt: skip
-    result: dict = {"cpus": os.cpu_count(), "steps": args.steps, "flags": SETTINGS, "rounds": runs}
-    for name, rows in runs.items():
-        result[name] = {
-            k: {"min": min(v), "median": statistics.median(v), "spread": spread(v)}
-            for k in rows[0]
-            for v in [[row[k] for row in rows]]
-        }
-    med = {name: {k: s["median"] for k, s in result[name].items()} for name in SETTINGS}
+    result: dict = {"cpus": os.cpu_count(), "steps": args.steps, "flags": SETTINGS}
+    result |= {name: summarized(rows) for name, rows in runs.items()}
+    med = {name: {k: result[name][k]["median"] for k in rows[0]} for name, rows in runs.items()}
     result["loop_vs_fusion"] = {k: med["loop"][k] / med["fusion"][k] for k in med["fusion"]}
     print(f"{'figure (median)':22} {'fusion':>9} {'loop':>9} {'loop/fusion':>12}")
     for k, r in result["loop_vs_fusion"].items():
