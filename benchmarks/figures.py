@@ -212,6 +212,12 @@ SOURCES = {
         "owner-rank initialisation: each device's live arrays and its programs' XLA temporaries, on a "
         "TPU v5e machine's 13 cores (CPU devices)",
     ),
+    "tpu_cpu_codegen": Source(
+        f"{PY} benchmarks/cpu_codegen.py --rounds 3 --steps 40 --json benchmarks/results/tpu_cpu_codegen.json",
+        "benchmarks/results/tpu_cpu_codegen.json",
+        "XLA:CPU's fusion emitters against its loop emitters: the main job's and the MLP's first calls and "
+        "steps, on a TPU v5e machine's 13 cores (CPU devices)",
+    ),
     "tpu_startup": Source(
         f"{PY} benchmarks/startup.py --rounds 3 --steps 10 --base runs/base --json benchmarks/results/tpu_startup.json",
         "benchmarks/results/tpu_startup.json",
