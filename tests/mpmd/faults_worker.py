@@ -145,7 +145,8 @@ def stall() -> dict:
 
 def save_death(out: str) -> dict:
     """Save step 1 and wait; process 1 ends (SIGKILL) right after `save(2)` returns, while orbax
-    writes and commits step 2 in the background; process 0 waits for it."""
+    writes and commits step 2 in the background; process 0 learns of it in `save(2)` or while
+    waiting for it, whichever it reaches first."""
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("x",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
     params = {"w": jax.make_array_from_callback((64, 8), sharding, lambda i: np.ones((64, 8), np.float32)[i])}
@@ -153,10 +154,10 @@ def save_death(out: str) -> dict:
     manager.save(1, params=params)
     manager.wait_until_finished()
     _write(out, "save_death", {"committed": manager.all_steps()})
+    print(f"saving step 2 since {time.time():.3f}", flush=True)
     manager.save(2, params=params)
     if jax.process_index() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    print(f"waiting for step 2 since {time.time():.3f}", flush=True)
     manager.wait_until_finished()
     return {"committed": manager.all_steps()}
 
