@@ -86,12 +86,12 @@ def _refuse(name: str, what: str) -> NotExact:
     )
 
 
-def _inputs(jm, jw, kinds: dict) -> list[Val]:
+def _inputs(jm, jw, kinds: dict, keys: frozenset) -> list[Val]:
     tags = []
     for a, (vm, vw) in enumerate(zip(jm.invars, jw.invars)):
         kind = kinds.get(a, OTHER)
         rows = vm.aval.shape != vw.aval.shape
-        tags.append(Val(INV, True) if kind == PARAM else Val(ROW if rows else INV))
+        tags.append(Val(INV, True) if kind == PARAM else Val(ROW if rows else INV, folded=a in keys))
     return tags
 
 
@@ -128,15 +128,16 @@ def _adds_a_constant(eqn, an: Analysis) -> bool:
 
 
 def prove(
-    name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int
+    name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int, keys: frozenset = frozenset()
 ) -> tuple[ClosedJaxpr, LossHead]:
     """`(stage programs' jaxpr, LossHead)` for the loss traced on a microbatch (`micro`) and on the
-    whole batch (`whole`), `m` microbatches; raises `NotExact` naming what stops the proof."""
+    whole batch (`whole`), `m` microbatches, `keys` the PRNG key arguments (folded per
+    microbatch); raises `NotExact` naming what stops the proof."""
     (fm, origin), (fw, _) = flatten(micro), flatten(whole)
     jm, jw = fm.jaxpr, fw.jaxpr
     an = Analysis(m, rule)
     try:
-        an.run(jm, jw, _inputs(jm, jw, kinds), (fm.consts, fw.consts))
+        an.run(jm, jw, _inputs(jm, jw, kinds, keys), (fm.consts, fw.consts))
     except StructureError as e:
         raise _refuse(
             name,
@@ -152,7 +153,8 @@ def prove(
         blocked = [k for k in cone if k in an.blockers]
         if blocked:
             b = an.blockers[blocked[0]]
-            raise _refuse(name, f"`{b.eqn.primitive.name}` at {where(b.eqn, origin)} {b.reason}")
+            place = where(b.eqn, origin) or where(jm.eqns[blocked[0]], origin)  # a loop body's: its loop's
+            raise _refuse(name, f"`{b.eqn.primitive.name}` at {place} {b.reason}")
         raise _refuse(name, "it depends on the batch in a way the analysis cannot follow")
     linear = (LIN, TERM)
     head = [k for k in cone if any(an.env.get(v, Val(INV)).tag in linear for v in jm.eqns[k].outvars)]

@@ -4,8 +4,9 @@ The loss is traced twice, on one microbatch and on the whole batch; the two
 jaxprs must be the same program at two sizes (`pair`). An axis whose size
 differs between them is a batch axis, and a literal or constant that differs is
 a quantity of the batch (a count in `jnp.mean`). Every value gets a `Val`: what
-it depends on (`params`: the differentiated arguments, through any path) and
-one of these tags:
+it depends on (`params`: the differentiated arguments, through any path;
+`folded`: a PRNG key argument, which each microbatch receives folded with its
+index) and one of these tags:
 
 * `INV`  free of rows, the same on a microbatch and on the whole batch;
 * `ROW`  one batch axis, each row computed from the same row of the inputs
@@ -45,6 +46,7 @@ class Val(NamedTuple):
     tag: str
     params: bool = False
     zero: bool = False  # an invariant zero: also a valid sum (of no rows)
+    folded: bool = False  # computed from a PRNG key argument (folded per microbatch by the step)
 
 
 def val(tag: str, params: bool, zero: bool = False) -> Val:
@@ -204,7 +206,10 @@ class Analysis:
     def eqn(self, em: JaxprEqn, ew: JaxprEqn, ins: list[Val]) -> list[Val]:
         if any(v.tag == TOP for v in ins):
             return [Val(TOP, True)] * len(em.outvars)
-        return self.rule(self, em, ew, ins)
+        outs = self.rule(self, em, ew, ins)
+        if any(v.folded for v in ins):
+            outs = [o._replace(folded=True) for o in outs]
+        return outs
 
 
 def _data(x) -> np.ndarray:

@@ -38,6 +38,13 @@ from .loss_form import (
     val,
 )
 
+CONSTANT_KEY = (
+    "draws values for the batch's rows from a PRNG key that is a constant of the function (closed "
+    "over or made inside it): every microbatch would draw the same values, where the whole batch "
+    "draws different ones for each row. Pass the key as an argument instead: each microbatch then "
+    "draws with `jax.random.fold_in(key, i)`"
+)
+
 
 def rule(an: Analysis, em: JaxprEqn, ew: JaxprEqn, ins: list[Val]) -> list[Val]:
     name = em.primitive.name
@@ -162,6 +169,8 @@ def _rows(an: Analysis, em: JaxprEqn, ins: list[Val], rows_in: list[bool], param
     if not any(rows_in):  # rows made from row-free values
         if name == "iota":
             return Val(MIX) if em.params["dimension"] in an.axes(out) else Val(ROW)
+        if name in RANDOM and not any(v.folded for v in ins):
+            return an.block(em, True, CONSTANT_KEY)
         if name == "broadcast_in_dim" or name in RANDOM or name in ELEMENTWISE:
             if all(v.tag == INV for v in ins):
                 return Val(ROW, params)
@@ -298,6 +307,11 @@ def _call(an: Analysis, em, ew, ins) -> list[Val]:
 
 
 def _join(an: Analysis, em, a: Val, b: Val) -> Val:
+    """The tag of a value that is `a` on one path and `b` on another."""
+    return _join_tags(an, em, a, b)._replace(folded=a.folded or b.folded)
+
+
+def _join_tags(an: Analysis, em, a: Val, b: Val) -> Val:
     if a == b:
         return a
     params = a.params or b.params

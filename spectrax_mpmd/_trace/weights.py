@@ -135,7 +135,7 @@ def loss_weights(
         return closed, LossWeights(reduce or "mean")
     if m == 1:
         return closed, LossWeights("sum")
-    body, head = prove(name, closed, whole(), kinds, m)
+    body, head = prove(name, closed, whole(), kinds, m, keys)
     return body, LossWeights(head=head, loss_aval=closed.out_avals[0])
 
 
@@ -212,6 +212,7 @@ def microbatched_loss(
         weight_fn=weight,
         whole=lambda: jax.make_jaxpr(flat)(*avals(False)),
         m=m,
+        keys=keys,
     )
     whole = Subprogram.of(closed, closed.jaxpr.outvars)
 

@@ -249,14 +249,16 @@ def test_keys_as_a_batch_leaf_are_split_not_folded():
     assert_close(step(p, x, keys), jax.value_and_grad(per_example_dropout_loss)(p, x, keys))
 
 
-def test_closed_over_key_is_a_constant_for_every_microbatch():
+def test_closed_over_key_is_a_constant_for_every_microbatch_under_reduce_mean():
+    """By default the step refuses such a draw (`test_mpmd_constant_keys.py`); `reduce="mean"`
+    asks for the mean of the microbatch losses, each drawing with the key as it is."""
     p, x, _ = data(9)
     key = jax.random.key(13)
 
     def closed(p, x):
         return dropout_loss(p, x, key)
 
-    step = mp.sxvalue_and_grad(closed, mesh=mesh2(), schedule=schedule(), has_aux=True)
+    step = mp.sxvalue_and_grad(closed, mesh=mesh2(), schedule=schedule(), has_aux=True, reduce="mean")
     (loss, keep), grads = step(p, x)
     ref_loss, ref_grads, ref_keep = scan_reference(
         lambda p, x, k: dropout_loss(p, x, k), p, x, key, fold=False
