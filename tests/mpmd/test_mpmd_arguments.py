@@ -157,12 +157,22 @@ def sum_loss(p, x, y):
     return jnp.sum((h @ p[1] - y) ** 2)
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64")
 def test_reduce_sum():
-    p, x, y = data(5)
-    step = mp.sxvalue_and_grad(sum_loss, mesh=mesh2(), schedule=schedule(), reduce="sum")
-    assert_close(step(p, x, y), jax.value_and_grad(sum_loss)(p, x, y))
-    grads_only = mp.sxgrad(sum_loss, mesh=mesh2(), schedule=S.ZeroBubbleH1(microbatches=M), reduce="sum")
-    assert_close(grads_only(p, x, y), jax.grad(sum_loss)(p, x, y))
+    """In float64: a sum loss's gradients have elements of about 0.002 summed from terms of about 6,
+    where float32's summation order alone (microbatch by microbatch against one whole-batch dot)
+    moves them by about 1e-6, as far as either float32 result lies from the float64 one."""
+    jax.config.update("jax_enable_x64", True)
+    try:
+        p, x, y = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), data(5))
+        step = mp.sxvalue_and_grad(sum_loss, mesh=mesh2(), schedule=schedule(), reduce="sum")
+        value, grads = step(p, x, y)
+        assert value.dtype == jnp.float64
+        assert_close((value, grads), jax.value_and_grad(sum_loss)(p, x, y))
+        grads_only = mp.sxgrad(sum_loss, mesh=mesh2(), schedule=S.ZeroBubbleH1(microbatches=M), reduce="sum")
+        assert_close(grads_only(p, x, y), jax.grad(sum_loss)(p, x, y))
+    finally:
+        jax.config.update("jax_enable_x64", False)
 
 
 def test_reduce_must_be_none_mean_or_sum():
