@@ -128,7 +128,7 @@ def _adds_a_constant(eqn, an: Analysis) -> bool:
 
 
 def prove(
-    name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int, keys: frozenset = frozenset()
+    name: str, micro: ClosedJaxpr, whole: ClosedJaxpr, kinds: dict, m: int, keys: frozenset
 ) -> tuple[ClosedJaxpr, LossHead]:
     """`(stage programs' jaxpr, LossHead)` for the loss traced on a microbatch (`micro`) and on the
     whole batch (`whole`), `m` microbatches, `keys` the PRNG key arguments (folded per
