@@ -7,6 +7,7 @@ import os
 import tempfile
 
 import pytest
+from slow_tests import read_list
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 # LLVM codegen without optimization: compiles dominate the suite and take a third less time
@@ -69,3 +70,23 @@ def _programs_freed_per_file():
 def pytest_runtest_protocol(item, nextitem):
     with _machine_share(exclusive=item.get_closest_marker("timing") is not None):
         yield
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--declared-slow-only",
+        action="store_true",
+        help="mark slow only the tests marked so in their files, not those of the measured list "
+        "(slow_tests.txt): for a hand-picked selection, as CI's oldest-versions step runs",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` the tests a whole run measured at 5 s or more (`slow_tests.py` keeps the list),
+    besides those marked in their files (launched processes, and tests sharing a slow fixture)."""
+    if config.getoption("--declared-slow-only"):
+        return
+    slow = read_list()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)

@@ -1,0 +1,42 @@
+"""The measured list of slow tests: written from a JUnit report, naming tests that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from slow_tests import LIST, main, measured_slow, read_list
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4" time="30">
+<testcase classname="tests.mpmd.test_a" name="test_quick" time="0.2" />
+<testcase classname="tests.mpmd.test_a" name="test_slow[Std1F1B-n4]" time="12.5" />
+<testcase classname="tests.test_b" name="test_at_the_bound" time="5.0" />
+<testcase classname="tests.test_b" name="test_just_under" time="4.99" />
+</testsuite></testsuites>"""
+
+
+def test_the_tests_at_the_bound_or_over_are_listed_by_node_id(tmp_path):
+    report = tmp_path / "suite.xml"
+    report.write_text(REPORT)
+    assert measured_slow(report, over=5.0) == [
+        "tests/mpmd/test_a.py::test_slow[Std1F1B-n4]",
+        "tests/test_b.py::test_at_the_bound",
+    ]
+    out = tmp_path / "slow.txt"
+    main([str(report), "--over", "10", "--out", str(out)])
+    assert out.read_text().startswith("#")
+    assert read_list(out) == {"tests/mpmd/test_a.py::test_slow[Std1F1B-n4]"}
+
+
+def test_every_listed_test_is_defined():
+    """A listed test that was renamed or removed would silently leave the quick loop; refresh the
+    list with `python tests/slow_tests.py REPORT` (its docstring says how)."""
+    missing = []
+    for node in sorted(read_list()):
+        path, name = node.split("::")
+        source = ROOT / path
+        function = re.escape(re.sub(r"\[.*\]$", "", name))
+        if not source.is_file() or not re.search(rf"^def {function}\(", source.read_text(), re.M):
+            missing.append(node)
+    assert read_list() and not missing, f"{LIST.name} names tests that are not defined: {missing}"
