@@ -19,7 +19,14 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 def test_the_tests_at_the_bound_or_over_are_listed_by_node_id(tmp_path):
     report = tmp_path / "suite.xml"
     report.write_text(REPORT)
-    assert measured_slow(report, over=5.0) == [
+    quick = tmp_path / "quick.xml"
+    quick.write_text(REPORT.replace('time="0.2"', 'time="7"').replace("12.5", "0.1"))
+    assert measured_slow([quick], over=5.0) == [
+        "tests/mpmd/test_a.py::test_quick",
+        "tests/test_b.py::test_at_the_bound",
+    ]
+    assert measured_slow([report, quick], over=5.0) == [
+        "tests/mpmd/test_a.py::test_quick",
         "tests/mpmd/test_a.py::test_slow[Std1F1B-n4]",
         "tests/test_b.py::test_at_the_bound",
     ]
@@ -37,6 +44,6 @@ def test_every_listed_test_is_defined():
         path, name = node.split("::")
         source = ROOT / path
         function = re.escape(re.sub(r"\[.*\]$", "", name))
-        if not source.is_file() or not re.search(rf"^def {function}\(", source.read_text(), re.M):
+        if not source.is_file() or not re.search(rf"^def {function}\(", source.read_text(), re.MULTILINE):
             missing.append(node)
     assert read_list() and not missing, f"{LIST.name} names tests that are not defined: {missing}"
