@@ -105,6 +105,11 @@ SOURCES = {
         "runs/figures/test_suite.xml",
         "the whole test suite, as CI runs it",
     ),
+    "test_suite_quick": Source(
+        f'{PY} -m pytest -q -m "not slow" --junitxml runs/figures/test_suite_quick.xml',
+        "runs/figures/test_suite_quick.xml",
+        "the quick loop: the test suite without the tests marked slow",
+    ),
     **{
         f"generate_step_{layers}": Source(
             f"{PY} benchmarks/generate.py --model step --rounds 3{extra}",

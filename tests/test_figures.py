@@ -125,6 +125,7 @@ SET_AMOUNTS = {
     "eager.md": {"50 µs", "1.10×", "2×", "5 %"},  # targets; tests/core/test_fp8.py's tolerance
     "migrating.md": {"95 %"},  # the compatibility test's threshold
     "mpmd.md": {"100 %"},  # "a share near 100 %": the host-bound end of the scale
+    "README.md": {"5 s"},  # the bound of the measured slow tests (tests/slow_tests.py)
 }
 
 

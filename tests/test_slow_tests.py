@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slow_tests import LIST, main, measured_slow, read_list
+from slow_tests import LIST, OVER, main, measured_slow, read_list
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4" time="30">
@@ -47,3 +47,8 @@ def test_every_listed_test_is_defined():
         if not source.is_file() or not re.search(rf"^def {function}\(", source.read_text(), re.MULTILINE):
             missing.append(node)
     assert read_list() and not missing, f"{LIST.name} names tests that are not defined: {missing}"
+
+
+def test_the_readme_states_the_bound_the_list_uses():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"measured at {OVER:g} s or more" in readme
