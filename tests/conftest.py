@@ -82,7 +82,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `slow` the tests a whole run measured at 5 s or more (`slow_tests.py` keeps the list),
+    """Mark `slow` the tests the suite's runs measured as slow (`slow_tests.py` keeps the list),
     besides those marked in their files (launched processes, and tests sharing a slow fixture)."""
     if config.getoption("--declared-slow-only"):
         return
