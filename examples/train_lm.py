@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=0, help="blocks (default: one per stage, at least 4)")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--sample-tokens", type=int, default=60, help="greedy tokens generated at the end")
+    p.add_argument("--sample-tokens", type=int, default=60, help="greedy tokens generated at the end (0: none)")
     p.add_argument("--spmd", action="store_true", help="run the same model as one SPMD program instead")
     p.add_argument(
         "--compile-reference",
@@ -128,7 +128,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="recompute in the backward: none, true or a jax.checkpoint_policies name (dots_saveable); "
         "comma-separated for one value per stage",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
+    if args.sample_tokens < 0:
+        p.error(f"--sample-tokens must be 0 (no sample) or more, got {args.sample_tokens}")
+    return args
 
 
 def lm_init(args, n_stages: int):
@@ -304,6 +309,33 @@ def as_text(tokens) -> str:
     return bytes(np.asarray(tokens[0]).astype(np.uint8)).decode(errors="replace")
 
 
+def decode_check(args, step, params, one_process: bool) -> bool | None:
+    """Continue the prompt greedily through the training step's own `generate` and through the
+    unsplit model; whether both gave the same tokens (None: no pipelined sample, or none asked for
+    with --sample-tokens 0). Every process takes part; process 0 prints."""
+    if args.sample_tokens == 0:
+        return None
+    prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
+    gathered = mp.gather(params)  # every process takes part; process 0 samples
+    # the training step's own generation: each rank decodes with the blocks the step left on it (no
+    # gather, no copy; after a later optimizer step it reuses the compiled programs); in a
+    # multi-process job every process issues its own ranks' cells and gets the tokens
+    sample = step.generate(params, prompt, args.sample_tokens) if one_process or not args.spmd else None
+    if jax.process_index() > 0:
+        return None
+    reference = greedy_decode(mp.unstage_blocks(gathered), prompt, args.sample_tokens)
+    if sample is None or args.details:
+        print(f"unsplit model:   {PROMPT}{as_text(reference)!r}")
+    if sample is None:
+        return None
+    same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
+    print(
+        f"{'SPMD' if args.spmd else 'pipelined'} decode: {PROMPT}{as_text(sample)!r}  "
+        f"(identical to the unsplit model's: {same})"
+    )
+    return same
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if "JAX_COORDINATOR_ADDRESS" in os.environ:  # started by `python -m spectrax_mpmd.launch`
@@ -320,7 +352,8 @@ def main(argv=None) -> dict:
         print(note)
         jax.config.update("jax_default_device", devices[0])  # the prompt, the unsplit model: there too
     # the update runs inside the step's plan, each leaf's on its rank; the global norm crosses as a scalar
-    lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), args.steps)
+    warmup = max(1, args.steps // 10)  # the cosine decay needs a step after the warmup
+    lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, warmup + 1))
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
     init_lm = lm_init(args, n_stages)
 
@@ -487,25 +520,9 @@ def main(argv=None) -> dict:
             print(host.table())
             peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
 
-    prompt = jnp.asarray([list(PROMPT.encode())], jnp.int32)
-    gathered = mp.gather(params)  # every process takes part; process 0 samples
-    # the training step's own generation: each rank decodes with the blocks the step left on it (no
-    # gather, no copy; after a later optimizer step it reuses the compiled programs); in a
-    # multi-process job every process issues its own ranks' cells and gets the tokens
-    sample = step.generate(params, prompt, args.sample_tokens) if one_process or not args.spmd else None
-    same = None
+    same = decode_check(args, step, params, one_process)
     if jax.process_index() > 0:
         return {"losses": losses}
-    unsplit = mp.unstage_blocks(gathered)
-    reference = greedy_decode(unsplit, prompt, args.sample_tokens)
-    if sample is None or args.details:
-        print(f"unsplit model:   {PROMPT}{as_text(reference)!r}")
-    if sample is not None:
-        same = bool(np.array_equal(np.asarray(sample), np.asarray(reference)))
-        print(
-            f"{'SPMD' if args.spmd else 'pipelined'} decode: {PROMPT}{as_text(sample)!r}  "
-            f"(identical to the unsplit model's: {same})"
-        )
     run = run_name(args, schedule)
     batch = f"batch {args.batch} x {args.seq} bytes, steps {first}..{last - 1}"
     if _plots.plot_loss(out / "loss.png", f"{run}, {batch}", first, losses):

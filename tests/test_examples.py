@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(
@@ -111,3 +112,21 @@ def test_train_lm_trains_stops_and_resumes_on_another_layout(tmp_path):
         "resumed at step 3" in stdout["resumed"] and "deleted the later checkpoints [5]" in stdout["resumed"]
     )
     assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [3, 6]
+
+
+@pytest.mark.slow
+def test_train_lm_takes_one_step_and_no_sample(tmp_path):
+    """The main job's smallest run: one step (its learning-rate schedule still has a decay) and no
+    sample (--sample-tokens 0: no decode, no gather); a step count below one is refused by name."""
+    script = [sys.executable, str(ROOT / "examples" / "train_lm.py")]
+    flags = "--steps 1 --sample-tokens 0 --stages 2 --batch 8 --seq 16 --d-model 32 --microbatches 2"
+    out = tmp_path / "one"
+    result = subprocess.run(
+        [*script, *flags.split(), "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["losses"]) == 1 and np.isfinite(metrics["losses"][0])
+    assert metrics["decode_identical"] is None and "decode" not in result.stdout
+    refused = subprocess.run([*script, "--steps", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert refused.returncode == 2 and "--steps must be at least 1, got 0" in refused.stderr
