@@ -122,11 +122,18 @@ def test_train_lm_takes_one_step_and_no_sample(tmp_path):
     flags = "--steps 1 --sample-tokens 0 --stages 2 --batch 8 --seq 16 --d-model 32 --microbatches 2"
     out = tmp_path / "one"
     result = subprocess.run(
-        [*script, *flags.split(), "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT
+        [*script, *flags.split(), "--out", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["losses"]) == 1 and np.isfinite(metrics["losses"][0])
     assert metrics["decode_identical"] is None and "decode" not in result.stdout
-    refused = subprocess.run([*script, "--steps", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    refused = subprocess.run(
+        [*script, "--steps", "0"], check=False, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert refused.returncode == 2 and "--steps must be at least 1, got 0" in refused.stderr
