@@ -83,7 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=0, help="blocks (default: one per stage, at least 4)")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--sample-tokens", type=int, default=60, help="greedy tokens generated at the end (0: none)")
+    p.add_argument(
+        "--sample-tokens", type=int, default=60, help="greedy tokens generated at the end (0: none)"
+    )
     p.add_argument("--spmd", action="store_true", help="run the same model as one SPMD program instead")
     p.add_argument(
         "--compile-reference",
@@ -493,9 +495,7 @@ def main(argv=None) -> dict:
             schedule, args.stages, measured_cost(timeline, schedule.num_stages(args.stages))
         )
         # the update waits for the global gradient norm (the clip), so every rank starts it together
-        updated = schedules.with_update(
-            simulated, update_us(tx, params, devices), validation="sync"
-        )
+        updated = schedules.with_update(simulated, update_us(tx, params, devices), validation="sync")
         print(
             f"pipeline bubble {simulated.bubble_fraction:.0%}, step {updated.makespan / 1e3:.1f} ms with the "
             f"update (the schedule simulated with one step's measured cell times; timeline.png)"
