@@ -10,7 +10,9 @@ Rows, each timed over `--rounds` interleaved rounds of `--calls` calls:
   raw whole batch   the same on the whole batch: the unsplit step
   pipelined step    `sxvalue_and_grad` on the rank: the whole step, and from its host profile
                     (`step.profile`) the issue time per schedule cell, with and without the
-                    plan's own work (`per_cell_us`, `calls_per_cell_us`)
+                    plan's own work (`per_cell_us`, `calls_per_cell_us`), per call the step
+                    issues (`per_call_us`: consecutive cells of the rank run as one program),
+                    and per cell replayed as its own call (`cell_call_us`)
 
 Issue times are on the issuing thread's CPU clock, or the wall clock where this machine's is too
 coarse to time a call (`_timing.issue_clock`; the JSON's `clock` says which).
@@ -66,6 +68,8 @@ def measure(rounds: int, calls: int, virtual_stages: int) -> dict:
     rows = [{"name": name, **summary(wall[name], issue[name], unit="us")} for name in contenders]
     host = step.profile(params, batch, rounds=rounds)
     raw_issue = rows[0]["cpu_median_us"]
+    replayed = sum(row.calls + row.transfers for row in host.rows)
+    cell_call_us = sum(row.issue_us for row in host.rows) / replayed
     return {
         "device": device.device_kind,
         "clock": issue_clock().name,
@@ -74,9 +78,13 @@ def measure(rounds: int, calls: int, virtual_stages: int) -> dict:
         "per_cell_us": host.per_cell_us,
         "calls_per_cell_us": host.calls_per_cell_us,
         "cells": host.cells,
+        "calls": host.calls,
+        "per_call_us": host.per_call_us,
+        "cell_call_us": cell_call_us,
         "issue_share": host.issue_share,
         "per_cell_vs_raw_call": ratio(host.per_cell_us, raw_issue),
-        "calls_per_cell_vs_raw_call": ratio(host.calls_per_cell_us, raw_issue),
+        "per_call_vs_raw_call": ratio(host.per_call_us, raw_issue),
+        "cell_call_vs_raw_call": ratio(cell_call_us, raw_issue),
         "host": host.as_dict(),
         "host_table": host.table(),
     }
@@ -101,9 +109,10 @@ def main() -> None:
         )
     print(result["host_table"])
     print(
-        f"issue per schedule cell {result['per_cell_us']:.1f} us = "
-        f"{times(result['per_cell_vs_raw_call'])} a raw jax.jit call's; its compiled calls and copies "
-        f"alone {result['calls_per_cell_us']:.1f} us = {times(result['calls_per_cell_vs_raw_call'])}"
+        f"issue per schedule cell {result['per_cell_us']:.1f} us = {times(result['per_cell_vs_raw_call'])} "
+        f"a raw jax.jit call's; {result['cells']} cells issued as {result['calls']} calls and copies, "
+        f"{result['per_call_us']:.1f} us each = {times(result['per_call_vs_raw_call'])}; a cell replayed "
+        f"as its own call {result['cell_call_us']:.1f} us = {times(result['cell_call_vs_raw_call'])}"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))

@@ -45,14 +45,18 @@ class HostProfile:
 
     `rows`: per (rank, cell kind) counts and issue time, where kind is a
     schedule cell (`F`, `B`, `I`, `W`, the last stage's `FB`, fused `F&B`) or
-    `setup` / `finish` (accumulators, gradient sums, casts). `issue_s`: the time
-    of issuing the whole step uninstrumented; `step_s`: wall time of the
-    step until its results are ready; `issue_share = issue_s / step_s` (near 1:
-    host-bound). `cells`: schedule cells per step; `per_cell_us`: issue CPU per
-    schedule cell, its transfers included; `calls_per_cell_us`: the same for the
-    step's compiled calls and copies alone (each timed by itself, the sum of the
-    rows), so `per_cell_us / calls_per_cell_us` is what running them as a plan
-    adds (the loop, storing results, releasing buffers after their last use).
+    `setup` / `finish` (accumulators, gradient sums, casts), each cell replayed as
+    its own call, also where the step runs consecutive cells of a rank as one
+    program. `issue_s`: the time of issuing the whole step uninstrumented; `step_s`:
+    wall time of the step until its results are ready; `issue_share = issue_s /
+    step_s` (near 1: host-bound). `cells`: schedule cells per step; `calls`: the
+    compiled calls and copies the step issues (fewer than its cells' where it fuses
+    them); `calls_s`: those calls and copies each timed by itself, summed.
+    `per_cell_us`: issue time per schedule cell, its transfers included;
+    `calls_per_cell_us`: the same for the issued calls and copies alone, so
+    `per_cell_us / calls_per_cell_us` is what running them as a plan adds (the loop,
+    storing results, releasing buffers after their last use); `per_call_us`: issue
+    time per issued call or copy.
     `clock` names the clock issue times were taken on: `"thread CPU"`, or `"wall"`
     where this machine's thread CPU clock is too coarse to time one call (`clock_note`
     says so, with its step).
@@ -62,6 +66,8 @@ class HostProfile:
     issue_s: float
     step_s: float
     cells: int
+    calls: int
+    calls_s: float
     rounds: int
     clock: str = "thread CPU"
     clock_note: str = ""
@@ -76,7 +82,11 @@ class HostProfile:
 
     @property
     def calls_per_cell_us(self) -> float:
-        return sum(row.issue_us for row in self.rows) / max(self.cells, 1)
+        return self.calls_s * 1e6 / max(self.cells, 1)
+
+    @property
+    def per_call_us(self) -> float:
+        return self.issue_s * 1e6 / max(self.calls, 1)
 
     def as_dict(self) -> dict:
         return {
@@ -85,8 +95,11 @@ class HostProfile:
             "step_s": self.step_s,
             "issue_share": self.issue_share,
             "cells": self.cells,
+            "calls": self.calls,
+            "calls_s": self.calls_s,
             "per_cell_us": self.per_cell_us,
             "calls_per_cell_us": self.calls_per_cell_us,
+            "per_call_us": self.per_call_us,
             "rounds": self.rounds,
             "clock": self.clock,
         }
@@ -104,10 +117,16 @@ class HostProfile:
         measure = "CPU" if self.clock == "thread CPU" else "wall time"
         lines.append(
             f"step: issue {self.issue_s * 1e3:.2f} ms {measure} of {self.step_s * 1e3:.2f} ms wall "
-            f"({self.issue_share:.0%} issuing); {self.cells} schedule cells, "
-            f"{self.per_cell_us:.1f} us issue {measure} per cell (with its sends), of which the calls "
-            f"and copies alone {self.calls_per_cell_us:.1f} us"
+            f"({self.issue_share:.0%} issuing); {self.cells} schedule cells issued as {self.calls} "
+            f"call{'s' * (self.calls != 1)} and copies, {self.per_cell_us:.1f} us issue {measure} per cell (with its sends), of which the "
+            f"calls and copies alone {self.calls_per_cell_us:.1f} us"
         )
+        replayed = sum(row.calls + row.transfers for row in self.rows)
+        if self.calls < replayed:
+            lines.append(
+                f"(the rows time each cell as its own call, {replayed} calls and copies; the step runs "
+                f"consecutive cells of a rank as one program, {self.calls} in all)"
+            )
         if self.clock_note:
             lines.append(f"({self.clock_note})")
         return "\n".join(lines)
@@ -141,8 +160,9 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
     owners = _step_owners(plan)
     keys = sorted(set(owners), key=lambda o: (o[0], o[1]))
     samples: dict = {k: [] for k in keys}
-    issue, wall = [], []
+    issue, wall, issued = [], [], []
     spent: dict = {}
+    fused = bool(plan.issued)  # else the step issues `plan.steps`, the replay timed already
 
     def call(k, fn, args):
         start = clock.now()
@@ -157,6 +177,7 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
         jax.block_until_ready(replay(plan, inputs(), call=call, ready=True))
         for k in keys:
             samples[k].append(spent[k])
+        issued.append(_issued_calls_s(plan, inputs(), clock) if fused else sum(map(sum, spent.values())))
         placed_inputs = inputs()
         jax.block_until_ready(plan.buffers(placed_inputs))
         wall_start, issue_start = time.perf_counter(), clock.now()
@@ -180,5 +201,28 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
     )
     cells = sum(len(cell.split("&")) for _, _, cell in plan.log if cell != "-")
     return HostProfile(
-        rows, statistics.median(issue), statistics.median(wall), cells, rounds, clock.name, clock.note
+        rows,
+        statistics.median(issue),
+        statistics.median(wall),
+        cells,
+        len(plan.hot_steps),
+        statistics.median(issued),
+        rounds,
+        clock.name,
+        clock.note,
     )
+
+
+def _issued_calls_s(plan, placed_inputs, clock) -> float:
+    """The summed time of the calls and copies the step issues (`plan.hot_steps`), each timed by
+    itself in one replay of them."""
+    spent = [0.0]
+
+    def call(k, fn, args):
+        start = clock.now()
+        results = fn(*args)
+        spent[0] += clock.now() - start
+        return results
+
+    jax.block_until_ready(replay(plan, placed_inputs, call=call, ready=True, steps=plan.hot_steps))
+    return spent[0]

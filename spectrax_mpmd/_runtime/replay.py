@@ -25,9 +25,12 @@ def replay(
     stored: Callable | None = None,
     freed: Callable | None = None,
     ready: bool = False,
+    steps: Sequence | None = None,
 ) -> list:
     """Run `plan` once, one step at a time, in this process; returns the buffers.
 
+    `steps`: the steps to run, `plan.steps` (cell by cell) by default, or `plan.hot_steps` (the
+    calls the step issues, fused runs of cells as one).
     `call(k, fn, args)` runs step `k` and returns its results (time it there);
     `stored(k, buf)` sees the buffers once step `k`'s results are stored, before
     its frees; `freed(k, buf)` after them, and once with `k = -1` before the
@@ -39,7 +42,7 @@ def replay(
         jax.block_until_ready(buf)
     if freed is not None:
         freed(-1, buf)
-    for k, (fn, ins, outs, frees) in enumerate(plan.steps):
+    for k, (fn, ins, outs, frees) in enumerate(plan.steps if steps is None else steps):
         results = call(k, fn, [buf[i] for i in ins])
         for o, r in zip(outs, results):
             buf[o] = r

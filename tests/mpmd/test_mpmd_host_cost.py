@@ -1,6 +1,8 @@
 """Host-cost machinery: fast transfers, programs loaded onto other ranks, build timings, the
 host-cost report. Every fast path must give what its public fallback gives."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,7 +138,16 @@ def test_timings_account_for_every_phase(built):
     fast, _, args = built
     fast(*args)  # the first call of this signature in this process (tests may run in any order)
     report = fast.timings(*args)
-    assert set(report["seconds"]) == {"trace", "analysis", "split", "lower", "compile", "relocate", "plan", "first_run"}
+    assert set(report["seconds"]) == {
+        "trace",
+        "analysis",
+        "split",
+        "lower",
+        "compile",
+        "relocate",
+        "plan",
+        "first_run",
+    }
     assert all(s >= 0 for s in report["seconds"].values())
     assert report["seconds"]["first_run"] > 0 and report["seconds"]["compile"] > 0
     assert report["total_s"] == pytest.approx(sum(report["seconds"].values()))
@@ -153,9 +164,34 @@ def test_profile_counts_every_call_and_transfer(built):
     assert {r.rank for r in report.rows} == set(range(fast.mesh.mpmd_dim))
     assert {r.kind for r in report.rows} >= {"setup"}
     assert report.cells == sum(len(cell.split("&")) for _, _, cell in plan.log if cell != "-")
+    assert report.calls == len(plan.hot_steps) and report.as_dict()["calls"] == report.calls
     assert report.issue_s > 0 and report.step_s > 0 and report.per_cell_us > 0
     assert "issue CPU per cell" in report.table()
     assert report.as_dict()["cells"] == report.cells
+
+
+def test_profile_of_fused_cells_times_the_calls_the_step_issues(monkeypatch):
+    """Where the step runs a rank's cells as one program, the rows still time each cell as its own
+    call, and the summary's calls are the ones the step issues: on a clock that advances one unit
+    per reading (each timed call costs one unit), the issued calls alone cost one unit each."""
+    from spectrax_mpmd._runtime.clock import IssueClock
+
+    hp = importlib.import_module("spectrax_mpmd._runtime.host_profile")  # the package names the function
+
+    mesh = mp.create_mesh((1, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:1])
+    schedule = make_schedule("InterleavedH1", 4, v=LAYERS)  # one rank, a virtual stage per layer
+    step = mp.sxvalue_and_grad(mlp_loss, mesh=mesh, schedule=schedule)
+    params, batch = mlp_case()
+    plan = step.plan_for(params, batch)
+    assert 0 < len(plan.hot_steps) < len(plan.steps)  # the cells run fused
+    readings = iter(range(10**9))
+    monkeypatch.setattr(hp, "issue_clock", lambda: IssueClock(lambda: next(readings), "thread CPU", 1e-9))
+    report = step.profile(params, batch, rounds=1)
+    assert sum(r.calls + r.transfers for r in report.rows) == len(plan.steps)
+    assert report.calls == len(plan.hot_steps) and report.calls_s == len(plan.hot_steps)
+    assert report.calls_per_cell_us == pytest.approx(len(plan.hot_steps) * 1e6 / report.cells)
+    assert report.per_call_us == pytest.approx(report.issue_s * 1e6 / report.calls)
+    assert f"issued as {report.calls} call" in report.table() and "as its own call" in report.table()
 
 
 def test_profile_of_a_donating_call_consumes_none_of_the_arguments():
@@ -254,7 +290,11 @@ def test_ranks_with_equal_parameters_share_one_accumulator_program():
     step = make()
     first = step(*args)
     plan = step.plan_for(*args)
-    setup = [spec for (_, ins, _, _), spec in zip(plan.hot_steps, plan.issued_specs) if spec is not None and not ins]
+    setup = [
+        spec
+        for (_, ins, _, _), spec in zip(plan.hot_steps, plan.issued_specs)
+        if spec is not None and not ins
+    ]
     assert len(setup) == 4
     assert len({step.compiler.program_key(spec)[0] for spec in setup}) == 1
     losses = [s for s, _ in plan.accumulator_starts() if isinstance(plan.slot_names[s], LossAccumulator)]
