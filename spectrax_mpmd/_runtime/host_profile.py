@@ -49,9 +49,9 @@ class HostProfile:
     its own call, also where the step runs consecutive cells of a rank as one
     program. `issue_s`: the time of issuing the whole step uninstrumented; `step_s`:
     wall time of the step until its results are ready; `issue_share = issue_s /
-    step_s` (near 1: host-bound). `cells`: schedule cells per step; `calls`: the
-    compiled calls and copies the step issues (fewer than its cells' where it fuses
-    them); `calls_s`: those calls and copies each timed by itself, summed.
+    step_s` (near 1: host-bound). `cells`: schedule cells per step; `calls` and
+    `copies`: the compiled calls (fewer than its cells' where it fuses them) and the
+    copies the step issues; `calls_s`: those calls and copies each timed by itself, summed.
     `per_cell_us`: issue time per schedule cell, its transfers included;
     `calls_per_cell_us`: the same for the issued calls and copies alone, so
     `per_cell_us / calls_per_cell_us` is what running them as a plan adds (the loop,
@@ -67,6 +67,7 @@ class HostProfile:
     step_s: float
     cells: int
     calls: int
+    copies: int
     calls_s: float
     rounds: int
     clock: str = "thread CPU"
@@ -86,7 +87,7 @@ class HostProfile:
 
     @property
     def per_call_us(self) -> float:
-        return self.issue_s * 1e6 / max(self.calls, 1)
+        return self.issue_s * 1e6 / max(self.calls + self.copies, 1)
 
     def as_dict(self) -> dict:
         return {
@@ -96,6 +97,7 @@ class HostProfile:
             "issue_share": self.issue_share,
             "cells": self.cells,
             "calls": self.calls,
+            "copies": self.copies,
             "calls_s": self.calls_s,
             "per_cell_us": self.per_cell_us,
             "calls_per_cell_us": self.calls_per_cell_us,
@@ -117,19 +119,24 @@ class HostProfile:
         measure = "CPU" if self.clock == "thread CPU" else "wall time"
         lines.append(
             f"step: issue {self.issue_s * 1e3:.2f} ms {measure} of {self.step_s * 1e3:.2f} ms wall "
-            f"({self.issue_share:.0%} issuing); {self.cells} schedule cells issued as {self.calls} "
-            f"call{'s' * (self.calls != 1)} and copies, {self.per_cell_us:.1f} us issue {measure} per cell (with its sends), of which the "
-            f"calls and copies alone {self.calls_per_cell_us:.1f} us"
+            f"({self.issue_share:.0%} issuing); {self.cells} schedule cells issued as "
+            f"{_count(self.calls, 'call', 'calls')} and {_count(self.copies, 'copy', 'copies')}, "
+            f"{self.per_cell_us:.1f} us issue {measure} per cell (with its sends), of which the calls and "
+            f"copies alone {self.calls_per_cell_us:.1f} us"
         )
-        replayed = sum(row.calls + row.transfers for row in self.rows)
+        replayed = sum(row.calls for row in self.rows)
         if self.calls < replayed:
             lines.append(
-                f"(the rows time each cell as its own call, {replayed} calls and copies; the step runs "
-                f"consecutive cells of a rank as one program, {self.calls} in all)"
+                f"(the rows time each cell as its own call, {replayed} calls; the step runs consecutive "
+                f"cells of a rank as one program, {_count(self.calls, 'call', 'calls')} in all)"
             )
         if self.clock_note:
             lines.append(f"({self.clock_note})")
         return "\n".join(lines)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _step_owners(plan) -> list[tuple[int, str]]:
@@ -205,7 +212,8 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
         statistics.median(issue),
         statistics.median(wall),
         cells,
-        len(plan.hot_steps),
+        sum(not is_transfer(fn) for fn, *_ in plan.hot_steps),
+        sum(is_transfer(fn) for fn, *_ in plan.hot_steps),
         statistics.median(issued),
         rounds,
         clock.name,

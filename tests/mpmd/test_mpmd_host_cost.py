@@ -164,7 +164,8 @@ def test_profile_counts_every_call_and_transfer(built):
     assert {r.rank for r in report.rows} == set(range(fast.mesh.mpmd_dim))
     assert {r.kind for r in report.rows} >= {"setup"}
     assert report.cells == sum(len(cell.split("&")) for _, _, cell in plan.log if cell != "-")
-    assert report.calls == len(plan.hot_steps) and report.as_dict()["calls"] == report.calls
+    assert report.calls + report.copies == len(plan.hot_steps) and report.as_dict()["calls"] == report.calls
+    assert report.copies == sum(is_transfer(fn) for fn, *_ in plan.hot_steps)
     assert report.issue_s > 0 and report.step_s > 0 and report.per_cell_us > 0
     assert "issue CPU per cell" in report.table()
     assert report.as_dict()["cells"] == report.cells
@@ -188,10 +189,12 @@ def test_profile_of_fused_cells_times_the_calls_the_step_issues(monkeypatch):
     monkeypatch.setattr(hp, "issue_clock", lambda: IssueClock(lambda: next(readings), "thread CPU", 1e-9))
     report = step.profile(params, batch, rounds=1)
     assert sum(r.calls + r.transfers for r in report.rows) == len(plan.steps)
-    assert report.calls == len(plan.hot_steps) and report.calls_s == len(plan.hot_steps)
-    assert report.calls_per_cell_us == pytest.approx(len(plan.hot_steps) * 1e6 / report.cells)
-    assert report.per_call_us == pytest.approx(report.issue_s * 1e6 / report.calls)
-    assert f"issued as {report.calls} call" in report.table() and "as its own call" in report.table()
+    issued = len(plan.hot_steps)  # one rank: no copies
+    assert (report.calls, report.copies) == (issued, 0) and report.calls_s == issued
+    assert report.calls_per_cell_us == pytest.approx(issued * 1e6 / report.cells)
+    assert report.per_call_us == pytest.approx(report.issue_s * 1e6 / issued)
+    table = report.table()
+    assert f"issued as {issued} call" in table and "and 0 copies" in table and "as its own call" in table
 
 
 def test_profile_of_a_donating_call_consumes_none_of_the_arguments():
