@@ -2,8 +2,8 @@
 
 Three models of different shapes, each a function of the stage count: a byte LM
 cut into half-blocks (attention, then MLP, each its own stage), a two-tower model
-(two MLP towers, each block updating one, joined by a contrastive loss) and a deep
-narrow MLP. For each budget `mp.advise` (AdamW, the update timed) picks a step;
+(two MLP towers, each block updating one, joined by a contrastive loss over each
+microbatch, `reduce="mean"`) and a deep narrow MLP. For each budget `mp.advise` (AdamW, the update timed) picks a step;
 the pick, the top fitting candidates by prediction and plain Std1F1B are then
 built and run in interleaved rounds (`_timing.interleaved`), their order shuffled
 anew each round (seeded): on shared cores a step's place in a fixed order skews
@@ -107,7 +107,8 @@ def byte_lm(blocks: int = 4, d: int = 64, length: int = 64, batch: int = 32):
 
 def two_tower(blocks: int = 8, d: int = 64, batch: int = 512):
     """Two MLP towers (inputs of 128 and 48 features) of `blocks // 2` blocks each, computed one
-    block at a time, joined by a contrastive loss over the batch."""
+    block at a time, joined by a contrastive loss over the batch (pipelined: over each microbatch,
+    see `STEP_SETTINGS`)."""
     keys = iter(jax.random.split(jax.random.key(1), 2 * blocks + 6))
     params = {
         "in_a": _normal(next(keys), (128, d), 128**-0.5),
@@ -166,6 +167,10 @@ def deep_mlp(layers: int = 16, width: int = 48, batch: int = 256):
 
 
 MODELS = {"byte_lm": byte_lm, "two_tower": two_tower, "mlp": deep_mlp}
+# the two towers' contrastive loss pairs the rows of a batch with each other: pipelined, each
+# microbatch's rows are each other's negatives and the step averages the microbatches' losses,
+# which a loss not equal to the whole batch's must ask for (without it the step refuses)
+STEP_SETTINGS = {"two_tower": {"reduce": "mean"}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -217,6 +222,7 @@ def case(name: str, build, fraction: float, plain_peak: int, args, cache: str) -
     budget = int(fraction * plain_peak)
     made = []
     kwargs = dict(mesh=MESH, tx=TX, memory_budget=budget, microbatches=tuple(args.microbatches))
+    kwargs.update(STEP_SETTINGS.get(name, {}))
     seconds, _ = once(lambda: made.append(mp.advise(build, profile_cache=cache, **kwargs)), wait=None)
     (advice,) = made
     if not advice.fitting:  # the parameters and optimizer state alone exceed it
@@ -319,7 +325,13 @@ def main(argv=None) -> None:
         build = MODELS[name]()
         with tempfile.TemporaryDirectory() as cache:  # cold for the model's first budget
             first = mp.advise(
-                build, mesh=MESH, tx=TX, microbatches=tuple(args.microbatches), profile_cache=cache, confirm=0
+                build,
+                mesh=MESH,
+                tx=TX,
+                microbatches=tuple(args.microbatches),
+                profile_cache=cache,
+                confirm=0,
+                **STEP_SETTINGS.get(name, {}),
             )
             plain_peak = max(first.default.peak_bytes)
             print(
