@@ -96,13 +96,17 @@ def chosen_cost(
     """The `StageCost` of the same choice: each stage's cells as measured in `timing[remat[s]]`, a
     timed profile of the step with that `remat` (a recomputing backward runs its forward again;
     its forward saves less), plus the host copies of the values `profiles[remat[s]]` saves
-    (`copy_seconds`), as if they did not overlap."""
+    (`copy_seconds`), as if they did not overlap. On CPU devices (`backend.shares_host`) the
+    issuing thread makes each copy itself, so a copy's time is the step's issuing (`predict`
+    charges every copy there) and not the cell's as well; on an accelerator a copy is a transfer
+    the host only enqueues, and both are paid."""
     rows: dict = {"F": [], "B": [], "I": [], "W": []}
     costs = {r: t.stage_cost(comm=comm) for r, t in timing.items()}
     for s, (r, o) in enumerate(zip(remat, offload)):
         extra = copy_seconds(profiles[r], s, o, backend)
         for kind in rows:
-            rows[kind].append(getattr(costs[r], kind)[s] + extra[kind][0])
+            moved = 0.0 if backend.shares_host else extra[kind][0]
+            rows[kind].append(getattr(costs[r], kind)[s] + moved)
     return StageCost(*(tuple(rows[k]) for k in "FBIW"), comm=comm)
 
 

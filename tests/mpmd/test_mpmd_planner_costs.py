@@ -16,7 +16,7 @@ from planner_cases import MESH, residual_lm_loss, residual_mlp_lm
 
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
-from spectrax_mpmd._planner.backend import fit_line, measure_backend
+from spectrax_mpmd._planner.backend import BackendCost, CopyFit, fit_line, measure_backend
 from spectrax_mpmd._planner.memory import chosen_cost, chosen_memory, copy_seconds
 from spectrax_mpmd._planner.predict import predictor
 
@@ -87,6 +87,38 @@ def test_each_choice_predicted_relative_to_keeping_within_25_percent_of_unseen_s
         p = float(np.median([r[name] for r in predicted]))
         m = float(np.median([r[name] for r in measured]))
         assert abs(p - m) <= 0.25 * m, (name, p, m, [round(r[name], 2) for r in measured])
+
+
+class _Timed:
+    """What `chosen_cost` reads of a timed profile: its cells' seconds."""
+
+    def stage_cost(self, comm=0.0):
+        return S.StageCost((1.0,) * N, (2.0,) * N, (1.0,) * N, (1.0,) * N, comm=comm)
+
+
+class _Held:
+    """What `copy_seconds` reads of a profile: each stage's saved values, (selection, device) bytes."""
+
+    saved_values = [([(1 << 20, 1 << 20), (1 << 16, 1 << 16)], [])] * N
+
+
+def test_host_copies_cost_the_issuing_thread_on_cpu_devices_and_the_cells_on_accelerators():
+    """On CPU devices the issuing thread makes each host copy itself: the prediction charges it
+    there (`copies x copy_issue_s`), not on the cell again; on an accelerator a copy is a
+    transfer beside the host's issuing, and the cells that make it pay its time."""
+    fit = CopyFit(1e-4, 1e9, ())
+    accelerator = BackendCost(fit, fit, 1e-4, 1e-5, float(N), N, "step", shares_host=False)
+    cpu = BackendCost(fit, fit, 1e-4, 1e-5, 1.0, N, "step", shares_host=True)
+    remat, offload = (False,) * N, (ALL, ALL, ALL, KEEP)
+    cells = _Timed().stage_cost()
+    on_cpu = chosen_cost({False: _Timed()}, {False: _Held()}, remat, offload, cpu)
+    assert on_cpu == cells
+    on_accelerator = chosen_cost({False: _Timed()}, {False: _Held()}, remat, offload, accelerator)
+    moved = [copy_seconds(_Held(), s, o, accelerator) for s, o in enumerate(offload)]
+    for kind in "FB":
+        want = tuple(c + m[kind][0] for c, m in zip(getattr(cells, kind), moved))
+        assert getattr(on_accelerator, kind) == pytest.approx(want)
+    assert on_accelerator.F[0] > cells.F[0] and on_accelerator.F[3] == cells.F[3]  # stage 3 keeps
 
 
 def test_a_copy_fit_recovers_a_fixed_cost_and_a_bandwidth():
