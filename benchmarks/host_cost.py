@@ -111,8 +111,8 @@ def main() -> None:
     print(result["host_table"])
     print(
         f"issue per schedule cell {result['per_cell_us']:.1f} us = {times(result['per_cell_vs_raw_call'])} "
-        f"a raw jax.jit call's; {result['cells']} cells issued as {result['calls']} calls and "
-        f"{result['copies']} copies, {result['per_call_us']:.1f} us each = {times(result['per_call_vs_raw_call'])}; a cell replayed "
+        f"a raw jax.jit call's; {result['cells']} cells issued as calls and copies: {result['calls']} and "
+        f"{result['copies']}, {result['per_call_us']:.1f} us each = {times(result['per_call_vs_raw_call'])}; a cell replayed "
         f"as its own call {result['cell_call_us']:.1f} us = {times(result['cell_call_vs_raw_call'])}"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
