@@ -45,7 +45,6 @@ timeline and the host and memory tables run only in a one-process job.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -56,6 +55,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # must precede importing JAX; 
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
 
 import _plots  # noqa: E402  (examples/_plots.py: the PNGs)
+from _lm_args import checkpoints, make_schedule, memory_settings, parse_args  # noqa: E402  (the flags)
+from _lm_report import Measured, measure_step  # noqa: E402  (one step measured cell by cell)
 from _machine import choose_devices  # noqa: E402  (examples/_machine.py: the ranks' devices)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -63,79 +64,11 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import spectrax_mpmd as mp  # noqa: E402
-from spectrax_core import schedules  # noqa: E402
 from spectrax_core.losses import softmax_cross_entropy  # noqa: E402
 from spectrax_core.models import TransformerLM, greedy_decode  # noqa: E402
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 PROMPT = "Alice was beginning to "
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stages", type=int, default=4, help="pipeline ranks (default 4)")
-    p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank for loop schedules")
-    p.add_argument("--schedule", default="Std1F1B", help="a spectrax_core.schedules class name")
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--batch", type=int, default=32, help="sequences per step")
-    p.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=0, help="blocks (default: one per stage, at least 4)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument(
-        "--sample-tokens", type=int, default=60, help="greedy tokens generated at the end (0: none)"
-    )
-    p.add_argument("--spmd", action="store_true", help="run the same model as one SPMD program instead")
-    p.add_argument(
-        "--compile-reference",
-        action="store_true",
-        help="also build the same model's unsplit step (one program on one device) and print its first "
-        "call next to the pipeline's",
-    )
-    p.add_argument("--out", default="runs/train_lm", help="directory for metrics, trace and plots")
-    p.add_argument(
-        "--details",
-        action="store_true",
-        help="also print the schedule's grid, the first call's phases, the host cost of a step per rank "
-        "and cell kind, and each rank's peak memory (predicted and measured)",
-    )
-    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (orbax-checkpoint)")
-    p.add_argument("--save-every", type=int, default=0, help="save every N steps (default: only at the end)")
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const="latest",
-        default=None,
-        help="continue from the latest checkpoint in --checkpoint-dir (or from the step given)",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="with --resume STEP: delete the directory's later steps (the run this one replaces); "
-        "without it such steps are kept and the run stops",
-    )
-    p.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this many steps")
-    p.add_argument(
-        "--offload",
-        nargs="?",
-        const="all",
-        default=None,
-        help="keep saved residuals and the I->W stash in host memory: all (no value), a share of their "
-        "bytes (0.5), 'residuals' or 'stash'; comma-separated for one value per stage",
-    )
-    p.add_argument(
-        "--remat",
-        default="none",
-        help="recompute in the backward: none, true or a jax.checkpoint_policies name (dots_saveable); "
-        "comma-separated for one value per stage",
-    )
-    args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error(f"--steps must be at least 1, got {args.steps}")
-    if args.sample_tokens < 0:
-        p.error(f"--sample-tokens must be 0 (no sample) or more, got {args.sample_tokens}")
-    return args
 
 
 def lm_init(args, n_stages: int):
@@ -147,53 +80,6 @@ def lm_init(args, n_stages: int):
                                   d_ff=4 * args.d_model)  # fmt: skip
 
     return init
-
-
-def memory_settings(args) -> dict:
-    """`remat=` and `offload=` for the step from --remat and --offload (one value, or one per stage)."""
-
-    def remat(word):
-        return {"none": False, "false": False, "true": True}.get(word.lower(), word)
-
-    def offload(word):
-        if word in ("all", "true"):
-            return True
-        try:
-            return float(word)
-        except ValueError:
-            return word  # 'residuals' or 'stash'; the step checks it
-
-    def per_stage(text, one):
-        values = [one(w) for w in text.split(",")]
-        return values[0] if len(values) == 1 else values
-
-    settings = {"remat": per_stage(args.remat, remat)}
-    if args.offload is not None:
-        settings["offload"] = per_stage(args.offload, offload)
-    return settings
-
-
-def report_memory(grad_step, schedule, n: int, call_args) -> dict:
-    """Print each rank's predicted and measured device (and host) peak bytes of the gradient step
-    (the optimizer's state aside): predicted by simulating the schedule with the buffer sizes of its
-    profile, measured by running it once."""
-    memory = grad_step.profile_stages(*call_args, rounds=0).stage_memory()
-    predicted = schedules.simulate(schedule, n, memory=memory)
-    measured = grad_step.measure_peak_bytes_by_kind(*call_args)
-    print("peak bytes per rank of the gradient step, predicted / measured (MiB):")
-    for kind, peaks in (("device", predicted.peak_bytes), ("host", predicted.peak_host_bytes)):
-        pairs = ", ".join(f"{p / 2**20:.3f} / {m / 2**20:.3f}" for p, m in zip(peaks, measured[kind]))
-        print(f"  {kind}: {pairs}")
-    return {"predicted": [predicted.peak_bytes, predicted.peak_host_bytes], "measured": measured}
-
-
-def make_schedule(args):
-    cls = getattr(schedules, args.schedule, None)
-    if cls is None:
-        raise SystemExit(f"unknown --schedule {args.schedule!r}; one of {', '.join(schedules.__all__)}")
-    if args.virtual_stages > 1 and args.schedule != "DualPipeV":
-        return cls(microbatches=args.microbatches, virtual_stages=args.virtual_stages)
-    return cls(microbatches=args.microbatches)
 
 
 def batches(data: np.ndarray, batch: int, seq: int, seed: int = 0):
@@ -221,78 +107,6 @@ def run_name(args, schedule) -> str:
         return f"SPMD, {args.stages}-way data parallel, {args.microbatches} microbatches"
     stages = f" x {schedule.virtual_stages} stages" if schedule.virtual_stages > 1 else ""
     return f"{type(schedule).__name__}, {args.stages} ranks{stages}, {args.microbatches} microbatches"
-
-
-def update_us(tx, params, devices) -> list[float]:
-    """Per rank, the least of 3 timed runs (µs) of `tx`'s update on that rank's own parameter
-    leaves (the leaves on `devices[rank]`), compiled once: the update each rank runs after its
-    cells."""
-    leaves = jax.tree.leaves(params)
-    times = []
-    for device in devices:
-        mine = [x for x in leaves if device in x.devices()]
-        grads = [x * 0.5 for x in mine]
-        state = tx.init(mine)
-        apply = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0]))
-        jax.block_until_ready(apply(grads, state, mine))
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            jax.block_until_ready(apply(grads, state, mine))
-            best = min(best, time.perf_counter() - t0)
-        times.append(best * 1e6)
-    return times
-
-
-def checkpoints(args):
-    """The run's `mp.CheckpointManager` (None without --checkpoint-dir) and the step to resume from
-    (None: the latest), after checking that resuming deletes nothing the user did not ask to."""
-    if args.overwrite and args.resume in (None, "latest"):
-        raise SystemExit("--overwrite applies to --resume STEP: it deletes the steps after STEP.")
-    if args.checkpoint_dir is None:
-        if args.resume is not None:
-            raise SystemExit("--resume needs --checkpoint-dir, the directory a run saved to.")
-        return None, None
-    at = None
-    if args.resume not in (None, "latest"):
-        if not args.resume.isdigit():
-            raise SystemExit(f"--resume takes a step number (or nothing: the latest), got {args.resume!r}.")
-        at = int(args.resume)
-    manager = mp.CheckpointManager(args.checkpoint_dir, max_to_keep=3)
-    later = [k for k in manager.all_steps() if at is not None and k > at]
-    if later and not args.overwrite:
-        raise SystemExit(
-            f"--resume {at}: {manager.directory} also holds the later steps {later}, of the run this one "
-            f"would replace; they are kept and nothing was trained. Pass --overwrite to delete them and "
-            f"train on from step {at}, resume from the latest step (--resume), or give another "
-            "--checkpoint-dir."
-        )
-    return manager, at
-
-
-def measured_cost(timeline, n_stages: int) -> schedules.StageCost:
-    """Each stage's median measured time per cell kind (µs), as a `StageCost` for `simulate`.
-
-    The last stage's fused loss cell is its F (its B, I and W are 0); a full B
-    counts as I = W = B / 2, split I and W cells as B = I + W. A fused
-    forward-backward cell's time is shared evenly by its parts.
-    """
-    times: dict[tuple[int, str], list[float]] = {}
-    for row in timeline.events:
-        for event in row:
-            parts = event.cell.parts
-            for part in parts:
-                times.setdefault((part.stage, part.kind), []).append((event.end - event.start) / len(parts))
-    cost = {kind: [] for kind in "FBIW"}
-    for s in range(n_stages):
-        f, b, i, w = (float(np.median(times.get((s, kind), [0.0]))) for kind in "FBIW")
-        if (s, "B") in times:
-            i = w = b / 2
-        else:
-            b = i + w
-        for kind, value in zip("FBIW", (f, b, i, w)):
-            cost[kind].append(value)
-    return schedules.StageCost(*(tuple(cost[kind]) for kind in "FBIW"))
 
 
 def unsplit_first_call(args, params, tx, device) -> float:
@@ -339,7 +153,7 @@ def decode_check(args, step, params, one_process: bool) -> bool | None:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__.splitlines()[0])
     if "JAX_COORDINATOR_ADDRESS" in os.environ:  # started by `python -m spectrax_mpmd.launch`
         mp.initialize()
     one_process = jax.process_count() == 1  # else: this process runs its own ranks; process 0 reports
@@ -485,40 +299,11 @@ def main(argv=None) -> dict:
         )
 
     files = ["metrics.json"]
-    timeline = simulated = updated = host = peaks = None
+    measured = Measured()
     if not args.spmd and one_process:  # measurements run the plan step by step, in one process
-        timeline = step.runner.update_step.measure_timeline(params, state, None, tokens, targets)
-        trace = out / "timeline.json"
-        trace.write_text(json.dumps(schedules.chrome_trace(timeline, us_per_unit=1.0)))
-        files.append(trace.name)
-        simulated = schedules.simulate(
-            schedule, args.stages, measured_cost(timeline, schedule.num_stages(args.stages))
-        )
-        # the update waits for the global gradient norm (the clip), so every rank starts it together
-        updated = schedules.with_update(simulated, update_us(tx, params, devices), validation="sync")
-        print(
-            f"pipeline bubble {simulated.bubble_fraction:.0%}, step {updated.makespan / 1e3:.1f} ms with the "
-            f"update (the schedule simulated with one step's measured cell times; timeline.png)"
-        )
-        if args.details:
-            print("the schedule's cells as a step runs them (unit costs: F 1, B 2, the loss stage's FB 3):")
-            print(_plots.grid_as_run(schedule, args.stages, timeline))
-            print(
-                f"that step, run cell by cell (one cell at a time on the whole machine, so ranks never "
-                f"overlap): {timeline.makespan / 1e3:.1f} ms, idle {timeline.bubble_fraction:.0%} of it "
-                f"(open {trace} in Perfetto); that idle share comes from running one cell at a time, it "
-                f"is not the pipeline bubble"
-            )
-            print(
-                f"the schedule's bubble, simulated with these measured cell times (sends free): "
-                f"{simulated.bubble_fraction:.0%}, its cells {simulated.makespan / 1e3:.1f} ms, then the "
-                f"update (each rank's timed alone, after the gradient norm) "
-                f"{(updated.makespan - simulated.makespan) / 1e3:.1f} ms"
-            )
-            host = step.runner.update_step.profile(params, state, None, tokens, targets, rounds=3)
-            print(f"host cost of one step (issue time per rank and cell kind, {host.clock} clock):")
-            print(host.table())
-            peaks = report_memory(step.runner.step, schedule, args.stages, (params, None, tokens, targets))
+        call = (params, state, tokens, targets)
+        measured = measure_step(step, schedule, args.stages, tx, devices, call, out, args.details)
+        files.append("timeline.json")
 
     same = decode_check(args, step, params, one_process)
     if jax.process_index() > 0:
@@ -527,7 +312,9 @@ def main(argv=None) -> dict:
     batch = f"batch {args.batch} x {args.seq} bytes, steps {first}..{last - 1}"
     if _plots.plot_loss(out / "loss.png", f"{run}, {batch}", first, losses):
         files.append("loss.png")
-    if timeline is not None and _plots.plot_timeline(out / "timeline.png", run, simulated, updated, timeline):
+    if measured.timeline is not None and _plots.plot_timeline(
+        out / "timeline.png", run, measured.simulated, measured.updated, measured.timeline
+    ):
         files.append("timeline.png")
 
     metrics = {
@@ -544,12 +331,12 @@ def main(argv=None) -> dict:
         "first_call_s": first_s,
         "first_call": first_call,
         "unsplit_first_call_s": unsplit_s,
-        "host": None if host is None else host.as_dict(),
-        "cell_by_cell_idle": None if timeline is None else timeline.bubble_fraction,
-        "simulated_bubble": None if timeline is None else simulated.bubble_fraction,
-        "simulated_step_s": None if timeline is None else updated.makespan * 1e-6,
+        "host": None if measured.host is None else measured.host.as_dict(),
+        "cell_by_cell_idle": None if measured.timeline is None else measured.timeline.bubble_fraction,
+        "simulated_bubble": None if measured.timeline is None else measured.simulated.bubble_fraction,
+        "simulated_step_s": None if measured.timeline is None else measured.updated.makespan * 1e-6,
         "decode_identical": same,
-        "peak_bytes": peaks,
+        "peak_bytes": measured.peaks,
         "checkpoint": ckpt if manager is not None else None,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
