@@ -160,31 +160,25 @@ def _rank_of(plan, fn) -> int:
 
 
 def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
-    """Run `plan` `2 * rounds` times, each on `inputs()` (placed inputs, made outside the timed
-    part): instrumented runs give the per-(rank, kind) issue time, uninstrumented ones the
-    whole step's issue and wall time; medians over rounds. Issue times are on `issue_clock()`."""
+    """Run `plan` `2 * rounds` times (`3 * rounds` where it fuses cells), each on `inputs()` (placed
+    inputs, made outside the timed part): instrumented runs give the per-(rank, kind) issue time,
+    cell by cell, and the issued calls' own time; uninstrumented ones the whole step's issue and
+    wall time; medians over rounds. Issue times are on `issue_clock()`."""
     clock = issue_clock()
     owners = _step_owners(plan)
     keys = sorted(set(owners), key=lambda o: (o[0], o[1]))
     samples: dict = {k: [] for k in keys}
     issue, wall, issued = [], [], []
-    spent: dict = {}
-    fused = bool(plan.issued)  # else the step issues `plan.steps`, the replay timed already
-
-    def call(k, fn, args):
-        start = clock.now()
-        results = fn(*args)
-        cost = clock.now() - start
-        call_s, send_s = spent[owners[k]]
-        spent[owners[k]] = (call_s, send_s + cost) if is_transfer(fn) else (call_s + cost, send_s)
-        return results
-
+    fused = bool(plan.issued)  # else the step issues `plan.steps`, the cell-by-cell replay times them
     for _ in range(rounds):
-        spent.update(dict.fromkeys(keys, (0.0, 0.0)))
-        jax.block_until_ready(replay(plan, inputs(), call=call, ready=True))
+        costs = _timed_steps(plan, inputs(), clock, plan.steps)
+        spent = dict.fromkeys(keys, (0.0, 0.0))
+        for owner, (fn, *_rest), cost in zip(owners, plan.steps, costs):
+            call_s, send_s = spent[owner]
+            spent[owner] = (call_s, send_s + cost) if is_transfer(fn) else (call_s + cost, send_s)
         for k in keys:
             samples[k].append(spent[k])
-        issued.append(_issued_calls_s(plan, inputs(), clock) if fused else sum(map(sum, spent.values())))
+        issued.append(sum(_timed_steps(plan, inputs(), clock, plan.hot_steps) if fused else costs))
         placed_inputs = inputs()
         jax.block_until_ready(plan.buffers(placed_inputs))
         wall_start, issue_start = time.perf_counter(), clock.now()
@@ -221,16 +215,15 @@ def host_profile(plan, inputs: Callable, rounds: int = 7) -> HostProfile:
     )
 
 
-def _issued_calls_s(plan, placed_inputs, clock) -> float:
-    """The summed time of the calls and copies the step issues (`plan.hot_steps`), each timed by
-    itself in one replay of them."""
-    spent = [0.0]
+def _timed_steps(plan, placed_inputs, clock, steps) -> list[float]:
+    """Each of `steps`' own seconds (its call or copy timed by itself) in one replay of them."""
+    spent: list = []
 
     def call(k, fn, args):
         start = clock.now()
         results = fn(*args)
-        spent[0] += clock.now() - start
+        spent.append(clock.now() - start)
         return results
 
-    jax.block_until_ready(replay(plan, placed_inputs, call=call, ready=True, steps=plan.hot_steps))
-    return spent[0]
+    jax.block_until_ready(replay(plan, placed_inputs, call=call, ready=True, steps=steps))
+    return spent
