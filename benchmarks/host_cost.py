@@ -112,8 +112,9 @@ def main() -> None:
     print(
         f"issue per schedule cell {result['per_cell_us']:.1f} us = {times(result['per_cell_vs_raw_call'])} "
         f"a raw jax.jit call's; {result['cells']} cells issued as calls and copies: {result['calls']} and "
-        f"{result['copies']}, {result['per_call_us']:.1f} us each = {times(result['per_call_vs_raw_call'])}; a cell replayed "
-        f"as its own call {result['cell_call_us']:.1f} us = {times(result['cell_call_vs_raw_call'])}"
+        f"{result['copies']}, {result['per_call_us']:.1f} us each = {times(result['per_call_vs_raw_call'])}; "
+        f"a cell replayed as its own call {result['cell_call_us']:.1f} us = "
+        f"{times(result['cell_call_vs_raw_call'])}"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
