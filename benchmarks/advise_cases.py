@@ -6,8 +6,8 @@ cut into half-blocks (attention, then MLP, each its own stage), a two-tower mode
 microbatch, `reduce="mean"`) and a deep narrow MLP. For each budget `mp.advise`
 (AdamW, the update timed) picks a step; the pick, the top fitting candidates by
 prediction and plain Std1F1B are then built and run in interleaved rounds
-(`_timing.interleaved`), their order shuffled anew each round (seeded): on shared cores a step's place in a fixed order skews
-its time (measured: steps predicted alike up to 1.33x apart). A step's measured
+(`_timing.interleaved`), their order shuffled anew each round (seeded): on shared
+cores a step's place in a fixed order skews its time (measured: steps predicted alike up to 1.33x apart). A step's measured
 time is the least over the rounds (other work on the shared cores only ever adds
 time, in bursts that a median of a few rounds does not always outlast; the
 median is reported next to it). Per case: (a) whether the pick fits, measured
