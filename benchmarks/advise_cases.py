@@ -1,21 +1,21 @@
 """The advisor on models it was not developed against, under budgets of 40-70% of plain Std1F1B's peak.
 
-Three models of different shapes, each a function of the stage count: a byte LM
-cut into half-blocks (attention, then MLP, each its own stage), a two-tower model
-(two MLP towers, each block updating one, joined by a contrastive loss over each
-microbatch, `reduce="mean"`) and a deep narrow MLP. For each budget `mp.advise`
-(AdamW, the update timed) picks a step; the pick, the top fitting candidates by
-prediction and plain Std1F1B are then built and run in interleaved rounds
-(`_timing.interleaved`), their order shuffled anew each round (seeded): on shared
-cores a step's place in a fixed order skews its time (measured: steps predicted alike up to 1.33x apart). A step's measured
-time is the least over the rounds (other work on the shared cores only ever adds
-time, in bursts that a median of a few rounds does not always outlast; the
-median is reported next to it). Per case: (a) whether the pick fits, measured
-(`measure_peak_bytes`, device bytes); (b) its measured time relative to plain
-Std1F1B against the predicted ratio (within 25%?); (c) whether any measured
-fitting candidate is more than 10% faster than the pick. `advise`'s own time is
-reported for a cold profile cache and a warm one (the second and later budgets
-of a model reuse its profiles). Prints one table per case and writes benchmarks/results/advise_cases.json.
+Three models of different shapes, each a function of the stage count: a byte LM cut into
+half-blocks (attention, then MLP, each its own stage), a two-tower model (two MLP
+towers, each block updating one, joined by a contrastive loss over each microbatch,
+`reduce="mean"`) and a deep narrow MLP. For each budget `mp.advise` (AdamW, the update
+timed) picks a step; the pick, the top fitting candidates by prediction and plain
+Std1F1B are then built and run in interleaved rounds (`_timing.interleaved`), their
+order shuffled anew each round (seeded): on shared cores a step's place in a fixed order
+skews its time (measured: steps predicted alike up to 1.33x apart). A step's measured
+time is the least over the rounds (other work on the shared cores only ever adds time,
+in bursts that a median of a few rounds does not always outlast; the median is reported
+next to it). Per case: (a) whether the pick fits, measured (`measure_peak_bytes`, device
+bytes); (b) its measured time relative to plain Std1F1B against the predicted ratio
+(within 25%?); (c) whether any measured fitting candidate is more than 10% faster than
+the pick. `advise`'s own time is reported for a cold profile cache and a warm one (the
+second and later budgets of a model reuse its profiles). Prints one table per case and
+writes benchmarks/results/advise_cases.json.
 
     python benchmarks/advise_cases.py                    # every model, budgets 0.4 0.55 0.7
     python benchmarks/advise_cases.py --models mlp --budgets 0.5 --top 3
