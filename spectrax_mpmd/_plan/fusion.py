@@ -49,7 +49,8 @@ def _devices(spec: CellSpec) -> frozenset:
 
 def runs(steps: list, limit: int) -> list[tuple[int, int]]:
     """`(first, end)` of each run of at least two consecutive cell steps on the same devices, at
-    most `limit` cells each."""
+    most `limit` cells each, without the cells at its ends whose program is also issued alone
+    (`trimmed`)."""
     out, start, devices = [], 0, None
     for k, step in enumerate([*steps, None]):
         here = _devices(step.fn) if step is not None and isinstance(step.fn, CellSpec) else None
@@ -57,7 +58,32 @@ def runs(steps: list, limit: int) -> list[tuple[int, int]]:
             if devices is not None and k - start > 1:
                 out.append((start, k))
             start, devices = k, here
-    return out
+    return trimmed(out, [step.fn if isinstance(step.fn, CellSpec) else None for step in steps])
+
+
+def trimmed(spans: list[tuple[int, int]], programs: list) -> list[tuple[int, int]]:
+    """`spans` (runs `(first, end)` of items, item `k` running `programs[k]`; None: not a
+    program) less the items at their ends whose program is also issued alone, outside every
+    run, until no end's is; runs left with fewer than two items are dropped.
+
+    A fused program compiles each of its cells' code anew, so a run ending in a cell that also
+    runs as its own call (a rank's last backward, alone for every other microbatch, before its
+    gradient reduction) would compile that cell twice: seconds of compile once per process, for
+    one call fewer per step (tens of microseconds). Such a cell stays its own call."""
+    while True:
+        inside = {k for first, end in spans for k in range(first, end)}
+        alone = {p for k, p in enumerate(programs) if p is not None and k not in inside}
+        out = []
+        for first, end in spans:
+            while first < end and programs[first] in alone:
+                first += 1
+            while end > first and programs[end - 1] in alone:
+                end -= 1
+            if end - first > 1:
+                out.append((first, end))
+        if out == spans:
+            return out
+        spans = out
 
 
 def wiring(

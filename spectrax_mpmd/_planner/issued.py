@@ -3,12 +3,15 @@ rank fused into one program as the plan fuses them (`spectrax_mpmd._plan.fusion`
 
 In the issue order (`spectrax_core.schedules.issue_order`), a cell joins the run of the cell
 issued just before it when both are on the same rank and that cell sent nothing to another rank
-(a value moving between two stages of one rank is no step); a run holds at most `limit` cells.
+(a value moving between two stages of one rank is no step); a run holds at most `limit` cells,
+and its ends leave out cells whose program (their rank, kinds and stages) also runs alone.
 """
 
 from __future__ import annotations
 
 from spectrax_core.schedules import issue_order
+
+from .._plan.fusion import trimmed
 
 
 def _sends_away(schedule, n: int, cell) -> bool:
@@ -29,12 +32,16 @@ def _sends_away(schedule, n: int, cell) -> bool:
 
 def issued_calls(schedule, n: int, limit: int) -> int:
     """The compiled calls issued for the schedule's cells on `n` ranks, runs of at most `limit`
-    cells fused."""
-    calls, previous, length = 0, None, 0
-    for rank, cell in issue_order(schedule.actions(n), schedule.flow(n)):
-        if previous is not None and previous[0] == rank and not previous[1] and length < limit:
-            length += 1
-        else:
-            calls, length = calls + 1, 1
-        previous = (rank, _sends_away(schedule, n, cell))
-    return calls
+    cells fused, less the cells at a run's ends whose program also runs alone (`trimmed`)."""
+    order = issue_order(schedule.actions(n), schedule.flow(n))
+    spans, start = [], 0
+    for k, (rank, cell) in enumerate(order):
+        if k == 0 or order[k - 1][0] != rank or _sends_away(schedule, n, order[k - 1][1]) or k - start >= limit:
+            if k - start > 1:
+                spans.append((start, k))
+            start = k
+    if len(order) - start > 1:
+        spans.append((start, len(order)))
+    programs = [(rank, tuple((part.kind, part.stage) for part in cell.parts)) for rank, cell in order]
+    spans = trimmed(spans, programs)
+    return len(order) - sum(end - first - 1 for first, end in spans)

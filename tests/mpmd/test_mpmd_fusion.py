@@ -12,7 +12,7 @@ from mpmd_cases import assert_close
 import spectrax_mpmd as mp
 from spectrax_core import schedules as S
 from spectrax_mpmd._env import FUSE_ENV, RUN_AHEAD_ENV
-from spectrax_mpmd._plan.fusion import runs, wiring
+from spectrax_mpmd._plan.fusion import runs, trimmed, wiring
 from spectrax_mpmd._runtime.plan import Step
 
 D, B, LAYERS = 8, 16, 4
@@ -33,8 +33,8 @@ def case():
     return params, (jax.random.normal(keys[-2], (B, D)), jax.random.normal(keys[-1], (B, D)))
 
 
-# (ranks, schedule): every schedule on one rank (its stages virtual there), and two ranks where a
-# rank's cells meet its gradient reduction
+# (ranks, schedule): every schedule on one rank (its stages virtual there), and two ranks, where a
+# rank's only run of cells (a backward meeting another) holds programs that also run alone
 SCHEDULES = {
     "Std1F1B": (1, lambda: S.Std1F1B(microbatches=4)),
     "GPipe": (1, lambda: S.GPipe(microbatches=4)),
@@ -58,6 +58,16 @@ def step_of(name: str, apply: bool = False):
     return mp.sxvalue_and_grad(loss, mesh=mesh, schedule=schedule)
 
 
+def fused_and_alone(plan) -> tuple[set, set]:
+    """The programs of the plan's cells that run inside a fused call, and the programs it issues."""
+    inside = set()
+    for k, st in enumerate(plan.steps):
+        call = plan.hot_steps[plan.issued_of[k]] if plan.issued_of else st
+        if call.fn is not st.fn:
+            inside.add(st.fn)
+    return inside, {st.fn for st in plan.hot_steps}
+
+
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_fused_plan_issues_fewer_calls_with_the_unsplit_values(name):
     params, batch = case()
@@ -67,8 +77,13 @@ def test_fused_plan_issues_fewer_calls_with_the_unsplit_values(name):
     assert_close(loss, want_loss, rtol=1e-5)
     assert_close(grads, want_grads, rtol=1e-5)
     plan = step.plan_for(params, batch)
-    assert 0 < len(plan.hot_steps) < len(plan.steps), "consecutive cells of a rank run as one program"
-    assert len(plan.issued_of) == len(plan.steps)
+    fused, alone = fused_and_alone(plan)
+    assert not alone & fused, "no cell's program compiles both alone and inside a fused one"
+    if SCHEDULES[name][0] == 1:
+        assert 0 < len(plan.hot_steps) < len(plan.steps), "consecutive cells of a rank run as one program"
+        assert len(plan.issued_of) == len(plan.steps)
+    else:
+        assert plan.hot_steps is plan.steps, "its one run's ends also run alone: nothing is fused"
 
 
 @pytest.mark.parametrize("name", ["InterleavedH1(v=4)", "2 ranks InterleavedH1(v=2)"])
@@ -144,6 +159,14 @@ def test_runs_stop_at_transfers_other_devices_and_the_limit(monkeypatch):
     steps = [cell(a), cell(a), Step(object(), (1,), (2,)), cell(a), cell(b), cell(b), cell(b), cell(a)]
     assert runs(steps, limit=8) == [(0, 2), (4, 7)]
     assert runs(steps, limit=2) == [(0, 2), (4, 6)]
+
+
+def test_a_run_leaves_out_ends_whose_program_also_runs_alone():
+    # a run ending in a program that runs alone elsewhere loses that end; a run left with one
+    # item is dropped, and its item then runs alone too, trimming another run's end in turn
+    assert trimmed([(0, 3), (4, 7)], ["b", "c", "d", None, "a", "e", "f", "a"]) == [(0, 3), (5, 7)]
+    assert trimmed([(0, 2), (3, 5)], ["p", "q", None, "q", "r", None, "r"]) == []
+    assert trimmed([(0, 3)], ["p", "q", "p"]) == [(0, 3)], "a program inside runs only is kept"
 
 
 def test_wiring_reads_first_uses_returns_what_is_read_later_and_keeps_donations():
