@@ -35,13 +35,17 @@ def issued_calls(schedule, n: int, limit: int) -> int:
     cells fused, less the cells at a run's ends whose program also runs alone (`trimmed`)."""
     order = issue_order(schedule.actions(n), schedule.flow(n))
     spans, start = [], 0
-    for k, (rank, cell) in enumerate(order):
-        if k == 0 or order[k - 1][0] != rank or _sends_away(schedule, n, order[k - 1][1]) or k - start >= limit:
+    for k in range(1, len(order) + 1):
+        joins = (
+            k < len(order)
+            and order[k][0] == order[k - 1][0]
+            and not _sends_away(schedule, n, order[k - 1][1])
+            and k - start < limit
+        )
+        if not joins:
             if k - start > 1:
                 spans.append((start, k))
             start = k
-    if len(order) - start > 1:
-        spans.append((start, len(order)))
     programs = [(rank, tuple((part.kind, part.stage) for part in cell.parts)) for rank, cell in order]
     spans = trimmed(spans, programs)
     return len(order) - sum(end - first - 1 for first, end in spans)
