@@ -89,17 +89,16 @@ def update_us(tx, params, devices) -> list[float]:
     leaves (the leaves on `devices[rank]`), compiled once: the update each rank runs after its
     cells."""
     leaves = jax.tree.leaves(params)
+    apply = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0]))
     times = []
     for device in devices:
         mine = [x for x in leaves if device in x.devices()]
-        grads = [x * 0.5 for x in mine]
         state = tx.init(mine)
-        apply = jax.jit(lambda g, s, p: optax.apply_updates(p, tx.update(g, s, p)[0]))
-        jax.block_until_ready(apply(grads, state, mine))
+        jax.block_until_ready(apply(mine, state, mine))  # the leaves stand in for their gradients
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            jax.block_until_ready(apply(grads, state, mine))
+            jax.block_until_ready(apply(mine, state, mine))
             best = min(best, time.perf_counter() - t0)
         times.append(best * 1e6)
     return times
