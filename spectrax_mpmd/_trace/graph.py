@@ -14,6 +14,7 @@ from spectrax_core.schedules import Flow
 
 from .jax_private import JaxprEqn, Var
 from .jaxpr import eval_eqns, read
+from .marker import sxstage_iter_p
 from .region import DEFAULT_REGION
 
 
@@ -55,12 +56,15 @@ class Stage:
     def run(self, args: Sequence[Any], edges: Sequence[Any]) -> tuple[list, list]:
         """Evaluate the stage: `args` aligned with `arg_inputs`, `edges` with `edge_inputs`.
 
-        Returns `(edge_output_values, result_values)`.
+        Returns `(edge_output_values, result_values)`. A stage marker the stage holds is the
+        identity here (the split has used it): what passes through it keeps its identity, so a
+        received value the backward needs is read from its own buffer, not returned by the
+        forward as a copy (`StageCells.residual_sources`).
         """
         env = dict(self.consts)
         env.update(zip((self.invars[i] for i in self.arg_inputs), args))
         env.update(zip((e.var for e in self.edge_inputs), edges))
-        eval_eqns(self.eqns, env)
+        eval_eqns(self.eqns, env, identities=(sxstage_iter_p.name,))
         return [env[v] for v in self.edge_outputs], [read(env, self.outvars[j]) for j in self.results]
 
     def __repr__(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
 from .jax_private import ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
@@ -35,10 +35,14 @@ def read(env: dict, v):
     return v.val if isinstance(v, Literal) else env[v]
 
 
-def eval_eqns(eqns: Iterable[JaxprEqn], env: dict) -> dict:
-    """Evaluate `eqns` in order (binding each primitive), filling `env` with their outputs."""
+def eval_eqns(eqns: Iterable[JaxprEqn], env: dict, identities: Collection[str] = ()) -> dict:
+    """Evaluate `eqns` in order (binding each primitive), filling `env` with their outputs; an
+    equation of a primitive named in `identities` is not bound: its outputs are its inputs."""
     for eqn in eqns:
         invals = [read(env, v) for v in eqn.invars]
+        if eqn.primitive.name in identities:
+            env.update((var, val) for var, val in zip(eqn.outvars, invals) if isinstance(var, Var))
+            continue
         params = eqn.primitive.get_bind_params(eqn.params)
         with eqn.ctx.manager:
             outs = eqn.primitive.bind(*invals, **params)

@@ -9,9 +9,14 @@ a parameter's shape is a weight gradient, an activation's shape an input cotange
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from mpmd_cases import ALL, config_of
 
+import spectrax_mpmd as mp
+from spectrax_core import schedules as S
+from spectrax_mpmd._runtime.slots import Activation
 from spectrax_mpmd._trace.jaxpr import sub_jaxprs
 
 
@@ -161,3 +166,46 @@ def test_measured_peak_activations_follow_the_schedule(run_case, name):
             assert measured[r] <= simulated[r], (r, measured, simulated)
         else:
             assert measured[r] == simulated[r], (r, measured, simulated)
+
+
+def _mlp_loss(params, batch):
+    """Stages that begin with a matmul of the activation they receive (which its backward reads)
+    and end in tanh (whose output its backward reads)."""
+    x, y = batch
+    for k, w in enumerate(params):
+        x = jnp.tanh(x @ w)
+        if k < len(params) - 1:
+            x = mp.sxstage_iter(x)
+    return jnp.mean((x - y) ** 2)
+
+
+@pytest.mark.parametrize("name", ["Std1F1B", "ZeroBubbleH1"])
+def test_a_forward_never_returns_a_value_its_cell_received(name):
+    """A received activation the backward needs is read from its own buffer: the forward returns
+    no input of its cell, not even through the stage marker the activation passed, and the
+    backward cells read the activation's slot; the step still equals the unsplit one."""
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = [jax.random.normal(k, (8, 8)) / 3 for k in keys[:4]]
+    batch = (jax.random.normal(keys[4], (16, 8)), jax.random.normal(keys[5], (16, 8)))
+    mesh = mp.create_mesh((4, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:4])
+    step = mp.sxvalue_and_grad(_mlp_loss, mesh=mesh, schedule=getattr(S, name)(microbatches=4))
+    value, grads = step(params, batch)
+    want_value, want_grads = jax.value_and_grad(_mlp_loss)(params, batch)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    plan = step.last_plan
+    for stage in (1, 2):
+        jaxpr = _cell_jaxpr(plan.cells[(stage, "F")])
+        received = {id(v) for v in jaxpr.invars}
+        for eqn in jaxpr.eqns:  # what passes through a marker is what it received
+            if eqn.primitive.name == "sxstage_iter" and {id(v) for v in eqn.invars} <= received:
+                received |= {id(v) for v in eqn.outvars}
+        assert not {id(v) for v in jaxpr.outvars} & received, stage
+    readers: dict = {}
+    for _, ins, _, _ in plan.steps:
+        for i in ins:
+            key = plan.slot_names.get(i)
+            if isinstance(key, Activation) and plan.graph.edges[key.edge].dst in (1, 2):
+                readers[i] = readers.get(i, 0) + 1
+    assert len(readers) == 2 * 4 and min(readers.values()) >= 2, readers  # the forward and a backward
