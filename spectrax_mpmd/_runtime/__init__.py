@@ -1,4 +1,4 @@
-"""Running a plan: the hot loop (`Plan.run`), one instrumented replay, and the measurements
+"""Running a plan: its steps as straight-line code (`Plan.run`), one instrumented replay, and the measurements
 built on it (timelines, peak activations and bytes, the host and stage profiles)."""
 
 from .clock import IssueClock, issue_clock

@@ -1,9 +1,10 @@
-"""The compiled plan of one call signature, and the hot loop that runs it.
+"""The compiled plan of one call signature, and the function that runs it.
 
 A plan is a flat list of steps `(callable, input slots, output slots, slots to
 free)` over a list of buffers. Everything else — pytree work, sharding
 decisions, compilation, dependency order — was done once by the plan passes
-(`spectrax_mpmd._plan`); running is a tight loop over flat argument lists.
+(`spectrax_mpmd._plan`); running calls the steps in order on flat argument lists, written out
+once as straight-line code (`straight`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from spectrax_core.schedules import Schedule
 from .._comm import is_transfer
 from .._env import configured_run_ahead
 from ..errors import MpmdError
-from .run_ahead import Gates, gates, run_bounded
+from .run_ahead import Gates, gates
 from .slots import InputKind, LossAccumulator, Output
+from .straight import straight_line
 
 
 class Step(NamedTuple):
@@ -100,21 +102,20 @@ class Plan:
         """Run every step; `placed_inputs` are aligned with `input_keys`. Returns the buffers."""
         if self.transport is not None:
             self.transport.begin()
-        buf = self.buffers(placed_inputs)
-        if self.run_ahead is not None and self.transport is None:  # see `run_ahead` (one process)
-            run_bounded(self.hot_steps, buf, self.run_ahead, self.gates, self.outstanding)
-        else:
-            for fn, ins, outs, frees in self.hot_steps:
-                results = fn(*[buf[i] for i in ins])
-                for o, r in zip(outs, results):
-                    buf[o] = r
-                for f in frees:
-                    buf[f] = None
+        buf = self._run_steps(placed_inputs)
         if self.transport is not None:
             self.transport.end()  # waits for this call's cross-process receives, up to the timeout
             for slot, value in self.remote_outputs:
                 buf[slot] = value
         return buf
+
+    @functools.cached_property
+    def _run_steps(self):
+        """The issued steps as one straight-line function (`straight`), with the run-ahead bound
+        where it applies (one process, see `run_ahead`)."""
+        bounded = self.run_ahead is not None and self.transport is None
+        bound = (self.run_ahead, self.gates, self.outstanding) if bounded else None
+        return straight_line(self.hot_steps, self.n_slots, self._input_slots, self.const_slots, bound)
 
     def accumulator_starts(self) -> list:
         """`(slot, value)` of what the step's accumulators start from: each output of the rank

@@ -1,9 +1,9 @@
 """One instrumented run of a plan, step by step: what every measurement of a plan is built on.
 
-`Plan.run` is the hot loop. A measurement (a timeline, peak activations or
-bytes, the host profile, the stage profile) needs to see or time each step, so
-it replays the same steps here with hooks instead of keeping its own copy of
-the loop.
+`Plan.run` calls the steps as straight-line code, with no place for a hook. A
+measurement (a timeline, peak activations or bytes, the host profile, the stage
+profile) needs to see or time each step, so it replays the same steps here with
+hooks instead of keeping its own copy of the loop.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ JAX dispatch is asynchronous, so one host thread can issue a rank's cells far ah
 of the device. On an accelerator the runtime allocates a program's outputs when it is
 enqueued, and frees its inputs only when it has run: a host far ahead holds the
 outputs of every queued cell together with the inputs they have not yet consumed,
-more than the plan's peak. With a limit, before issuing a rank's next cell the loop
-waits for that rank's oldest outstanding cell once `limit` are outstanding (waiting
+more than the plan's peak. With a limit, before issuing a rank's next cell the plan's
+step function (`straight`) waits for that rank's oldest outstanding cell once `limit` are outstanding (waiting
 on the cell's outputs that no later program has consumed: its outputs are ready together). `limit=1` issues a
 cell only after the previous one of its rank has run; the bytes beyond the plan's
 peak are then nil, and `limit=k` adds at most what `k - 1` cells of the rank hold
@@ -18,7 +18,6 @@ unbounded, as before.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import NamedTuple
 
 import jax
@@ -49,31 +48,7 @@ def gates(plan) -> Gates:
     return Gates(tuple(starts), tuple(ends), ranks)
 
 
-def run_bounded(steps: list, buf: list, limit: int, gated: Gates, most: list) -> None:
-    """Run `steps` (a plan's issued steps) over `buf` as `Plan.run` does, at most `limit` cells
-    outstanding per rank; `most[r]` becomes the most cells rank `r` had outstanding at once (the
-    check of the limit)."""
-    pending = [deque() for _ in range(gated.ranks)]
-    most[:] = [0] * gated.ranks
-    for k, (fn, ins, outs, frees) in enumerate(steps):
-        rank = gated.starts[k]
-        if rank >= 0:
-            queue = pending[rank]
-            while len(queue) >= limit:
-                _wait(queue.popleft())
-        results = fn(*[buf[i] for i in ins])
-        for o, r in zip(outs, results):
-            buf[o] = r
-        for f in frees:
-            buf[f] = None
-        rank = gated.ends[k]
-        if rank >= 0:
-            queue = pending[rank]
-            queue.append(results)
-            most[rank] = max(most[rank], len(queue))
-
-
-def _wait(outputs) -> None:
+def wait_for(outputs) -> None:
     """Wait for a cell through its outputs still held (one donated to a later program is gone;
     the cell's other outputs are ready with it)."""
     for x in outputs:
