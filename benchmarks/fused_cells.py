@@ -19,7 +19,8 @@ CPU time per issued call against `jax.jit`'s own dispatch of the same programs: 
 the plan issues (`plan.issued_specs`) wrapped in `jax.jit` with the same shardings and
 donations and called in the plan's order on the same buffers (`jit us`). `issue/jit` is the
 plan's issue (`Plan.run`) per call over that, `call/jit` the whole call's (arguments and
-results included); these three are medians over 5 x `--rounds` interleaved rounds. On CPU a
+results included); these three are medians over 5 x `--rounds` interleaved rounds, the plan's
+and the twins' clocks each started after the same untimed buffer setup. On CPU a
 small program whose inputs are ready may run on the calling thread, so there a call's issue
 time can hold its arithmetic, alike for both; and the Python work around the calls runs on
 caches the program's arithmetic just used. The results are checked against
@@ -145,7 +146,12 @@ def twins_issue_s(plan, twins: list, placed: list, clock) -> float:
 def issue_per_call(steps: dict, args, rounds: int) -> dict:
     """Per step: the issuing thread's microseconds per issued call in the whole call, in
     `Plan.run` alone and in `jax.jit` calls of the same programs, each as (median, min) over
-    interleaved rounds (fresh inputs for each run)."""
+    interleaved rounds (fresh inputs for each run).
+
+    The first work a thread does after a wait runs on cold caches (about 6 us of this machine's
+    thread clock for two clock reads), so both sides start their clocks after the same untimed
+    work: the twins after their buffer list is built and the first arguments gathered, `Plan.run`
+    after one untimed build of the same buffer list (which it then builds again, timed)."""
     clock = issue_clock().now
     plans = {name: step.plan_for(*args) for name, step in steps.items()}
     twins = {name: jit_twins(plan) for name, plan in plans.items()}
@@ -157,6 +163,7 @@ def issue_per_call(steps: dict, args, rounds: int) -> dict:
             called = clock() - start
             jax.block_until_ready(out)
             placed = placed_copies(plan, args)
+            plan.buffers(placed)  # as the twins' buffers are built before their clock starts
             start = clock()
             out = plan.run(placed)
             ran = clock() - start
