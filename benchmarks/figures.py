@@ -251,6 +251,12 @@ SOURCES = {
         "benchmarks/results/tpu_host_cost.json",
         "issue cost per cell of a one-rank step against a raw jax.jit call, on one TPU v5e chip",
     ),
+    "tpu_cpu_mpmd_overhead": Source(
+        f"JAX_PLATFORMS=cpu {PY} benchmarks/mpmd_overhead.py --rounds 3 --sections schedules --sizes small "
+        "--out benchmarks/results/tpu_cpu_mpmd_overhead.json",
+        "benchmarks/results/tpu_cpu_mpmd_overhead.json",
+        "the small model's MPMD steps against one-device references, on the TPU machine's 13 cores (CPU devices)",
+    ),
 }
 ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")  # a command's leading NAME=value: its environment
 
