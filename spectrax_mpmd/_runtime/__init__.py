@@ -1,5 +1,6 @@
-"""Running a plan: its steps as straight-line code (`Plan.run`), one instrumented replay, and the measurements
-built on it (timelines, peak activations and bytes, the host and stage profiles)."""
+"""Running a plan: its steps as straight-line code (`Plan.run`), one instrumented replay, and
+the measurements built on it (timelines, peak activations and bytes, the host and stage
+profiles)."""
 
 from .clock import IssueClock, issue_clock
 from .host_profile import HostProfile, HostRow, host_profile

@@ -5,8 +5,9 @@ of the device. On an accelerator the runtime allocates a program's outputs when 
 enqueued, and frees its inputs only when it has run: a host far ahead holds the
 outputs of every queued cell together with the inputs they have not yet consumed,
 more than the plan's peak. With a limit, before issuing a rank's next cell the plan's
-step function (`straight`) waits for that rank's oldest outstanding cell once `limit` are outstanding (waiting
-on the cell's outputs that no later program has consumed: its outputs are ready together). `limit=1` issues a
+step function (`straight`) waits for that rank's oldest outstanding cell once `limit`
+are outstanding (waiting on the cell's outputs that no later program has consumed: its
+outputs are ready together). `limit=1` issues a
 cell only after the previous one of its rank has run; the bytes beyond the plan's
 peak are then nil, and `limit=k` adds at most what `k - 1` cells of the rank hold
 (`spectrax_mpmd._planner.memory.run_ahead_bytes`).
