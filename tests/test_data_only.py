@@ -11,7 +11,7 @@ module of the three packages is parsed with `ast`, and each of these is a findin
 * `np.load` (or `numpy.load`) with `allow_pickle` anything but a literal `False` (its default is
   `False`: a call without it is data only).
 
-`EXEMPT` names the one module allowed a finding, and why. It must keep having one (an exemption
+`EXEMPT` names the modules allowed a finding, and why. Each must keep having one (an exemption
 that no longer applies is removed) and must read nothing from a file or another process.
 """
 
@@ -30,6 +30,10 @@ EXEMPT = {
     # (`Serialized.payload`), never written to disk nor received from another process, so
     # nobody else can hand it bytes. Unpickling is how JAX itself reads those bytes back.
     "spectrax_mpmd/_compile/relocate.py": "in-memory relocation of programs this process compiled",
+    # A plan's steps are written out as one Python function (`exec` of source made here from the
+    # plan's slot and step numbers alone, its callables passed as the function's globals): no
+    # text in it comes from a file, another process or the user.
+    "spectrax_mpmd/_runtime/straight.py": "a plan's steps as straight-line code, written from slot numbers",
 }
 # calls that read a file or another process's data (besides `np.load`; `json.load` reads what `open` gives)
 READERS = ("open", "read_bytes", "read_text", "fromfile", "memmap", "Exchange", "allgather", "socket")

@@ -47,19 +47,19 @@ def straight_line(
     if bound is not None:
         limit, gates, most = bound
         names.update(_limit=limit, _most=most)
-        body.append(f"_most[:] = [0] * {gates.ranks}")
-        body += [f"q{r} = _deque()" for r in range(gates.ranks)]
+        body.append(f"_most[:] = [0] * {gates.ranks:d}")
+        body += [f"q{r:d} = _deque()" for r in range(gates.ranks)]
     for k, (fn, ins, outs, frees) in enumerate(steps):
-        names[f"f{k}"] = fn
-        call = f"f{k}({', '.join(_slot(i) for i in ins)})"
+        names[f"f{k:d}"] = fn
+        call = f"f{k:d}({', '.join(_slot(i) for i in ins)})"
         starts = bound[1].starts[k] if bound is not None else -1
         ends = bound[1].ends[k] if bound is not None else -1
         if starts >= 0:
-            body += [f"while len(q{starts}) >= _limit:", f"    _wait(q{starts}.popleft())"]
+            body += [f"while len(q{starts:d}) >= _limit:", f"    _wait(q{starts:d}.popleft())"]
         if ends >= 0:
             body.append(f"r = {call}")
             body += [f"{_targets(outs)} = r"] if outs else []
-            body += [f"q{ends}.append(r)", f"_most[{ends}] = max(_most[{ends}], len(q{ends}))"]
+            body += [f"q{ends:d}.append(r)", f"_most[{ends:d}] = max(_most[{ends:d}], len(q{ends:d}))"]
         else:
             body.append(f"{_targets(outs)} = {call}" if outs else call)
         if frees:
@@ -82,7 +82,7 @@ def _read_before_filled(steps: Sequence, filled: set) -> list[int]:
 
 
 def _slot(slot: int) -> str:
-    return f"b{slot}"
+    return f"b{slot:d}"  # an int, or a ValueError: nothing but numbers enters the source
 
 
 def _targets(slots) -> str:
