@@ -151,7 +151,7 @@ def issue_per_call(steps: dict, args, rounds: int) -> dict:
     The first work a thread does after a wait runs on cold caches (about 6 us of this machine's
     thread clock for two clock reads), so both sides start their clocks after the same untimed
     work: the twins after their buffer list is built and the first arguments gathered, `Plan.run`
-    after one untimed build of the same buffer list (which it then builds again, timed)."""
+    after one untimed build of the same list (touching the inputs and constants it starts from)."""
     clock = issue_clock().now
     plans = {name: step.plan_for(*args) for name, step in steps.items()}
     twins = {name: jit_twins(plan) for name, plan in plans.items()}

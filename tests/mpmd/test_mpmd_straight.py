@@ -8,8 +8,8 @@ import random
 import jax.numpy as jnp
 import pytest
 
+from spectrax_mpmd._runtime import straight
 from spectrax_mpmd._runtime.run_ahead import Gates
-from spectrax_mpmd._runtime.straight import straight_line
 
 
 def looped(steps, n_slots, input_slots, const_slots, placed) -> list:
@@ -52,18 +52,22 @@ def test_straight_line_leaves_what_the_loop_leaves(seed):
     steps, input_slots, const_slots = random_steps(rng, n_slots)
     placed = [f"input{s}" for s in input_slots]
     want = looped(steps, n_slots, input_slots, const_slots, placed)
-    assert straight_line(steps, n_slots, input_slots, const_slots)(placed) == want
+    assert straight.straight_line(steps, n_slots, input_slots, const_slots)(placed) == want
 
 
-def test_a_bound_waits_for_the_oldest_cell_and_counts_the_most_outstanding():
-    """Two ranks' cells, each one step; with a limit of 2 no rank ever has more than 2 outstanding,
-    the values are the unbounded ones, and `most` says how many each rank had at once."""
+def test_a_bound_waits_for_the_oldest_cell_and_counts_the_most_outstanding(monkeypatch):
+    """Two ranks' cells, each one step; with a limit of 2 each rank's third cell is issued only after
+    a wait on its first cell's outputs (the waits are recorded as they happen), the values are the
+    unbounded ones, and `most` says how many each rank had at once."""
+    waited = []
+    monkeypatch.setattr(straight, "wait_for", lambda outputs: waited.append(outputs[0].tolist()))
     double = lambda x: [x * 2]  # noqa: E731
     steps = [(double, (k % 2,), (k % 2,), ()) for k in range(6)]  # ranks 0, 1, 0, 1, ...
     gates = Gates(starts=(0, 1) * 3, ends=(0, 1) * 3, ranks=2)
     placed = [jnp.ones(3), jnp.ones(3) * 3]
     most: list = []
-    got = straight_line(steps, 2, (0, 1), {}, (2, gates, most))(placed)
+    got = straight.straight_line(steps, 2, (0, 1), {}, (2, gates, most))(placed)
     want = looped(steps, 2, (0, 1), {}, placed)
     assert [g.tolist() for g in got] == [w.tolist() for w in want] == [[8.0] * 3, [24.0] * 3]
+    assert waited == [[2.0] * 3, [6.0] * 3]  # before steps 4 and 5: each rank's first cell (steps 0, 1)
     assert most == [2, 2]
