@@ -14,6 +14,7 @@ from .draft import Draft
 from .fusion import Deferred, fuse
 from .layout import REPLICATED, Layout
 from .localize import localize
+from .moves import batched_moves
 from .programs import StageProgram
 
 
@@ -57,6 +58,7 @@ def seal(
     ]
     input_keys = [(slot, _numbered(key, function_leaves)) for slot, key in placed]
     issued, issued_of, only_fused = fuse(draft.steps, keep, configured_fuse_cells())
+    issued, issued_of = batched_moves(issued, issued_of, within=len(set(layout.ranks)))
     const_slots = {}
     if draft.constants:
         values, shardings = zip(*draft.constants.values())
