@@ -29,7 +29,8 @@ def compute(k: int, devices: list):
 
     def fn(*args):
         total = sum(float(np.asarray(a).sum()) for a in args if a is not None)
-        return [jax.device_put(np.full(2, 10.0 * k + j + total, np.float32), _on(d)) for j, d in enumerate(devices)]
+        values = [np.full(2, 10.0 * k + j + total, np.float32) for j in range(len(devices))]
+        return [jax.device_put(v, _on(d)) for v, d in zip(values, devices)]
 
     return fn
 
@@ -121,7 +122,8 @@ def test_moves_between_memory_kinds_keep_their_place():
     offload = Step(transfer([_on(0)], [host]), (0,), (5,))
     moves = [Step(transfer([_on(0)], [_on(1)]), (s,), (10 + s,)) for s in (1, 2)]
     call = Step(compute(0, [3]), (), (20,))
-    batched, _ = batched_moves([moves[0], offload, moves[1], call, Step(compute(1, [1]), (11,), (21,))], (), 8)
+    reader = Step(compute(1, [1]), (11,), (21,))
+    batched, _ = batched_moves([moves[0], offload, moves[1], call, reader], (), 8)
     assert [step.outs for step in batched] == [(5,), (20,), (11, 12), (21,)]
 
 
