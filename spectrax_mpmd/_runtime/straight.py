@@ -10,6 +10,7 @@ local variable (one slot, one name) and do none of that work at run time:
     b5, = f1(b3, b2)
     b0 = b3 = None
 
+Each compiled program is called through JAX's C++ dispatch directly (`direct_call`).
 With a run-ahead bound (`run_ahead`) the function also holds, at the steps where
 a rank's cell starts and ends, the bound's wait and its count. It returns the
 buffer list the loop would have left: each slot's last value, None where a slot
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
+from .._compile.calls import direct_call
 from .run_ahead import Gates, wait_for
 
 
@@ -50,7 +52,7 @@ def straight_line(
         body.append(f"_most[:] = [0] * {gates.ranks:d}")
         body += [f"q{r:d} = _deque()" for r in range(gates.ranks)]
     for k, (fn, ins, outs, frees) in enumerate(steps):
-        names[f"f{k:d}"] = fn
+        names[f"f{k:d}"] = direct_call(fn)
         call = f"f{k:d}({', '.join(_slot(i) for i in ins)})"
         starts = bound[1].starts[k] if bound is not None else -1
         ends = bound[1].ends[k] if bound is not None else -1
