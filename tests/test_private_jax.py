@@ -20,8 +20,9 @@ from test_import_direction import ROOT, imported_modules
 import spectrax_mpmd as mp
 from spectrax_core.schedules import GPipe
 from spectrax_mpmd._comm import distributed, exchange, local, transfer_server
-from spectrax_mpmd._compile import compiler
+from spectrax_mpmd._compile import calls, compiler
 from spectrax_mpmd._compile import relocate as relocation
+from spectrax_mpmd._runtime import straight
 from spectrax_mpmd._trace import context, jax_private
 
 PACKAGES = ("spectrax_core", "spectrax_mpmd", "spectrax_eager")
@@ -251,7 +252,9 @@ def test_cluster_detection_agrees_with_jax_distributed_initialize():
     assert "coordinator_address should be defined" in result.stdout, result.stdout + result.stderr
 
 
-def test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradients(monkeypatch):
+def _small_step():
+    """A fresh 2-rank GPipe step's run (loss and gradients) of a 2-layer tanh MLP."""
+
     def loss(w, x):
         h = mp.sxstage_iter(jnp.tanh(x @ w["a"]))
         return jnp.mean((h @ w["b"]) ** 2)
@@ -259,18 +262,29 @@ def test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradie
     w = {"a": jnp.full((4, 8), 0.1), "b": jnp.full((8, 2), 0.2)}
     x = jnp.linspace(-1.0, 1.0, 32).reshape(8, 4)
     mesh = mp.create_mesh((2, 1, 1, 1, 1, 1), devices=jax.devices()[:2], mpmd_axis="pp")
+    step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=GPipe(microbatches=2), batch_argnums=(1,))
+    return step(w, x)
 
-    def run():
-        step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=GPipe(microbatches=2), batch_argnums=(1,))
-        return step(w, x)
 
-    lowered = jax.jit(jnp.sin).lower(1.0)
-    assert compiler._compile_args(lowered) is not None, "this JAX has no compile arguments"
-    private = run()
-    monkeypatch.setattr(compiler, "_compile_args", lambda lowered: None)
-    public = run()
+def _bit_equal(private, public) -> None:
     for a, b in zip(jax.tree.leaves(private), jax.tree.leaves(public), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradients(monkeypatch):
+    lowered = jax.jit(jnp.sin).lower(1.0)
+    assert compiler._compile_args(lowered) is not None, "this JAX has no compile arguments"
+    private = _small_step()
+    monkeypatch.setattr(compiler, "_compile_args", lambda lowered: None)
+    _bit_equal(private, _small_step())
+
+
+def test_a_step_calling_its_compiled_objects_gives_the_same_loss_and_gradients(monkeypatch):
+    compiled = jax.jit(jnp.sin).lower(1.0).compile()
+    assert calls.direct_call(compiled) is not compiled, "this JAX makes no C++ call of a program"
+    private = _small_step()
+    monkeypatch.setattr(straight, "direct_call", lambda fn: fn)
+    _bit_equal(private, _small_step())
 
 
 # each test of both paths -> the listed names it checks
@@ -292,6 +306,10 @@ CHECKED = {
     test_cluster_detection_agrees_with_jax_distributed_initialize: ("jax._src.clusters.ClusterEnv",),
     test_a_step_without_the_lowering_compile_args_gives_the_same_loss_and_gradients: (
         "jax.stages.Lowered._lowering.compile_args",
+    ),
+    test_a_step_calling_its_compiled_objects_gives_the_same_loss_and_gradients: (
+        "jax.stages.Compiled._executable.create_cpp_call",
+        "jax.stages.Compiled._params",
     ),
 }
 

@@ -111,6 +111,16 @@ ATTRIBUTES = (
         "no relocation: every program is compiled",
     ),
     Private(
+        "jax.stages.Compiled._executable.create_cpp_call",
+        "spectrax_mpmd._compile.calls",
+        "each program called through its `Compiled` object (one Python frame more per call)",
+    ),
+    Private(
+        "jax.stages.Compiled._params",
+        "spectrax_mpmd._compile.calls",
+        "each program called through its `Compiled` object (one Python frame more per call)",
+    ),
+    Private(
         "jax.stages.Lowered._lowering.compile_args",
         "spectrax_mpmd._compile.compiler",
         "a token unique to each lowering: equal programs are compiled once each instead of shared",

@@ -1,17 +1,13 @@
 """A plan calls its compiled programs through JAX's C++ dispatch (`spectrax_mpmd._compile.calls`):
-found on this JAX, the same results as calling the `Compiled` object (donation included), the
-`Compiled` object itself where JAX makes no C++ call, and a whole step's buffers bit-equal either
-way (its values are checked against the unsplit step by the exactness tests, on the same case)."""
+found on this JAX, the same results as calling the `Compiled` object (donation included), and the
+`Compiled` object itself where JAX makes no C++ call. A whole step through either path:
+`tests/test_private_jax.py`."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from mpmd_cases import assert_close, run_case
 
-from spectrax_mpmd._api.entry import cached_entry, fresh_inputs
 from spectrax_mpmd._compile import calls
-from spectrax_mpmd._runtime import straight
-from spectrax_mpmd._runtime.slots import Output
 
 
 def _compiled():
@@ -47,22 +43,3 @@ def test_no_cpp_call_falls_back_to_the_compiled_object(monkeypatch):
         return x
 
     assert calls.direct_call(plain) is plain  # a transfer or any other step is called as it is
-
-
-def test_a_plan_leaves_the_same_buffers_through_either_call(monkeypatch):
-    case = run_case("Std1F1B", 4, 1, False)
-    entry, leaves = cached_entry(case.step, (case.params, case.batch))
-    plan, placed = entry.plan, fresh_inputs(entry, case.step.placer, leaves)
-
-    def run():
-        fn = straight.straight_line(plan.hot_steps, plan.n_slots, plan._input_slots, plan.const_slots)
-        return jax.block_until_ready(fn(placed()))
-
-    direct = run()
-    monkeypatch.setattr(straight, "direct_call", lambda fn: fn)
-    through_objects = run()
-    for a, b in zip(direct, through_objects):
-        assert (a is None) == (b is None)
-        if a is not None:
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert_close(direct[plan.output_slots[Output.LOSS]], case.ref_loss)
