@@ -91,9 +91,9 @@ class Derived:
 def derived_residuals(closed: ClosedJaxpr, candidates: Collection[int]) -> Derived:
     """Which of the residual leaves `closed` returns (its outputs, in order) the backward can make
     itself: a position in `candidates` (the residuals the forward computes) whose value
-    `MAX_EQNS` `EXACT` equations make from literals and residuals kept (tested in order, so a
-    left-out one is never what another is made from; a second copy of a kept one is made by
-    none)."""
+    `MAX_EQNS` `EXACT` equations make from literals and the residuals not left out before it (a
+    second copy of one is made by none). `rebuild` runs every equation so chosen in the jaxpr's
+    order, so one made from a value left out after it finds that value made first."""
     eqns, mapping, _, _ = inline_calls(closed.jaxpr, lambda eqn: eqn.primitive.name in CALL_PRIMITIVES)
     outvars = [resolve(v, mapping) for v in closed.jaxpr.outvars]
     made_by = producers(eqns)
