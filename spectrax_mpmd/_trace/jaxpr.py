@@ -94,7 +94,8 @@ def inline_calls(
             scope = "/".join(x for x in (prefix, name_stack(eqn)) if x)
             name = eqn.primitive.name
             if (name in CALL_PRIMITIVES or name in CUSTOM_CALL_PRIMITIVES) and should_inline(eqn):
-                body = eqn.params["call_jaxpr" if name in CUSTOM_CALL_PRIMITIVES else "jaxpr"]
+                # jit and checkpoint name their body `jaxpr`; closed_call and custom calls `call_jaxpr`
+                body = eqn.params["jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"]
                 inner = body.jaxpr if isinstance(body, ClosedJaxpr) else body
                 inner_map: dict = {}
                 for cv, val in zip(inner.constvars, getattr(body, "consts", ())):

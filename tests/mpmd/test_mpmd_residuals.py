@@ -5,7 +5,8 @@ bit-equal to every leaf, for activations whose vjps keep values derived elementw
 kept values (tanh, the tanh-approximated GELU, SiLU, ReLU, a product keeping one value twice)
 and for ones whose residuals are not (sigmoid alone, softplus's exponentials, a dot's output). Through a
 pipelined step: loss and gradients equal the unsplit `jax.value_and_grad`, and the forward cell
-of each stage returns none of the values left out.
+of each stage returns none of the values left out; so they do for stages that loop (`lax.scan`),
+kept whole or under checkpoint policies (whose residuals come out of call equations).
 """
 
 import jax
@@ -99,6 +100,23 @@ def mlp_loss(params, batch, act):
     return jnp.mean((h - y) ** 2)
 
 
+def checked_step(loss, params, batch, mesh, **settings):
+    """A 2-rank Std1F1B step of `loss`, its loss and gradients checked against the unsplit ones."""
+    step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=S.Std1F1B(microbatches=4), **settings)
+    value, grads = step(params, batch)
+    want_value, want_grads = jax.value_and_grad(loss)(params, batch)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    return step
+
+
+def layers_of(key, n: int = 2, d: int = 8) -> list:
+    return [
+        {"w": jax.random.normal(k, (d, d)) / 3, "b": jnp.full((d,), 0.1)} for k in jax.random.split(key, n)
+    ]
+
+
 @pytest.fixture(scope="module")
 def mesh():
     return mp.create_mesh((2, 1, 1, 1, 1, 1), mpmd_axis="pp", devices=jax.devices()[:2])
@@ -107,19 +125,13 @@ def mesh():
 @pytest.mark.parametrize("name", ["tanh", "gelu_tanh", "sigmoid", "relu"])
 def test_a_step_with_residuals_left_out_equals_the_unsplit_gradient(mesh, name):
     act = ACTIVATIONS[name]
-    keys = jax.random.split(jax.random.key(2), 3)
-    params = [{"w": jax.random.normal(k, (8, 8)) / 3, "b": jnp.full((8,), 0.1)} for k in keys[:2]]
-    batch = (jax.random.normal(keys[2], (8, 8)), jnp.zeros((8, 8)))
+    params = layers_of(jax.random.key(2))
+    batch = (jax.random.normal(jax.random.key(3), (8, 8)), jnp.zeros((8, 8)))
 
     def loss(p, b):
         return mlp_loss(p, b, act)
 
-    step = mp.sxvalue_and_grad(loss, mesh=mesh, schedule=S.Std1F1B(microbatches=4))
-    value, grads = step(params, batch)
-    want_value, want_grads = jax.value_and_grad(loss)(params, batch)
-    np.testing.assert_allclose(value, want_value, rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    step = checked_step(loss, params, batch, mesh)
     forward = step.plan_for(params, batch).cells[(0, "F")]
     outputs = jax.make_jaxpr(forward.fn)(*forward.in_specs).jaxpr.outvars
     probe, sources = probe_of(lambda w, b, x: act(x @ w + b))
@@ -127,3 +139,23 @@ def test_a_step_with_residuals_left_out_equals_the_unsplit_gradient(mesh, name):
     produced = sum(src is None for src in sources[0])
     # the stage's output, the microbatch of x it slices, and what its vjp makes less the left-out
     assert len(outputs) == 1 + 1 + produced - LEFT_OUT[name], (name, outputs)
+
+
+def looped_loss(params, batch):
+    """Each stage runs its layer twice in a `lax.scan` and scales by a cosine: under a checkpoint
+    policy, the vjp's residuals come out of a `closed_call`."""
+    x, y = batch
+    h = x
+    for k, p in enumerate(params):
+        h, _ = jax.lax.scan(lambda c, _, p=p: (jnp.tanh(c @ p["w"] + p["b"]), None), h, None, length=2)
+        h = h * jnp.cos(jnp.arange(h.shape[-1], dtype=h.dtype))
+        if k < len(params) - 1:
+            h = mp.sxstage_iter(h)
+    return jnp.mean((h - y) ** 2)
+
+
+@pytest.mark.parametrize("remat", [False, "dots_saveable", "nothing_saveable"])
+def test_a_step_over_loops_and_checkpoint_policies_equals_the_unsplit_gradient(mesh, remat):
+    params = layers_of(jax.random.key(4))
+    batch = (jax.random.normal(jax.random.key(5), (8, 8)), jnp.ones((8, 8)))
+    checked_step(looped_loss, params, batch, mesh, remat=remat)
