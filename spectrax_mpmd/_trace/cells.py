@@ -29,7 +29,6 @@ from .args import fold_key
 from .graph import Stage, StageGraph
 from .jax_private import Literal, Var
 from .jaxpr import CALL_PRIMITIVES, eval_eqns, inline_calls, needed_eqns, read, resolve
-from .residuals import Residuals, inputs_as_residuals, vjp_residuals
 from .weights import LossWeights
 
 
@@ -156,34 +155,40 @@ class StageCells:
         if self.remat:
             return self.forward_only(*flat)
         diff, vjp_fn, (rest, R) = self._vjp(flat)
-        leaves = jax.tree.leaves(vjp_fn)
-        produced = [leaves[k] for k, src in zip(self._residuals.kept, self.residual_sources) if src is None]
+        produced = [leaf for leaf in jax.tree.leaves(vjp_fn) if _input_position(leaf, flat) is None]
         return (*self.io.merge_outputs(diff, rest), *R, *produced)
 
     # -- backward as one function of (residuals, cotangents) -------------------------
     @functools.cached_property
-    def _residuals(self) -> Residuals:
-        """One trace of the stage's vjp: what the backward reads of its residual leaves and how."""
+    def _residuals(self) -> tuple[list, tuple, Any]:
+        """One trace of the stage's vjp: residual avals, their sources, the pullback's treedef."""
         if self.remat:
-            return inputs_as_residuals(self.in_avals)
-        return vjp_residuals(lambda flat: self._vjp(flat)[1], self.in_avals)
+            return list(self.in_avals), tuple(range(len(self.in_avals))), None
+        found = []
+
+        def probe(*flat):
+            leaves, treedef = jax.tree.flatten(self._vjp(flat)[1])
+            found.append((tuple(_input_position(leaf, flat) for leaf in leaves), treedef))
+            return leaves
+
+        avals = jax.eval_shape(probe, *self.in_avals)
+        return list(avals), *found[0]
 
     @property
     def residual_avals(self) -> list:
-        """What the backward reads: the residuals of the stage's vjp less those it makes itself
-        (`spectrax_mpmd._trace.residuals`), or with remat the stage's inputs."""
-        return self._residuals.avals
+        """What the backward reads: the residuals of the stage's vjp, or with remat its inputs."""
+        return self._residuals[0]
 
     @property
     def residual_sources(self) -> tuple:
-        """Per residual read: the position of the cell input it is, or None when the forward computes it.
+        """Per residual: the position of the cell input it is, or None when the forward computes it.
 
         A parameter or a received activation that the backward needs as it is (`x @ w`
         keeps both) is read from its own buffer; returning it from the forward would
         make XLA copy it on every microbatch (a weight copy per forward, alive until its
         backward). With remat every residual is an input.
         """
-        return self._residuals.sources
+        return self._residuals[1]
 
     @property
     def produced_residual_avals(self) -> list:
@@ -218,11 +223,10 @@ class StageCells:
                 return list(gP), list(gA)
 
         else:
-            residuals = self._residuals
+            treedef = self._residuals[2]
 
             def bwd(res, cts):
-                pullback = jax.tree.unflatten(residuals.treedef, residuals.rebuild(res))
-                gP, gA = pullback(self._sum_cts(cts))
+                gP, gA = jax.tree.unflatten(treedef, res)(self._sum_cts(cts))
                 return list(gP), list(gA)
 
         return bwd
@@ -318,6 +322,14 @@ class StageCells:
         others = [r for k, r in enumerate(R) if k != self.io.loss_result]
         acc_out = [a + g.astype(a.dtype) for a, g in zip(acc, gP)]
         return (*acc_out, *gA, loss_acc + scaled.astype(loss_acc.dtype), *others)
+
+
+def _input_position(leaf, flat) -> int | None:
+    """The position of `leaf` among the traced cell inputs `flat` (by identity), or None."""
+    for k, x in enumerate(flat):
+        if leaf is x:
+            return k
+    return None
 
 
 def _microbatch(batch, idx, microbatches: int):
